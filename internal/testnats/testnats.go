@@ -1,0 +1,33 @@
+// Package testnats starts a real embedded NATS server with JetStream for a
+// test and connects to it.
+package testnats
+
+import (
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/countersign/countersign/internal/natsrv"
+)
+
+// Start runs an embedded NATS server for the duration of t and returns a
+// JetStream context connected to it.
+func Start(t testing.TB) (jetstream.JetStream, *nats.Conn) {
+	t.Helper()
+	srv, err := natsrv.Start(natsrv.Options{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, nc
+}

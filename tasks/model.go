@@ -1,0 +1,187 @@
+package tasks
+
+import (
+	"crypto/rand"
+	"encoding/base32"
+	"encoding/json"
+	"strings"
+	"time"
+)
+
+// Status is the MCP task status.
+type Status string
+
+const (
+	StatusWorking       Status = "working"
+	StatusInputRequired Status = "input_required"
+	StatusCompleted     Status = "completed"
+	StatusFailed        Status = "failed"
+	StatusCancelled     Status = "cancelled"
+)
+
+// Terminal reports whether s is a terminal status.
+func (s Status) Terminal() bool {
+	return s == StatusCompleted || s == StatusFailed || s == StatusCancelled
+}
+
+// Disposition is the approval outcome carried by a completed task (SEP-2848).
+type Disposition string
+
+const (
+	ApprovedExecuted  Disposition = "approved-executed"
+	DeniedNotExecuted Disposition = "denied-not-executed"
+	ExecutionError    Disposition = "execution-error"
+	OutcomeUnknown    Disposition = "outcome-unknown"
+)
+
+// The _meta keys under which the disposition is emitted: SEP-2848 revision B
+// and revision A name it differently, and clients of either exist.
+const (
+	MetaDisposition        = "io.modelcontextprotocol/tool-approval-disposition"
+	MetaDispositionAuthZEN = "net.openid.authzen/disposition"
+	MetaRelatedTask        = "io.modelcontextprotocol/related-task"
+	MetaImmediateResponse  = "io.modelcontextprotocol/model-immediate-response"
+)
+
+// Extension identifiers declared by the server.
+const (
+	ExtTasks               = "io.modelcontextprotocol/tasks"
+	ExtToolApproval        = "io.modelcontextprotocol/tool-approval"
+	ExtToolApprovalAuthZEN = "net.openid.authzen/tool-approval"
+)
+
+// Era is the MCP protocol era a task was created under; it decides the wire
+// shape of its task objects.
+type Era string
+
+const (
+	Era2026 Era = "2026-07-28"
+	Era2025 Era = "2025-11-25"
+)
+
+// ApprovalState is the approver-facing state of a task's approval.
+type ApprovalState string
+
+const (
+	ApprovalPending   ApprovalState = "pending"
+	ApprovalApproved  ApprovalState = "approved" // quorum reached, re-evaluation and execution under way
+	ApprovalExecuted  ApprovalState = "executed"
+	ApprovalDenied    ApprovalState = "denied"
+	ApprovalExpired   ApprovalState = "expired"
+	ApprovalCancelled ApprovalState = "cancelled"
+	ApprovalFailed    ApprovalState = "failed" // executed with an error, or outcome unknown
+)
+
+// Envelope is the immutable binding of a held call: what was asked, by whom,
+// under which policy. The workflow executes exactly this and nothing else.
+type Envelope struct {
+	Version       int             `json:"version"`
+	TaskID        string          `json:"taskId"`
+	Tool          string          `json:"tool"`
+	Arguments     json.RawMessage `json:"arguments"`
+	ActionHash    string          `json:"actionHash"` // hex, SEP-2672 §4.6
+	Principal     string          `json:"principal"`
+	Resource      string          `json:"resource"` // "tool:<name>"
+	ServerID      string          `json:"serverId"`
+	PolicyVersion string          `json:"policyVersion"`
+	CreatedAt     time.Time       `json:"createdAt"`
+}
+
+// EnvelopeVersion is the current Envelope layout.
+const EnvelopeVersion = 1
+
+// Requirement is what policy demands before the call may run.
+type Requirement struct {
+	Group              string        `json:"group"`
+	Quorum             int           `json:"quorum"`
+	TTL                time.Duration `json:"ttl"`
+	AuthenticatorClass string        `json:"authenticatorClass"`
+	Reason             string        `json:"reason"`
+	SlackChannel       string        `json:"slackChannel,omitempty"`
+}
+
+// ApprovalEntry is one accepted approver decision, as shown to approvers.
+type ApprovalEntry struct {
+	ApproverID   string    `json:"approverId"`
+	ApproverName string    `json:"approverName"`
+	CredentialID string    `json:"credentialId"`
+	Decision     string    `json:"decision"` // "approve" or "deny"
+	At           time.Time `json:"at"`
+}
+
+// Event is one step of a task's timeline.
+type Event struct {
+	At     time.Time `json:"at"`
+	Kind   string    `json:"kind"` // requested, notified, approval, denial, reevaluated, claimed, executed, denied, expired, cancelled, outcome-unknown, execution-error
+	Detail string    `json:"detail,omitempty"`
+}
+
+// RPCError is a JSON-RPC error object, for failed tasks.
+type RPCError struct {
+	Code    int64  `json:"code"`
+	Message string `json:"message"`
+}
+
+// Record is the read model of a task.
+type Record struct {
+	TaskID        string    `json:"taskId"`
+	Owner         string    `json:"owner"`
+	Era           Era       `json:"era"`
+	Status        Status    `json:"status"`
+	StatusMessage string    `json:"statusMessage,omitempty"`
+	CreatedAt     time.Time `json:"createdAt"`
+	LastUpdatedAt time.Time `json:"lastUpdatedAt"`
+	// TTL is the task's lifetime from creation; it covers the approval
+	// window plus result retention and is extended when the task ends.
+	TTL          time.Duration `json:"ttl"`
+	PollInterval time.Duration `json:"pollInterval"`
+
+	Result      json.RawMessage `json:"result,omitempty"` // the CallToolResult, when completed
+	Error       *RPCError       `json:"error,omitempty"`  // when failed
+	Disposition Disposition     `json:"disposition,omitempty"`
+
+	// The approval, as shown to approvers.
+	Tool          string          `json:"tool"`
+	Arguments     json.RawMessage `json:"arguments"`
+	ActionHash    string          `json:"actionHash"`
+	DisplayText   string          `json:"displayText"`
+	ApprovalRef   string          `json:"approvalRef"`
+	Requirement   Requirement     `json:"requirement"`
+	ExpiresAt     time.Time       `json:"expiresAt"`
+	ApprovalState ApprovalState   `json:"approvalState"`
+	Approvals     []ApprovalEntry `json:"approvals,omitempty"`
+	Timeline      []Event         `json:"timeline,omitempty"`
+
+	// DedupKey releases the dedup slot when the task ends.
+	DedupKey string `json:"dedupKey,omitempty"`
+}
+
+// NewID returns a fresh unguessable identifier with the given prefix: 160
+// random bits, base32 without padding, lowercase.
+func NewID(prefix string) string {
+	var b [20]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("tasks: crypto/rand failed: " + err.Error()) // the runtime guarantees it does not
+	}
+	return prefix + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+}
+
+// ValidID reports whether s has the shape of an ID made by [NewID] with one of
+// our prefixes. It guards KV keys against arbitrary client input.
+func ValidID(s string) bool {
+	i := strings.IndexByte(s, '_')
+	if i < 1 || i > 8 || len(s)-i-1 != 32 {
+		return false
+	}
+	for _, c := range s[i+1:] {
+		if !(c >= 'a' && c <= 'z' || c >= '2' && c <= '7') {
+			return false
+		}
+	}
+	for _, c := range s[:i] {
+		if c < 'a' || c > 'z' {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,434 @@
+package tasks
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Sentinel errors.
+var (
+	ErrTaskNotFound = errors.New("tasks: task not found")
+	ErrTaskExists   = errors.New("tasks: task already exists")
+	ErrTerminal     = errors.New("tasks: task is terminal")
+)
+
+// Bucket is the NATS KV bucket holding task records and their indexes.
+const Bucket = "countersign_tasks"
+
+// Key layout inside [Bucket]:
+//
+//	t.<taskID>            Record (JSON)
+//	r.<approvalRef>       taskID
+//	o.<owner>.<taskID>    "" (every task of an owner, for tasks/list)
+//	p.<owner>.<taskID>    "" (non-terminal tasks of an owner, for the pending cap)
+//	d.<dedupKey>          taskID (the pending task for an identical call)
+//
+// <owner> is a hash of the principal so that any principal name is a safe key.
+const casRetries = 16
+
+// StoreOptions configures a [Store].
+type StoreOptions struct {
+	// Replicas of the bucket in a clustered NATS; 0 means 1.
+	Replicas int
+	Logger   *slog.Logger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Store keeps task records in NATS JetStream key-value, writing with
+// compare-and-set so concurrent writers never lose an update.
+type Store struct {
+	kv  jetstream.KeyValue
+	log *slog.Logger
+	now func() time.Time
+}
+
+// NewStore opens (creating if needed) the task bucket.
+func NewStore(ctx context.Context, js jetstream.JetStream, opts StoreOptions) (*Store, error) {
+	replicas := opts.Replicas
+	if replicas == 0 {
+		replicas = 1
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      Bucket,
+		Description: "Countersign task read model",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("tasks: open bucket %s: %w", Bucket, err)
+	}
+	s := &Store{kv: kv, log: opts.Logger, now: opts.Now}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	return s, nil
+}
+
+// OwnerKey is the key-safe form of a principal.
+func OwnerKey(principal string) string {
+	sum := sha256.Sum256([]byte(principal))
+	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:16]))
+}
+
+// DedupKey identifies "the same call from the same principal": the action
+// hash already binds tool, canonical arguments and server.
+func DedupKey(principal, actionHash string) string {
+	sum := sha256.Sum256([]byte(principal + "\x00" + actionHash))
+	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:20]))
+}
+
+// Create stores a new record and its indexes. It fails with [ErrTaskExists]
+// if the ID is taken.
+func (s *Store) Create(ctx context.Context, r Record) error {
+	if !ValidID(r.TaskID) {
+		return fmt.Errorf("tasks: invalid task id %q", r.TaskID)
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("tasks: encode: %w", err)
+	}
+	if _, err := s.kv.Create(ctx, "t."+r.TaskID, b); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return ErrTaskExists
+		}
+		return fmt.Errorf("tasks: create %s: %w", r.TaskID, err)
+	}
+	owner := OwnerKey(r.Owner)
+	if _, err := s.kv.Put(ctx, "o."+owner+"."+r.TaskID, nil); err != nil {
+		return fmt.Errorf("tasks: index owner: %w", err)
+	}
+	if !r.Status.Terminal() {
+		if _, err := s.kv.Put(ctx, "p."+owner+"."+r.TaskID, nil); err != nil {
+			return fmt.Errorf("tasks: index pending: %w", err)
+		}
+	}
+	if r.ApprovalRef != "" {
+		if _, err := s.kv.Put(ctx, "r."+r.ApprovalRef, []byte(r.TaskID)); err != nil {
+			return fmt.Errorf("tasks: index approval ref: %w", err)
+		}
+	}
+	return nil
+}
+
+// Delete removes a record and its indexes. It is used only to undo a
+// creation whose workflow could not be started.
+func (s *Store) Delete(ctx context.Context, r Record) error {
+	owner := OwnerKey(r.Owner)
+	var errs []error
+	for _, k := range []string{"o." + owner + "." + r.TaskID, "p." + owner + "." + r.TaskID, "r." + r.ApprovalRef, "t." + r.TaskID} {
+		if strings.HasSuffix(k, ".") {
+			continue
+		}
+		if err := s.kv.Delete(ctx, k); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	if r.DedupKey != "" {
+		s.ReleaseDedup(ctx, r.DedupKey, r.TaskID)
+	}
+	return errors.Join(errs...)
+}
+
+// Get returns a record by ID, whoever owns it.
+func (s *Store) Get(ctx context.Context, taskID string) (Record, error) {
+	r, _, err := s.get(ctx, taskID)
+	return r, err
+}
+
+func (s *Store) get(ctx context.Context, taskID string) (Record, uint64, error) {
+	if !ValidID(taskID) {
+		return Record{}, 0, ErrTaskNotFound
+	}
+	e, err := s.kv.Get(ctx, "t."+taskID)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return Record{}, 0, ErrTaskNotFound
+		}
+		return Record{}, 0, fmt.Errorf("tasks: get %s: %w", taskID, err)
+	}
+	var r Record
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return Record{}, 0, fmt.Errorf("tasks: decode %s: %w", taskID, err)
+	}
+	return r, e.Revision(), nil
+}
+
+// GetOwned returns a record only to its owner; anyone else gets
+// [ErrTaskNotFound], exactly as for an unknown task.
+func (s *Store) GetOwned(ctx context.Context, taskID, owner string) (Record, error) {
+	r, err := s.Get(ctx, taskID)
+	if err != nil {
+		return Record{}, err
+	}
+	if r.Owner != owner {
+		return Record{}, ErrTaskNotFound
+	}
+	return r, nil
+}
+
+// ByRef returns the record an approval reference points to.
+func (s *Store) ByRef(ctx context.Context, ref string) (Record, error) {
+	if !ValidID(ref) {
+		return Record{}, ErrTaskNotFound
+	}
+	e, err := s.kv.Get(ctx, "r."+ref)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return Record{}, ErrTaskNotFound
+		}
+		return Record{}, fmt.Errorf("tasks: ref %s: %w", ref, err)
+	}
+	return s.Get(ctx, string(e.Value()))
+}
+
+// Update applies fn to the current record and writes it back with
+// compare-and-set, retrying on conflict. fn must be a pure function of the
+// record it is given. A record whose status is terminal cannot change status
+// again: fn's change is refused with [ErrTerminal] unless it leaves the status
+// as it was.
+func (s *Store) Update(ctx context.Context, taskID string, fn func(*Record) error) (Record, error) {
+	for range casRetries {
+		cur, rev, err := s.get(ctx, taskID)
+		if err != nil {
+			return Record{}, err
+		}
+		next := cur
+		next.Approvals = append([]ApprovalEntry(nil), cur.Approvals...)
+		next.Timeline = append([]Event(nil), cur.Timeline...)
+		if err := fn(&next); err != nil {
+			return cur, err
+		}
+		if cur.Status.Terminal() && next.Status != cur.Status {
+			return cur, ErrTerminal
+		}
+		next.TaskID, next.Owner = cur.TaskID, cur.Owner // identity is immutable
+		next.LastUpdatedAt = s.now().UTC()
+		b, err := json.Marshal(next)
+		if err != nil {
+			return cur, fmt.Errorf("tasks: encode: %w", err)
+		}
+		if _, err := s.kv.Update(ctx, "t."+taskID, b, rev); err != nil {
+			if isCASConflict(err) {
+				continue
+			}
+			return cur, fmt.Errorf("tasks: update %s: %w", taskID, err)
+		}
+		if next.Status.Terminal() && !cur.Status.Terminal() {
+			s.retire(ctx, next)
+		}
+		return next, nil
+	}
+	return Record{}, fmt.Errorf("tasks: update %s: too much contention", taskID)
+}
+
+// retire drops the indexes a terminal task no longer needs. Failures are
+// logged: a stale pending index only makes the pending cap stricter, and a
+// stale dedup slot is detected as terminal and replaced.
+func (s *Store) retire(ctx context.Context, r Record) {
+	if err := s.kv.Delete(ctx, "p."+OwnerKey(r.Owner)+"."+r.TaskID); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		s.log.Warn("tasks: drop pending index", "task_id", r.TaskID, "err", err)
+	}
+	if r.DedupKey != "" {
+		s.ReleaseDedup(ctx, r.DedupKey, r.TaskID)
+	}
+}
+
+func isCASConflict(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		return true
+	}
+	return errors.Is(err, jetstream.ErrKeyExists)
+}
+
+// ClaimDedup reserves the dedup slot for taskID. If an identical call is
+// already pending it returns that task's ID instead (and claims nothing).
+func (s *Store) ClaimDedup(ctx context.Context, key, taskID string) (existing string, err error) {
+	for range casRetries {
+		_, err := s.kv.Create(ctx, "d."+key, []byte(taskID))
+		if err == nil {
+			return "", nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return "", fmt.Errorf("tasks: dedup: %w", err)
+		}
+		e, err := s.kv.Get(ctx, "d."+key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // released meanwhile
+		}
+		if err != nil {
+			return "", fmt.Errorf("tasks: dedup: %w", err)
+		}
+		other := string(e.Value())
+		r, err := s.Get(ctx, other)
+		if err == nil && !r.Status.Terminal() && !r.Expired(s.now()) {
+			return other, nil
+		}
+		// The holder is gone or finished: take the slot over.
+		if _, err := s.kv.Update(ctx, "d."+key, []byte(taskID), e.Revision()); err == nil {
+			return "", nil
+		} else if !isCASConflict(err) {
+			return "", fmt.Errorf("tasks: dedup: %w", err)
+		}
+	}
+	return "", fmt.Errorf("tasks: dedup: too much contention")
+}
+
+// ReleaseDedup frees the dedup slot if taskID still holds it.
+func (s *Store) ReleaseDedup(ctx context.Context, key, taskID string) {
+	e, err := s.kv.Get(ctx, "d."+key)
+	if err != nil || string(e.Value()) != taskID {
+		return
+	}
+	if err := s.kv.Delete(ctx, "d."+key, jetstream.LastRevision(e.Revision())); err != nil && !isCASConflict(err) {
+		s.log.Warn("tasks: release dedup", "task_id", taskID, "err", err)
+	}
+}
+
+// CountPending returns how many non-terminal tasks owner has.
+func (s *Store) CountPending(ctx context.Context, owner string) (int, error) {
+	keys, err := s.keys(ctx, "p."+OwnerKey(owner)+".>")
+	return len(keys), err
+}
+
+func (s *Store) keys(ctx context.Context, filter string) ([]string, error) {
+	lister, err := s.kv.ListKeysFiltered(ctx, filter)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrNoKeysFound) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("tasks: list keys: %w", err)
+	}
+	var out []string
+	for k := range lister.Keys() {
+		out = append(out, k)
+	}
+	return out, nil
+}
+
+// List returns owner's tasks, newest first, a page at a time. cursor is the
+// opaque value returned as next by the previous page ("" for the first).
+func (s *Store) List(ctx context.Context, owner, cursor string, limit int) (page []Record, next string, err error) {
+	if limit <= 0 {
+		limit = 50
+	}
+	keys, err := s.keys(ctx, "o."+OwnerKey(owner)+".>")
+	if err != nil {
+		return nil, "", err
+	}
+	var recs []Record
+	for _, k := range keys {
+		id := k[strings.LastIndexByte(k, '.')+1:]
+		r, err := s.Get(ctx, id)
+		if errors.Is(err, ErrTaskNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, "", err
+		}
+		recs = append(recs, r)
+	}
+	sort.Slice(recs, func(i, j int) bool {
+		if !recs[i].CreatedAt.Equal(recs[j].CreatedAt) {
+			return recs[i].CreatedAt.After(recs[j].CreatedAt)
+		}
+		return recs[i].TaskID < recs[j].TaskID
+	})
+	start := 0
+	if cursor != "" {
+		start = -1
+		for i, r := range recs {
+			if r.TaskID == cursor {
+				start = i + 1
+				break
+			}
+		}
+		if start < 0 {
+			return nil, "", fmt.Errorf("tasks: invalid cursor")
+		}
+	}
+	end := min(start+limit, len(recs))
+	page = recs[start:end]
+	if end < len(recs) {
+		next = recs[end-1].TaskID
+	}
+	return page, next, nil
+}
+
+// Pending returns every task whose approval is still pending, for the admin
+// API. It scans the pending index.
+func (s *Store) Pending(ctx context.Context) ([]Record, error) {
+	keys, err := s.keys(ctx, "p.>")
+	if err != nil {
+		return nil, err
+	}
+	var out []Record
+	for _, k := range keys {
+		r, err := s.Get(ctx, k[strings.LastIndexByte(k, '.')+1:])
+		if errors.Is(err, ErrTaskNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if r.ApprovalState == ApprovalPending {
+			out = append(out, r)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
+	return out, nil
+}
+
+// WaitTerminal blocks until the task is terminal (or ctx ends) and returns
+// its final record. Only the owner may wait on a task.
+func (s *Store) WaitTerminal(ctx context.Context, taskID, owner string) (Record, error) {
+	r, err := s.GetOwned(ctx, taskID, owner)
+	if err != nil || r.Status.Terminal() {
+		return r, err
+	}
+	w, err := s.kv.Watch(ctx, "t."+taskID, jetstream.UpdatesOnly())
+	if err != nil {
+		return Record{}, fmt.Errorf("tasks: watch %s: %w", taskID, err)
+	}
+	defer w.Stop()
+	// Re-read after the watch is in place so a transition between the first
+	// read and the watch is not missed.
+	if r, err = s.GetOwned(ctx, taskID, owner); err != nil || r.Status.Terminal() {
+		return r, err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return Record{}, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return Record{}, fmt.Errorf("tasks: watch %s closed", taskID)
+			}
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			var r Record
+			if err := json.Unmarshal(e.Value(), &r); err != nil {
+				return Record{}, fmt.Errorf("tasks: decode %s: %w", taskID, err)
+			}
+			if r.Status.Terminal() {
+				return r, nil
+			}
+		}
+	}
+}

@@ -1,0 +1,160 @@
+package tasks
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/serviceerror"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/temporal"
+)
+
+// Names shared by the workflow, its worker and its callers.
+const (
+	TaskQueue    = "countersign-approvals"
+	WorkflowName = "Approval"
+	UpdateDecide = "decide"
+	UpdateCancel = "cancel"
+)
+
+// ApprovalInputVersion is the current [ApprovalInput] layout.
+const ApprovalInputVersion = 1
+
+// ApprovalInput starts the approval workflow. Workflow ID = task ID.
+type ApprovalInput struct {
+	Version     int         `json:"version"`
+	Envelope    Envelope    `json:"envelope"`
+	Requirement Requirement `json:"requirement"`
+	ApprovalRef string      `json:"approvalRef"`
+	DisplayText string      `json:"displayText"`
+	ExpiresAt   time.Time   `json:"expiresAt"`
+}
+
+// Decision values.
+const (
+	DecisionApprove = "approve"
+	DecisionDeny    = "deny"
+)
+
+// DecisionUpdate is one approver's passkey-signed decision.
+type DecisionUpdate struct {
+	ChallengeID string          `json:"challengeId"`
+	Decision    string          `json:"decision"`
+	Comment     string          `json:"comment,omitempty"`
+	Method      string          `json:"method,omitempty"` // "webauthn" (default)
+	Response    json.RawMessage `json:"response"`         // WebAuthn AuthenticationResponseJSON
+}
+
+// DecisionResult answers a [DecisionUpdate].
+type DecisionResult struct {
+	Accepted bool          `json:"accepted"`
+	Reason   string        `json:"reason,omitempty"` // SEP-2672 reason name when rejected
+	Status   ApprovalState `json:"status"`
+	Approved int           `json:"approved"`
+	Needed   int           `json:"needed"`
+}
+
+// CancelResult answers a cancel request.
+type CancelResult struct {
+	// Cancelled is true when this request (or an earlier one) cancelled the
+	// task; false when it was too late (execution claimed or task ended).
+	Cancelled bool   `json:"cancelled"`
+	Status    Status `json:"status"`
+}
+
+// ApprovalOutcome is the workflow's result.
+type ApprovalOutcome struct {
+	Status      Status      `json:"status"`
+	Disposition Disposition `json:"disposition,omitempty"`
+}
+
+// ErrWorkflowGone is returned when the task's workflow no longer runs, so it
+// cannot take a decision or a cancel; the read model says how it ended.
+var ErrWorkflowGone = errors.New("tasks: task is no longer running")
+
+// Orchestrator drives approval workflows through a Temporal client.
+type Orchestrator struct {
+	c client.Client
+}
+
+// NewOrchestrator wraps a connected Temporal client.
+func NewOrchestrator(c client.Client) *Orchestrator { return &Orchestrator{c: c} }
+
+// Start starts the approval workflow for a task and returns once the start is
+// durable in Temporal. The workflow ID is the task ID; a second start for the
+// same ID fails.
+func (o *Orchestrator) Start(ctx context.Context, in ApprovalInput) error {
+	_, err := o.c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
+		ID:                       in.Envelope.TaskID,
+		TaskQueue:                TaskQueue,
+		WorkflowIDReusePolicy:    enumspb.WORKFLOW_ID_REUSE_POLICY_REJECT_DUPLICATE,
+		WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_FAIL,
+		EnableEagerStart:         true,
+		// The workflow itself bounds the wait by the approval TTL; this is
+		// a backstop well past it.
+		WorkflowExecutionTimeout: time.Until(in.ExpiresAt) + 24*time.Hour,
+	}, WorkflowName, in)
+	if err != nil {
+		return fmt.Errorf("tasks: start workflow %s: %w", in.Envelope.TaskID, err)
+	}
+	return nil
+}
+
+// Decide delivers an approver's decision and waits for the workflow's verdict.
+func (o *Orchestrator) Decide(ctx context.Context, taskID string, d DecisionUpdate) (DecisionResult, error) {
+	var res DecisionResult
+	err := o.update(ctx, taskID, UpdateDecide, d, &res)
+	return res, err
+}
+
+// Cancel asks the workflow to cancel the task; it is honoured only before the
+// execution claim.
+func (o *Orchestrator) Cancel(ctx context.Context, taskID string) (CancelResult, error) {
+	var res CancelResult
+	err := o.update(ctx, taskID, UpdateCancel, struct{}{}, &res)
+	return res, err
+}
+
+func (o *Orchestrator) update(ctx context.Context, taskID, name string, arg, out any) error {
+	h, err := o.c.UpdateWorkflow(ctx, client.UpdateWorkflowOptions{
+		WorkflowID:   taskID,
+		UpdateName:   name,
+		Args:         []any{arg},
+		WaitForStage: client.WorkflowUpdateStageCompleted,
+	})
+	if err == nil {
+		err = h.Get(ctx, out)
+	}
+	if err == nil {
+		return nil
+	}
+	var notFound *serviceerror.NotFound
+	if errors.As(err, &notFound) {
+		return ErrWorkflowGone
+	}
+	var appErr *temporal.ApplicationError
+	if errors.As(err, &appErr) {
+		return &UpdateRejected{Reason: appErr.Type(), Message: appErr.Message()}
+	}
+	return fmt.Errorf("tasks: %s %s: %w", name, taskID, err)
+}
+
+// UpdateRejected is a decision or cancel the workflow's validator refused
+// without recording anything (for example, a decision on a task that is no
+// longer pending). Reason is a stable machine-readable name.
+type UpdateRejected struct {
+	Reason  string
+	Message string
+}
+
+func (e *UpdateRejected) Error() string { return "tasks: rejected: " + e.Reason + ": " + e.Message }
+
+// Is matches another *UpdateRejected with the same Reason.
+func (e *UpdateRejected) Is(target error) bool {
+	t, ok := target.(*UpdateRejected)
+	return ok && t.Reason == e.Reason
+}
