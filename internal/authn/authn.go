@@ -1,0 +1,163 @@
+// Package authn issues and checks the bearer tokens of agents and admins.
+//
+// Tokens are 256-bit random strings shown once; only their SHA-256 is kept,
+// in NATS JetStream key-value, so a copy of the bucket does not leak usable
+// tokens. A token names one principal: an agent (which calls /mcp and owns
+// the tasks it creates) or an admin (which calls /admin/v1).
+package authn
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Bucket is the NATS KV bucket of token digests.
+const Bucket = "countersign_tokens"
+
+// Kinds of principal.
+const (
+	KindAgent = "agent"
+	KindAdmin = "admin"
+)
+
+// Sentinel errors.
+var (
+	ErrInvalidToken = errors.New("authn: invalid token")
+	ErrInvalidName  = errors.New("authn: name must be 1-64 characters of letters, digits, '.', '_', '-' or '@'")
+	ErrNameTaken    = errors.New("authn: an agent with that name already exists")
+)
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9._@-]{1,64}$`)
+
+// Principal is who a token speaks for.
+type Principal struct {
+	Name      string    `json:"name"`
+	Kind      string    `json:"kind"`
+	CreatedAt time.Time `json:"createdAt"`
+}
+
+// Tokens is the token store.
+type Tokens struct {
+	kv jetstream.KeyValue
+}
+
+// Open opens (creating if needed) the token bucket.
+func Open(ctx context.Context, js jetstream.JetStream) (*Tokens, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      Bucket,
+		Description: "Countersign bearer token digests",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("authn: open bucket: %w", err)
+	}
+	return &Tokens{kv: kv}, nil
+}
+
+func digest(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
+}
+
+// NewToken returns a fresh random token with a kind prefix.
+func NewToken(kind string) string {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("authn: crypto/rand failed: " + err.Error())
+	}
+	return "cs" + kind[:2] + "_" + base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// Issue creates a token for a new principal and returns it. Agent names are
+// unique: an agent's name is the principal that owns its tasks.
+func (t *Tokens) Issue(ctx context.Context, name, kind string) (string, error) {
+	token := NewToken(kind)
+	return token, t.Register(ctx, token, name, kind)
+}
+
+// Register stores a token chosen elsewhere (the dev bootstrap writes its
+// tokens to files first, then registers them).
+func (t *Tokens) Register(ctx context.Context, token, name, kind string) error {
+	if !nameRE.MatchString(name) {
+		return ErrInvalidName
+	}
+	if kind != KindAgent && kind != KindAdmin {
+		return fmt.Errorf("authn: unknown kind %q", kind)
+	}
+	if len(token) < 32 {
+		return errors.New("authn: token too short")
+	}
+	if _, err := t.kv.Create(ctx, "n."+kind+"."+nameKey(name), []byte(digest(token))); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return ErrNameTaken
+		}
+		return fmt.Errorf("authn: register: %w", err)
+	}
+	b, _ := json.Marshal(Principal{Name: name, Kind: kind, CreatedAt: time.Now().UTC()})
+	if _, err := t.kv.Create(ctx, "t."+digest(token), b); err != nil {
+		return fmt.Errorf("authn: register: %w", err)
+	}
+	return nil
+}
+
+// nameKey maps a name to a KV-safe key ('@' is not allowed in keys).
+func nameKey(name string) string { return strings.ReplaceAll(name, "@", "=40") }
+
+// Lookup returns the principal of a token.
+func (t *Tokens) Lookup(ctx context.Context, token string) (Principal, error) {
+	if token == "" || len(token) > 256 {
+		return Principal{}, ErrInvalidToken
+	}
+	e, err := t.kv.Get(ctx, "t."+digest(token))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return Principal{}, ErrInvalidToken
+		}
+		return Principal{}, fmt.Errorf("authn: lookup: %w", err)
+	}
+	var p Principal
+	if err := json.Unmarshal(e.Value(), &p); err != nil {
+		return Principal{}, fmt.Errorf("authn: decode: %w", err)
+	}
+	return p, nil
+}
+
+// Agent returns the agent name of a token, or ErrInvalidToken when the token
+// is unknown or not an agent's.
+func (t *Tokens) Agent(ctx context.Context, token string) (string, error) {
+	p, err := t.Lookup(ctx, token)
+	if err != nil {
+		return "", err
+	}
+	if p.Kind != KindAgent {
+		return "", ErrInvalidToken
+	}
+	return p.Name, nil
+}
+
+// IsAdmin reports whether token is an admin token.
+func (t *Tokens) IsAdmin(ctx context.Context, token string) bool {
+	p, err := t.Lookup(ctx, token)
+	return err == nil && p.Kind == KindAdmin
+}
+
+// BearerToken extracts the token of an "Authorization: Bearer X" header.
+func BearerToken(header string) string {
+	scheme, tok, ok := strings.Cut(header, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimSpace(tok)
+}

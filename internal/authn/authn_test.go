@@ -1,0 +1,54 @@
+package authn
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/countersign/countersign/internal/testnats"
+)
+
+func TestIssueLookup(t *testing.T) {
+	js, _ := testnats.Start(t)
+	ctx := context.Background()
+	tok, err := Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := tok.Issue(ctx, "billing-bot", KindAgent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := tok.Issue(ctx, "ops@example.com", KindAdmin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name, err := tok.Agent(ctx, agent); err != nil || name != "billing-bot" {
+		t.Fatalf("agent lookup: %q %v", name, err)
+	}
+	if _, err := tok.Agent(ctx, admin); !errors.Is(err, ErrInvalidToken) {
+		t.Fatal("admin token accepted as agent")
+	}
+	if !tok.IsAdmin(ctx, admin) || tok.IsAdmin(ctx, agent) {
+		t.Fatal("IsAdmin wrong")
+	}
+	if _, err := tok.Lookup(ctx, agent+"x"); !errors.Is(err, ErrInvalidToken) {
+		t.Fatal("forged token accepted")
+	}
+	if _, err := tok.Issue(ctx, "billing-bot", KindAgent); !errors.Is(err, ErrNameTaken) {
+		t.Fatalf("duplicate agent name: %v", err)
+	}
+	for _, bad := range []string{"", "has space", "a/b", string(make([]byte, 65))} {
+		if _, err := tok.Issue(ctx, bad, KindAgent); !errors.Is(err, ErrInvalidName) {
+			t.Fatalf("name %q: %v", bad, err)
+		}
+	}
+}
+
+func TestBearerToken(t *testing.T) {
+	for h, want := range map[string]string{"Bearer abc": "abc", "bearer  abc ": "abc", "Basic abc": "", "": "", "Bearer": ""} {
+		if got := BearerToken(h); got != want {
+			t.Errorf("BearerToken(%q) = %q, want %q", h, got, want)
+		}
+	}
+}
