@@ -1,0 +1,288 @@
+package pdp
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"math/big"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/rego"
+)
+
+// Query is the Rego rule every policy set must define.
+const Query = "data.countersign.authz.decision"
+
+// DefaultMaxApprovalTTL caps the approval TTL a policy may ask for when
+// [Options.MaxApprovalTTL] is zero.
+const DefaultMaxApprovalTTL = 7 * 24 * time.Hour
+
+// ReasonUndefined is the reason of the deny decision returned when the policy
+// does not define a decision for the input.
+const ReasonUndefined = "no policy decision (undefined means deny)"
+
+// Authenticator classes a requestable decision may demand.
+const (
+	AuthenticatorPlatform      = "platform"
+	AuthenticatorCrossPlatform = "cross-platform"
+)
+
+var (
+	// ErrNoPolicy is returned by [New] for a policy directory without .rego files.
+	ErrNoPolicy = errors.New("pdp: no .rego policy files found")
+	// ErrInvalidInput is returned by [Engine.Evaluate] when the input cannot be
+	// given to the policy, for example arguments that are not a JSON object.
+	ErrInvalidInput = errors.New("pdp: invalid input")
+)
+
+// Entity is an AuthZEN subject or resource.
+type Entity struct {
+	Type       string         `json:"type"`
+	ID         string         `json:"id"`
+	Properties map[string]any `json:"properties,omitempty"`
+}
+
+// Action is an AuthZEN action.
+type Action struct {
+	Name       string         `json:"name"`
+	Properties map[string]any `json:"properties,omitempty"`
+}
+
+// Approval is one verified approval, given to the policy on re-evaluation.
+type Approval struct {
+	ApproverID   string    `json:"approver_id"`
+	Name         string    `json:"name"`
+	Groups       []string  `json:"groups"`
+	CredentialID string    `json:"credential_id"`
+	ApprovedAt   time.Time `json:"approved_at"`
+}
+
+// Context is the AuthZEN context of one tool call.
+type Context struct {
+	Arguments  json.RawMessage `json:"arguments"`   // raw JSON object of the tool arguments
+	ActionHash string          `json:"action_hash"` // hex
+	Time       time.Time       `json:"time"`
+	Approvals  []Approval      `json:"approvals,omitempty"` // set on re-evaluation after quorum
+}
+
+// Input is an AuthZEN-shaped evaluation request. For a tool call the subject is
+// {type: "agent", id: principal}, the action {name: "tools/call"} and the
+// resource {type: "tool", id: tool name}.
+type Input struct {
+	Subject  Entity  `json:"subject"`
+	Action   Action  `json:"action"`
+	Resource Entity  `json:"resource"`
+	Context  Context `json:"context"`
+}
+
+// Effect is the outcome of a decision.
+type Effect string
+
+// Effects.
+const (
+	EffectAllow       Effect = "allow"
+	EffectDeny        Effect = "deny"
+	EffectRequestable Effect = "requestable"
+)
+
+// Decision is the validated result of one evaluation. The approval fields are
+// set only when Effect is [EffectRequestable]. PolicyVersion is always set.
+type Decision struct {
+	Effect             Effect        `json:"effect"`
+	Reason             string        `json:"reason"`
+	ApproverGroup      string        `json:"approver_group,omitempty"`
+	Quorum             int           `json:"quorum,omitempty"`
+	ApprovalTTL        time.Duration `json:"approval_ttl,omitempty"`
+	AuthenticatorClass string        `json:"authenticator_class,omitempty"` // "platform" | "cross-platform"
+	SlackChannel       string        `json:"slack_channel,omitempty"`
+	PolicyVersion      string        `json:"policy_version"` // "sha256:<hex>"
+}
+
+// Options configures an [Engine]. The zero value loads the embedded default
+// policy, logs nothing and caps approval TTLs at [DefaultMaxApprovalTTL].
+type Options struct {
+	Dir            string        // policy directory; empty = embedded default policy
+	Logger         *slog.Logger  // nil = discard
+	MaxApprovalTTL time.Duration // 0 = DefaultMaxApprovalTTL
+}
+
+// Engine evaluates tool calls against one compiled policy set. It is
+// immutable and safe for concurrent use.
+type Engine struct {
+	query   rego.PreparedEvalQuery
+	version string
+	maxTTL  time.Duration
+	log     *slog.Logger
+}
+
+// New loads, compiles and prepares the policy set, so that a bad policy fails
+// here rather than on the first request.
+func New(ctx context.Context, opts Options) (*Engine, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	maxTTL := opts.MaxApprovalTTL
+	if maxTTL <= 0 {
+		maxTTL = DefaultMaxApprovalTTL
+	}
+	set, err := load(opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	q, err := set.prepare(ctx)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("policy loaded", "policy_dir", opts.Dir, "policy_files", len(set.modules)+set.dataFiles, "policy_version", set.version)
+	return &Engine{query: q, version: set.version, maxTTL: maxTTL, log: log}, nil
+}
+
+// Version returns the loaded policy set's content hash, "sha256:<hex>".
+func (e *Engine) Version() string { return e.version }
+
+// Evaluate decides one call. An undefined decision is a deny decision, not an
+// error; a decision that breaks the contract is a deny decision naming the
+// problem. An error means the policy could not be evaluated; the caller must
+// treat it as deny.
+func (e *Engine) Evaluate(ctx context.Context, in Input) (Decision, error) {
+	doc, err := policyInput(in)
+	if err != nil {
+		return Decision{}, err
+	}
+	opts := []rego.EvalOption{rego.EvalInput(doc)}
+	if !in.Context.Time.IsZero() {
+		opts = append(opts, rego.EvalTime(in.Context.Time))
+	}
+	rs, err := e.query.Eval(ctx, opts...)
+	if err != nil {
+		return Decision{}, fmt.Errorf("pdp: evaluate: %w", err)
+	}
+	d := e.decide(rs)
+	e.log.Debug("policy decision", "tool", in.Resource.ID, "decision", d.Effect, "policy_version", d.PolicyVersion)
+	return d, nil
+}
+
+// policyInput is the JSON form of in, decoded with json.Number so that large
+// amounts keep their exact value in Rego.
+func policyInput(in Input) (any, error) {
+	if len(bytes.TrimSpace(in.Context.Arguments)) == 0 {
+		in.Context.Arguments = json.RawMessage("{}")
+	}
+	b, err := json.Marshal(in)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidInput, err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var doc map[string]any
+	if err := dec.Decode(&doc); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidInput, err)
+	}
+	c := doc["context"].(map[string]any)
+	if _, ok := c["arguments"].(map[string]any); !ok {
+		return nil, fmt.Errorf("%w: arguments must be a JSON object", ErrInvalidInput)
+	}
+	return doc, nil
+}
+
+func (e *Engine) decide(rs rego.ResultSet) Decision {
+	if len(rs) == 0 || len(rs[0].Expressions) == 0 {
+		return Decision{Effect: EffectDeny, Reason: ReasonUndefined, PolicyVersion: e.version}
+	}
+	d, err := e.parse(rs[0].Expressions[0].Value)
+	if err != nil {
+		e.log.Warn("malformed policy decision", "policy_version", e.version, "error", err)
+		return Decision{Effect: EffectDeny, Reason: "malformed policy decision: " + err.Error(), PolicyVersion: e.version}
+	}
+	return d
+}
+
+// parse validates a decision object against the Rego contract.
+func (e *Engine) parse(v any) (Decision, error) {
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return Decision{}, errors.New("decision is not an object")
+	}
+	d := Decision{PolicyVersion: e.version}
+	var err error
+	if d.Reason, err = str(obj, "reason", false); err != nil {
+		return Decision{}, err
+	}
+	effect, err := str(obj, "effect", true)
+	if err != nil {
+		return Decision{}, err
+	}
+	switch d.Effect = Effect(effect); d.Effect {
+	case EffectAllow, EffectDeny:
+		return d, nil
+	case EffectRequestable:
+	default:
+		return Decision{}, fmt.Errorf("unknown effect %q", effect)
+	}
+
+	if d.ApproverGroup, err = str(obj, "approver_group", true); err != nil {
+		return Decision{}, err
+	}
+	quorum, err := positiveInt(obj, "quorum")
+	if err != nil {
+		return Decision{}, err
+	}
+	d.Quorum = int(quorum)
+	ttl, err := positiveInt(obj, "approval_ttl_seconds")
+	if err != nil {
+		return Decision{}, err
+	}
+	d.ApprovalTTL = e.maxTTL
+	if ttl < int64(e.maxTTL/time.Second) {
+		d.ApprovalTTL = time.Duration(ttl) * time.Second
+	}
+	if d.AuthenticatorClass, err = str(obj, "authenticator_class", false); err != nil {
+		return Decision{}, err
+	}
+	switch d.AuthenticatorClass {
+	case "":
+		d.AuthenticatorClass = AuthenticatorPlatform
+	case AuthenticatorPlatform, AuthenticatorCrossPlatform:
+	default:
+		return Decision{}, fmt.Errorf("unknown authenticator_class %q", d.AuthenticatorClass)
+	}
+	if d.SlackChannel, err = str(obj, "slack_channel", false); err != nil {
+		return Decision{}, err
+	}
+	return d, nil
+}
+
+// str returns obj[key] as a string; a missing key is an error only if required.
+func str(obj map[string]any, key string, required bool) (string, error) {
+	v, ok := obj[key]
+	if !ok && !required {
+		return "", nil
+	}
+	s, isStr := v.(string)
+	switch {
+	case required && s == "":
+		return "", fmt.Errorf("%s must be a non-empty string", key)
+	case !isStr:
+		return "", fmt.Errorf("%s must be a string", key)
+	}
+	return s, nil
+}
+
+// positiveInt returns obj[key] as an integer ≥ 1, saturating at MaxInt64.
+func positiveInt(obj map[string]any, key string) (int64, error) {
+	n, _ := obj[key].(json.Number)
+	r, ok := new(big.Rat).SetString(string(n))
+	if !ok || !r.IsInt() || r.Sign() < 1 {
+		return 0, fmt.Errorf("%s must be an integer ≥ 1", key)
+	}
+	if !r.Num().IsInt64() {
+		return math.MaxInt64, nil
+	}
+	return r.Num().Int64(), nil
+}
