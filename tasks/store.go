@@ -253,7 +253,7 @@ func isCASConflict(err error) bool {
 	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
 		return true
 	}
-	return errors.Is(err, jetstream.ErrKeyExists)
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
 }
 
 // ClaimDedup reserves the dedup slot for taskID. If an identical call is

@@ -1,0 +1,234 @@
+package passkey
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/go-webauthn/webauthn/protocol"
+	"github.com/go-webauthn/webauthn/webauthn"
+
+	"github.com/countersign/countersign/internal/canon"
+)
+
+// Authenticator classes (SEP-2672 §4.7).
+const (
+	// ClassCrossPlatform excludes credentials whose stored transports are
+	// exclusively "internal" (same-device-only). It is the SEP default: an
+	// empty class means cross-platform.
+	ClassCrossPlatform = "cross-platform"
+	// ClassPlatform accepts every enrolled credential.
+	ClassPlatform = "platform"
+)
+
+// normalizeClass maps "" to the SEP default and rejects unknown values.
+func normalizeClass(c string) (string, error) {
+	switch c {
+	case "", ClassCrossPlatform:
+		return ClassCrossPlatform, nil
+	case ClassPlatform:
+		return ClassPlatform, nil
+	}
+	return "", fmt.Errorf("%w: authenticator class %q", ErrInvalidArgument, c)
+}
+
+// classAllows applies the §4.7 capability filter to a credential's stored
+// transports. A credential that reported no transports is not "exclusively
+// internal" and stays eligible.
+func classAllows(class string, transports []protocol.AuthenticatorTransport) bool {
+	if class == ClassPlatform || len(transports) == 0 {
+		return true
+	}
+	for _, t := range transports {
+		if t != protocol.Internal {
+			return true
+		}
+	}
+	return false
+}
+
+// ChallengeRequest asks for a SEP-2672 challenge bound to one call.
+type ChallengeRequest struct {
+	TaskID     string
+	Tool       string
+	ActionHash canon.ActionHash
+	// Group is the approver group whose passkeys may answer.
+	Group string
+	// AuthenticatorClass is ClassPlatform or ClassCrossPlatform ("" means cross-platform).
+	AuthenticatorClass string
+	// DisplayText is the server-built description shown to the approver (§4.4.3).
+	DisplayText string
+}
+
+// Challenge is what the approver's browser needs for navigator.credentials.get().
+// Its JSON form is the SEP-2672 §4.4.3 challenge envelope.
+type Challenge struct {
+	ID          string    `json:"challengeId"`
+	DisplayText string    `json:"displayText"`
+	ExpiresAt   time.Time `json:"expiresAt"`
+	// RequestOptions: challenge = base64url(nonce ‖ actionHash) (86 chars),
+	// userVerification "required", allowCredentials = the group's passkeys
+	// filtered by class.
+	RequestOptions protocol.PublicKeyCredentialRequestOptions `json:"requestOptions"`
+}
+
+// challengeRecord is the stored challenge, keyed by challenge id.
+type challengeRecord struct {
+	TaskID             string    `json:"taskId"`
+	Tool               string    `json:"tool"`
+	ActionHash         string    `json:"actionHash"` // hex
+	Nonce              string    `json:"nonce"`      // base64url, 32 bytes
+	Group              string    `json:"group"`
+	AuthenticatorClass string    `json:"authenticatorClass"`
+	DisplayText        string    `json:"displayText"`
+	CreatedAt          time.Time `json:"createdAt"`
+	ExpiresAt          time.Time `json:"expiresAt"`
+	// ConsumedBy is the consumer key of the verification that used the
+	// challenge; empty until consumed.
+	ConsumedBy string    `json:"consumedBy"`
+	ConsumedAt time.Time `json:"consumedAt,omitzero"`
+	// Result is returned again to a retry with the same consumer key.
+	Result *Verified `json:"result,omitempty"`
+}
+
+// wireChallenge returns the base64url of nonce ‖ actionHash, the exact value
+// the authenticator signs over (in clientDataJSON.challenge).
+func (r *challengeRecord) wireChallenge() (string, error) {
+	nonce, err := base64.RawURLEncoding.DecodeString(r.Nonce)
+	if err != nil || len(nonce) != protocol.ChallengeLength {
+		return "", errors.New("passkey: stored nonce is malformed")
+	}
+	h, err := canon.ParseActionHash(r.ActionHash)
+	if err != nil {
+		return "", err
+	}
+	return base64.RawURLEncoding.EncodeToString(append(nonce, h[:]...)), nil
+}
+
+const (
+	maxTaskIDLen      = 256
+	maxToolLen        = 256
+	maxDisplayTextLen = 4096
+	challengeIDSize   = 16
+)
+
+func validateChallengeRequest(req *ChallengeRequest) error {
+	switch {
+	case req.TaskID == "" || len(req.TaskID) > maxTaskIDLen:
+		return fmt.Errorf("%w: task id must be 1-%d bytes", ErrInvalidArgument, maxTaskIDLen)
+	case req.Tool == "" || len(req.Tool) > maxToolLen:
+		return fmt.Errorf("%w: tool must be 1-%d bytes", ErrInvalidArgument, maxToolLen)
+	case req.ActionHash.IsZero():
+		return fmt.Errorf("%w: action hash is zero", ErrInvalidArgument)
+	case req.DisplayText == "" || len(req.DisplayText) > maxDisplayTextLen || !utf8.ValidString(req.DisplayText):
+		return fmt.Errorf("%w: display text must be 1-%d bytes of UTF-8", ErrInvalidArgument, maxDisplayTextLen)
+	}
+	return validateGroup(req.Group)
+}
+
+// IssueChallenge creates a fresh single-use challenge for one call. The wire
+// challenge is nonce ‖ actionHash, where the 32-byte nonce comes from
+// protocol.CreateChallenge; it is passed verbatim to the library with
+// webauthn.WithChallenge. It fails with no_eligible_credential when no
+// approver of the group has a passkey allowed by the class.
+func (s *Service) IssueChallenge(ctx context.Context, req ChallengeRequest) (Challenge, error) {
+	if err := validateChallengeRequest(&req); err != nil {
+		return Challenge{}, err
+	}
+	class, err := normalizeClass(req.AuthenticatorClass)
+	if err != nil {
+		return Challenge{}, err
+	}
+	allow, err := s.eligibleDescriptors(ctx, req.Group, class)
+	if err != nil {
+		return Challenge{}, err
+	}
+	if len(allow) == 0 {
+		return Challenge{}, newError(ReasonNoEligibleCredential,
+			fmt.Errorf("no passkey in group %q for class %q", req.Group, class))
+	}
+
+	nonce, err := protocol.CreateChallenge()
+	if err != nil {
+		return Challenge{}, fmt.Errorf("passkey: nonce: %w", err)
+	}
+	wire := make([]byte, 0, len(nonce)+canon.HashSize)
+	wire = append(append(wire, nonce...), req.ActionHash[:]...)
+	assertion, _, err := s.wa.BeginDiscoverableLogin(
+		webauthn.WithChallenge(wire),
+		webauthn.WithAllowedCredentials(allow),
+		webauthn.WithUserVerification(protocol.VerificationRequired),
+	)
+	if err != nil {
+		return Challenge{}, fmt.Errorf("passkey: begin login: %w", err)
+	}
+
+	now := s.now().UTC()
+	rec := challengeRecord{
+		TaskID:             req.TaskID,
+		Tool:               req.Tool,
+		ActionHash:         req.ActionHash.String(),
+		Nonce:              base64.RawURLEncoding.EncodeToString(nonce),
+		Group:              req.Group,
+		AuthenticatorClass: class,
+		DisplayText:        req.DisplayText,
+		CreatedAt:          now,
+		ExpiresAt:          now.Add(s.challengeTTL),
+	}
+	for range casAttempts {
+		id := randomID(challengeIDSize)
+		_, err := createJSON(ctx, s.challenges, id, &rec)
+		if isConflict(err) {
+			continue // id collision: astronomically unlikely, try another
+		}
+		if err != nil {
+			return Challenge{}, fmt.Errorf("passkey: store challenge: %w", err)
+		}
+		s.log.InfoContext(ctx, "challenge issued", "challenge_id", id, "task_id", req.TaskID,
+			"tool", req.Tool, "group", req.Group, "authenticator_class", class, "allowed_credentials", len(allow))
+		return Challenge{
+			ID:             id,
+			DisplayText:    req.DisplayText,
+			ExpiresAt:      rec.ExpiresAt,
+			RequestOptions: assertion.Response,
+		}, nil
+	}
+	return Challenge{}, errCASExhausted
+}
+
+// eligibleDescriptors lists the credentials of the group's approvers that the
+// class allows, with their transports.
+func (s *Service) eligibleDescriptors(ctx context.Context, group, class string) ([]protocol.CredentialDescriptor, error) {
+	approvers, err := s.Approvers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []protocol.CredentialDescriptor
+	for _, a := range approvers {
+		if !inGroup(a, group) {
+			continue
+		}
+		creds, err := s.approverCredentials(ctx, a)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range creds {
+			if classAllows(class, c.Credential.Transport) {
+				out = append(out, c.Credential.Descriptor())
+			}
+		}
+	}
+	return out, nil
+}
+
+func inGroup(a Approver, group string) bool {
+	for _, g := range a.Groups {
+		if g == group {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,75 @@
+// Package passkey holds approvers' WebAuthn passkeys and turns a passkey
+// assertion into a verified, single-use approval of one exact tool call
+// (SEP-2672 §4.4–§4.10).
+//
+// # Lifecycle
+//
+//   - [Service.AddApprover] creates an approver in one or more groups and
+//     returns an invite token; [Service.NewInvite] issues another.
+//   - [Service.BeginEnrollment] and [Service.FinishEnrollment] register a
+//     passkey with the token. User verification is required; the credential's
+//     transports are stored for the authenticator-class filter.
+//   - [Service.IssueChallenge] binds a fresh challenge to a task, tool and
+//     action hash; the approver's browser signs it with navigator.credentials.get().
+//   - [Service.Verify] checks the assertion and consumes the challenge.
+//
+// # Invariants
+//
+// Wire challenge. The challenge an authenticator signs is nonce ‖ actionHash
+// (64 bytes, 86 base64url characters). The 32-byte nonce comes from
+// protocol.CreateChallenge (crypto/rand) and is unique per challenge; the
+// action hash binds the call. The server keeps its own record of the
+// challenge (task, tool, action hash, group, class, expiry, consumer) and
+// verifies against that record, never against what the client sends.
+//
+// Verify before consume. Verify runs every check of SEP-2672 §4.8, in the
+// normative order, before it touches the challenge. An assertion that fails
+// any check changes nothing: the challenge stays usable for the legitimate
+// approver. Only then is the challenge consumed, and only then is the
+// signature counter advanced.
+//
+// Compare-and-set everywhere. All state is in NATS JetStream key-value
+// buckets (countersign_approvers, countersign_invites, countersign_credentials,
+// countersign_challenges) on file storage. Every write is a Create (key must
+// not exist) or an Update at the revision that was read, so any number of
+// server replicas can share the buckets: of two concurrent consumers of one
+// challenge exactly one wins, and the loser gets challenge_consumed. Counter
+// updates retry their compare-and-set and never lower the counter.
+//
+// Idempotent consume. A Verify that consumed a challenge records its
+// ConsumerKey and result; a retry with the same key, for the same call and
+// credential, returns the same result (and re-applies the counter update), so
+// an activity may retry after a crash or timeout without losing the approval.
+//
+// Single-use invites. An invite is consumed by compare-and-set at the
+// revision its registration session was verified against, only after the
+// registration verified and the credential id was found not yet enrolled. A
+// failed registration leaves the invite usable. Invites are stored under the
+// SHA-256 of the token, so the bucket alone does not let anyone enroll.
+//
+// Expiry is checked on read against the injected clock. The challenges
+// bucket has a MaxAge for housekeeping only; a purged challenge reads as
+// unknown, which still rejects.
+//
+// # Reasons
+//
+// Rejections are *[Error] with a Reason from the SEP-2672 §4.10 set
+// (missing_evidence, unsupported_method, challenge_unknown,
+// challenge_consumed, challenge_expired, challenge_wrong_tool,
+// unknown_credential, authenticator_class_mismatch,
+// signature_verification_failed, signature_counter_regression,
+// argument_hash_mismatch, no_eligible_credential,
+// credential_already_enrolled, no_pending_enrollment, verification_failed)
+// plus Countersign's challenge_wrong_task, approver_not_eligible and
+// self_approval. Reason and Message are safe for clients; the cause, which
+// may quote library diagnostics, stays behind Unwrap and in the logs. An
+// *Error is final. Any other error is an infrastructure failure and may be
+// retried; ErrInvalidArgument and ErrNotFound are caller errors.
+//
+// Authenticator class (§4.7): "cross-platform" (also the meaning of an empty
+// class) excludes credentials whose stored transports are exclusively
+// "internal"; "platform" accepts every credential. Verify applies the
+// stricter of the caller's class and the challenge's.
+//
+// Tokens, assertions and tool arguments are never logged.
+package passkey

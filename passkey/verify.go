@@ -1,0 +1,354 @@
+package passkey
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-webauthn/webauthn/protocol"
+	"github.com/go-webauthn/webauthn/webauthn"
+
+	"github.com/countersign/countersign/internal/canon"
+)
+
+// MethodWebAuthn is the only evidence method SEP-2672 defines.
+const MethodWebAuthn = "webauthn"
+
+const (
+	maxConsumerKeyLen = 256
+	// maxResponseBytes bounds the assertion JSON; real ones are a few KB.
+	maxResponseBytes = 64 << 10
+	// maxCredentialIDBytes is WebAuthn's limit. Longer ids are never enrolled,
+	// and are not sent to NATS as keys (a subject beyond the 4 KB control line
+	// limit would break the connection).
+	maxCredentialIDBytes = 1023
+)
+
+// VerifyRequest carries one piece of approval evidence and the call it must
+// match. TaskID, Tool, ActionHash, Group and AuthenticatorClass come from the
+// server's own record of the call, never from the client.
+type VerifyRequest struct {
+	ChallengeID string
+	TaskID      string
+	Tool        string
+	ActionHash  canon.ActionHash
+	// Group is the approver group allowed to approve this call.
+	Group string
+	// AuthenticatorClass is ClassPlatform or ClassCrossPlatform ("" means
+	// cross-platform). The stricter of it and the challenge's class applies.
+	AuthenticatorClass string
+	// Requester is the principal that made the call; an approver whose name
+	// (case-insensitively) or id equals it is refused. Empty skips the check
+	// (the in-band flow, where the user approves their own agent's call).
+	Requester string
+	// ConsumerKey makes Verify idempotent: after a successful consume, a retry
+	// with the same key (and the same task, tool, hash and credential) returns
+	// the same result. Empty means a random key, i.e. no idempotent retry.
+	ConsumerKey string
+	// Method is the evidence method; "" is treated as "webauthn".
+	Method string
+	// Response is the PublicKeyCredential JSON from navigator.credentials.get().
+	Response json.RawMessage
+}
+
+// Verified is a successful, consumed approval, with the raw assertion parts
+// for the audit record.
+type Verified struct {
+	ApproverID        string `json:"approverId"`
+	ApproverName      string `json:"approverName"`
+	CredentialID      string `json:"credentialId"` // base64url, no padding
+	SignCount         uint32 `json:"signCount"`
+	PublicKey         []byte `json:"publicKey"` // COSE key
+	ChallengeID       string `json:"challengeId"`
+	AuthenticatorData []byte `json:"authenticatorData"`
+	ClientDataJSON    []byte `json:"clientDataJson"`
+	Signature         []byte `json:"signature"`
+}
+
+// Verify checks approval evidence in SEP-2672 §4.8 order and, only if every
+// check passes, consumes the challenge atomically and advances the stored
+// signature counter. The checks, each with its reason:
+//
+//  1. missing_evidence: empty or malformed evidence or response
+//  2. unsupported_method: method other than "webauthn"
+//  3. challenge_unknown
+//  4. challenge_consumed (a retry with the consuming ConsumerKey succeeds again)
+//  5. challenge_expired
+//  6. challenge_wrong_task, then challenge_wrong_tool
+//  7. unknown_credential
+//  8. authenticator_class_mismatch
+//  9. signature_verification_failed: any WebAuthn failure (signature, origin,
+//     RP id, user verification, challenge)
+//  10. signature_counter_regression: stored > 0 and new <= stored
+//  11. argument_hash_mismatch
+//  12. approver_not_eligible: approver not in the group
+//  13. self_approval: approver is the requester
+//
+// then the compare-and-set consume (a lost race is challenge_consumed) and
+// the counter update. A rejected assertion never consumes the challenge.
+//
+// Rejections are *Error; other errors are infrastructure failures and may be
+// retried with the same ConsumerKey. A malformed request from the caller
+// (unknown class) wraps ErrInvalidArgument.
+func (s *Service) Verify(ctx context.Context, req VerifyRequest) (Verified, error) {
+	v, err := s.verify(ctx, &req)
+	if err != nil {
+		var e *Error
+		if errors.As(err, &e) {
+			attrs := []any{"challenge_id", logID(req.ChallengeID), "task_id", req.TaskID, "reason", e.Reason}
+			if e.cause != nil {
+				attrs = append(attrs, "error", e.cause)
+				var pe *protocol.Error
+				if errors.As(e.cause, &pe) && pe.DevInfo != "" {
+					attrs = append(attrs, "detail", pe.DevInfo)
+				}
+			}
+			s.log.WarnContext(ctx, "approval evidence rejected", attrs...)
+		} else {
+			s.log.ErrorContext(ctx, "approval verification failed", "challenge_id", logID(req.ChallengeID), "task_id", req.TaskID, "error", err)
+		}
+		return Verified{}, err
+	}
+	s.log.InfoContext(ctx, "approval verified", "challenge_id", v.ChallengeID, "task_id", req.TaskID,
+		"approver_id", v.ApproverID, "credential_id", v.CredentialID, "sign_count", v.SignCount)
+	return v, nil
+}
+
+// logID keeps attacker-chosen challenge ids out of logs unless they have our shape.
+func logID(id string) string {
+	if isHexID(id) {
+		return id
+	}
+	return "(malformed)"
+}
+
+func (s *Service) verify(ctx context.Context, req *VerifyRequest) (Verified, error) {
+	reqClass, err := normalizeClass(req.AuthenticatorClass)
+	if err != nil {
+		return Verified{}, err
+	}
+	if len(req.ConsumerKey) > maxConsumerKeyLen {
+		return Verified{}, fmt.Errorf("%w: consumer key longer than %d bytes", ErrInvalidArgument, maxConsumerKeyLen)
+	}
+
+	// Numbers are SEP-2672 §4.8 steps.
+	// 1–2. Evidence present and well formed.
+	raw := bytes.TrimSpace(req.Response)
+	if len(raw) == 0 || len(raw) > maxResponseBytes || raw[0] != '{' || !json.Valid(raw) {
+		return Verified{}, newError(ReasonMissingEvidence, errors.New("response is not a JSON object"))
+	}
+	if req.ChallengeID == "" {
+		return Verified{}, newError(ReasonMissingEvidence, errors.New("no challenge id"))
+	}
+	// 3. Method.
+	if req.Method != "" && req.Method != MethodWebAuthn {
+		return Verified{}, newError(ReasonUnsupportedMethod, fmt.Errorf("method %.32q", req.Method))
+	}
+	// The WebAuthn response shape is part of "well formed"; it is checked after
+	// the method because its shape depends on the method.
+	parsed, err := protocol.ParseCredentialRequestResponseBytes(raw)
+	if err != nil {
+		return Verified{}, newError(ReasonMissingEvidence, err)
+	}
+	credID := base64.RawURLEncoding.EncodeToString(parsed.RawID)
+
+	// 4. Known challenge.
+	if !isHexID(req.ChallengeID) {
+		return Verified{}, newError(ReasonChallengeUnknown, errors.New("malformed challenge id"))
+	}
+	var ch challengeRecord
+	chRev, err := getJSON(ctx, s.challenges, req.ChallengeID, &ch)
+	if err != nil {
+		if isNotFound(err) {
+			return Verified{}, newError(ReasonChallengeUnknown, nil)
+		}
+		return Verified{}, fmt.Errorf("passkey: get challenge: %w", err)
+	}
+	// 5. Not consumed, unless by this very consumer (idempotent retry).
+	if ch.ConsumedBy != "" {
+		if req.ConsumerKey != "" && ch.ConsumedBy == req.ConsumerKey {
+			return s.replay(ctx, req, &ch, credID)
+		}
+		return Verified{}, newError(ReasonChallengeConsumed, nil)
+	}
+	// 6. Not expired.
+	now := s.now().UTC()
+	if !now.Before(ch.ExpiresAt) {
+		return Verified{}, newError(ReasonChallengeExpired, nil)
+	}
+	// 7. Issued for this task and tool.
+	if ch.TaskID != req.TaskID {
+		return Verified{}, newError(ReasonChallengeWrongTask, nil)
+	}
+	if ch.Tool != req.Tool {
+		return Verified{}, newError(ReasonChallengeWrongTool, nil)
+	}
+	// 8. Enrolled credential, linked to an existing approver.
+	if len(parsed.RawID) > maxCredentialIDBytes {
+		return Verified{}, newError(ReasonUnknownCredential, errors.New("credential id too long"))
+	}
+	var cred credentialRecord
+	credRev, err := getJSON(ctx, s.credentials, credID, &cred)
+	if err != nil {
+		if isNotFound(err) {
+			return Verified{}, newError(ReasonUnknownCredential, nil)
+		}
+		return Verified{}, fmt.Errorf("passkey: get credential: %w", err)
+	}
+	a, err := s.Approver(ctx, cred.ApproverID)
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return Verified{}, newError(ReasonUnknownCredential, err)
+		}
+		return Verified{}, err
+	}
+	if !slices.Contains(a.CredentialIDs, credID) {
+		return Verified{}, newError(ReasonUnknownCredential, errors.New("credential not linked to its approver"))
+	}
+	// 9. Authenticator class: both the caller's and the challenge's.
+	if !classAllows(reqClass, cred.Credential.Transport) || !classAllows(ch.AuthenticatorClass, cred.Credential.Transport) {
+		return Verified{}, newError(ReasonAuthenticatorClassMismatch, nil)
+	}
+	// 10. WebAuthn verification against the stored challenge and public key.
+	wire, err := ch.wireChallenge()
+	if err != nil {
+		return Verified{}, err
+	}
+	session := webauthn.SessionData{
+		Challenge:            wire,
+		RelyingPartyID:       s.rpID,
+		UserID:               []byte(a.ID),
+		AllowedCredentialIDs: [][]byte{cred.Credential.ID},
+		UserVerification:     protocol.VerificationRequired,
+	}
+	user := waUser{a: a, creds: []webauthn.Credential{cred.Credential}}
+	if _, err := s.wa.ValidateLogin(user, session, parsed); err != nil {
+		return Verified{}, newError(ReasonSignatureVerificationFailed, err)
+	}
+	authData := parsed.Response.AuthenticatorData
+	if !authData.Flags.HasUserVerified() { // backstop: the library checks it
+		return Verified{}, newError(ReasonSignatureVerificationFailed, errors.New("user not verified"))
+	}
+	// 11. Counter strictly increases unless the stored counter is zero.
+	stored := cred.Credential.Authenticator.SignCount
+	if stored > 0 && authData.Counter <= stored {
+		// The counter is the one piece of state a concurrent Verify of this
+		// same assertion changes. If that is what happened, the challenge is
+		// consumed by now and step 5 is the accurate answer (or the same
+		// success, for a retry with the consuming key).
+		var cur challengeRecord
+		if _, err := getJSON(ctx, s.challenges, req.ChallengeID, &cur); err == nil && cur.ConsumedBy != "" {
+			if req.ConsumerKey != "" && cur.ConsumedBy == req.ConsumerKey {
+				return s.replay(ctx, req, &cur, credID)
+			}
+			return Verified{}, newError(ReasonChallengeConsumed, nil)
+		}
+		return Verified{}, newError(ReasonSignatureCounterRegression,
+			fmt.Errorf("stored %d, asserted %d", stored, authData.Counter))
+	}
+	// 12. The call's action hash is the one the challenge committed to.
+	if ch.ActionHash != req.ActionHash.String() {
+		return Verified{}, newError(ReasonArgumentHashMismatch, nil)
+	}
+	// 12a (Countersign). Approver is in the group, both the caller's and the challenge's.
+	if req.Group == "" || !inGroup(a, req.Group) || !inGroup(a, ch.Group) {
+		return Verified{}, newError(ReasonApproverNotEligible, nil)
+	}
+	// 12b (Countersign). Not the requester.
+	if r := strings.TrimSpace(req.Requester); r != "" && (strings.EqualFold(r, a.Name) || r == a.ID) {
+		return Verified{}, newError(ReasonSelfApproval, nil)
+	}
+
+	// 13. Every check passed: consume, by compare-and-set on the revision
+	// read in step 4.
+	key := req.ConsumerKey
+	if key == "" {
+		key = "anonymous-" + randomID(16)
+	}
+	v := Verified{
+		ApproverID:        a.ID,
+		ApproverName:      a.Name,
+		CredentialID:      credID,
+		SignCount:         authData.Counter,
+		PublicKey:         cred.Credential.PublicKey,
+		ChallengeID:       req.ChallengeID,
+		AuthenticatorData: parsed.Raw.AssertionResponse.AuthenticatorData,
+		ClientDataJSON:    parsed.Raw.AssertionResponse.ClientDataJSON,
+		Signature:         parsed.Raw.AssertionResponse.Signature,
+	}
+	ch.ConsumedBy = key
+	ch.ConsumedAt = now
+	ch.Result = &v
+	if _, err := updateJSON(ctx, s.challenges, req.ChallengeID, &ch, chRev); err != nil {
+		if !isConflict(err) {
+			return Verified{}, fmt.Errorf("passkey: consume challenge: %w", err)
+		}
+		// Lost the race. If it was lost to ourselves (a concurrent retry with
+		// the same key), that is the same success.
+		var cur challengeRecord
+		if _, gerr := getJSON(ctx, s.challenges, req.ChallengeID, &cur); gerr == nil &&
+			req.ConsumerKey != "" && cur.ConsumedBy == req.ConsumerKey {
+			return s.replay(ctx, req, &cur, credID)
+		}
+		return Verified{}, newError(ReasonChallengeConsumed, err)
+	}
+	// 14. Store the counter. Fast path: write at the revision read in step 8; on a
+	// conflict fall back to the read-modify-write loop.
+	next := cred
+	next.Credential.Authenticator.SignCount = max(stored, v.SignCount)
+	next.LastUsedAt = now
+	if _, err := updateJSON(ctx, s.credentials, credID, &next, credRev); err != nil {
+		if !isConflict(err) {
+			return Verified{}, fmt.Errorf("passkey: update signature counter: %w", err)
+		}
+		if err := s.advanceCounter(ctx, credID, v.SignCount, now); err != nil {
+			return Verified{}, err
+		}
+	}
+	return v, nil
+}
+
+// replay answers a retry by the consumer that already consumed the challenge.
+// It must carry the same call and credential; it re-applies the counter
+// update, which may not have happened if the first attempt failed after the
+// consume.
+func (s *Service) replay(ctx context.Context, req *VerifyRequest, ch *challengeRecord, credID string) (Verified, error) {
+	if ch.Result == nil || ch.TaskID != req.TaskID || ch.Tool != req.Tool ||
+		ch.ActionHash != req.ActionHash.String() || ch.Result.CredentialID != credID {
+		return Verified{}, newError(ReasonChallengeConsumed, errors.New("consumer key reused for a different call"))
+	}
+	if err := s.advanceCounter(ctx, credID, ch.Result.SignCount, ch.ConsumedAt); err != nil {
+		return Verified{}, err
+	}
+	return *ch.Result, nil
+}
+
+// advanceCounter raises the stored signature counter to count (never lowers
+// it) and records the use time, by compare-and-set. It is idempotent.
+func (s *Service) advanceCounter(ctx context.Context, credID string, count uint32, usedAt time.Time) error {
+	_, err := casUpdate(ctx, s.credentials, credID, func(r *credentialRecord) error {
+		changed := false
+		if count > r.Credential.Authenticator.SignCount {
+			r.Credential.Authenticator.SignCount = count
+			changed = true
+		}
+		if r.LastUsedAt.Before(usedAt) {
+			r.LastUsedAt = usedAt
+			changed = true
+		}
+		if !changed {
+			return errNoChange
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("passkey: update signature counter: %w", err)
+	}
+	return nil
+}
