@@ -61,6 +61,10 @@ type ChallengeRequest struct {
 	AuthenticatorClass string
 	// DisplayText is the server-built description shown to the approver (§4.4.3).
 	DisplayText string
+	// Decision, when set ("approve" or "deny"), binds the challenge to that
+	// decision: an assertion over it counts only for the same decision, so a
+	// signed denial can never be replayed or rewritten as an approval.
+	Decision string
 }
 
 // Challenge is what the approver's browser needs for navigator.credentials.get().
@@ -84,6 +88,7 @@ type challengeRecord struct {
 	Group              string    `json:"group"`
 	AuthenticatorClass string    `json:"authenticatorClass"`
 	DisplayText        string    `json:"displayText"`
+	Decision           string    `json:"decision,omitempty"`
 	CreatedAt          time.Time `json:"createdAt"`
 	ExpiresAt          time.Time `json:"expiresAt"`
 	// ConsumedBy is the consumer key of the verification that used the
@@ -175,6 +180,7 @@ func (s *Service) IssueChallenge(ctx context.Context, req ChallengeRequest) (Cha
 		Group:              req.Group,
 		AuthenticatorClass: class,
 		DisplayText:        req.DisplayText,
+		Decision:           req.Decision,
 		CreatedAt:          now,
 		ExpiresAt:          now.Add(s.challengeTTL),
 	}

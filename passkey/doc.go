@@ -60,7 +60,8 @@
 // signature_verification_failed, signature_counter_regression,
 // argument_hash_mismatch, no_eligible_credential,
 // credential_already_enrolled, no_pending_enrollment, verification_failed)
-// plus Countersign's challenge_wrong_task, approver_not_eligible and
+// plus Countersign's challenge_wrong_task, challenge_wrong_decision (a challenge
+// issued for a deny cannot carry an approve), approver_not_eligible and
 // self_approval. Reason and Message are safe for clients; the cause, which
 // may quote library diagnostics, stays behind Unwrap and in the logs. An
 // *Error is final. Any other error is an infrastructure failure and may be

@@ -16,6 +16,7 @@ const (
 	ReasonChallengeExpired            = "challenge_expired"
 	ReasonChallengeWrongTask          = "challenge_wrong_task" // Countersign addition
 	ReasonChallengeWrongTool          = "challenge_wrong_tool"
+	ReasonChallengeWrongDecision      = "challenge_wrong_decision" // Countersign addition
 	ReasonUnknownCredential           = "unknown_credential"
 	ReasonAuthenticatorClassMismatch  = "authenticator_class_mismatch"
 	ReasonSignatureVerificationFailed = "signature_verification_failed"
@@ -45,6 +46,7 @@ var messages = map[string]string{
 	ReasonChallengeExpired:            "Approval challenge has expired",
 	ReasonChallengeWrongTask:          "Approval challenge was issued for a different task",
 	ReasonChallengeWrongTool:          "Approval challenge was issued for a different tool",
+	ReasonChallengeWrongDecision:      "Approval challenge was issued for a different decision",
 	ReasonUnknownCredential:           "Passkey is not enrolled",
 	ReasonAuthenticatorClassMismatch:  "Passkey does not satisfy the authenticator class policy",
 	ReasonSignatureVerificationFailed: "Passkey signature verification failed",

@@ -9,7 +9,7 @@ import (
 func TestEveryReasonHasAMessage(t *testing.T) {
 	reasons := []string{
 		ReasonMissingEvidence, ReasonUnsupportedMethod, ReasonChallengeUnknown, ReasonChallengeConsumed,
-		ReasonChallengeExpired, ReasonChallengeWrongTask, ReasonChallengeWrongTool, ReasonUnknownCredential,
+		ReasonChallengeExpired, ReasonChallengeWrongTask, ReasonChallengeWrongTool, ReasonChallengeWrongDecision, ReasonUnknownCredential,
 		ReasonAuthenticatorClassMismatch, ReasonSignatureVerificationFailed, ReasonSignatureCounterRegression,
 		ReasonArgumentHashMismatch, ReasonApproverNotEligible, ReasonSelfApproval, ReasonToolNotApprovalRequired,
 		ReasonNoEligibleCredential, ReasonCredentialAlreadyEnrolled, ReasonNoPendingEnrollment, ReasonVerificationFailed,

@@ -51,6 +51,10 @@ type VerifyRequest struct {
 	// with the same key (and the same task, tool, hash and credential) returns
 	// the same result. Empty means a random key, i.e. no idempotent retry.
 	ConsumerKey string
+	// Decision is the decision the assertion is submitted for. When set, the
+	// challenge must have been issued for the same decision
+	// (challenge_wrong_decision otherwise).
+	Decision string
 	// Method is the evidence method; "" is treated as "webauthn".
 	Method string
 	// Response is the PublicKeyCredential JSON from navigator.credentials.get().
@@ -188,6 +192,9 @@ func (s *Service) verify(ctx context.Context, req *VerifyRequest) (Verified, err
 	}
 	if ch.Tool != req.Tool {
 		return Verified{}, newError(ReasonChallengeWrongTool, nil)
+	}
+	if req.Decision != "" && ch.Decision != req.Decision {
+		return Verified{}, newError(ReasonChallengeWrongDecision, nil)
 	}
 	// 8. Enrolled credential, linked to an existing approver.
 	if len(parsed.RawID) > maxCredentialIDBytes {

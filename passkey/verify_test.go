@@ -323,6 +323,14 @@ func TestVerifyReasons(t *testing.T) {
 				r.Tool = "create_resource"
 				return r
 			}},
+		{name: "wrong decision", want: passkey.ReasonChallengeWrongDecision, stillUsable: true,
+			build: func(t *testing.T, c *call) passkey.VerifyRequest {
+				// The challenge was issued without a decision; an approval
+				// must name the decision its challenge was issued for.
+				r := c.verifyReq(w.alice.sign(t, w.rp, c.Ch))
+				r.Decision = "approve"
+				return r
+			}},
 		{name: "unknown credential", want: passkey.ReasonUnknownCredential, stillUsable: true,
 			build: func(t *testing.T, c *call) passkey.VerifyRequest {
 				return c.verifyReq(w.alice.signRaw(t, w.rp, c.Ch.RequestOptions.Challenge, stranger))

@@ -1,0 +1,318 @@
+package activities
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/internal/canon"
+	"github.com/countersign/countersign/passkey"
+	"github.com/countersign/countersign/pdp"
+	"github.com/countersign/countersign/tasks"
+)
+
+// Activities holds the dependencies of the approval workflow's activities.
+// The worker registers one instance; the workflow refers to its methods
+// through a nil *Activities.
+type Activities struct {
+	Tasks    *tasks.Store
+	PDP      *pdp.Engine
+	Passkeys *passkey.Service
+	Tools    *gateway.Registry
+	// Notifier tells approvers about new tasks; nil notifies nobody.
+	Notifier Notifier
+	// PublicURL is the approver site's base URL, e.g. https://approve.example.com.
+	PublicURL string
+	// Logger; nil discards.
+	Logger *slog.Logger
+}
+
+func (a *Activities) log() *slog.Logger {
+	if a.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return a.Logger
+}
+
+// approveURL is the approval page of the task with approval reference ref.
+func (a *Activities) approveURL(ref string) string {
+	return strings.TrimRight(a.PublicURL, "/") + "/approve/" + url.PathEscape(ref)
+}
+
+func checkVersion(v int) error {
+	if v != Version {
+		return temporal.NewNonRetryableApplicationError(
+			fmt.Sprintf("activities: input version %d, want %d", v, Version), ErrTypeUnsupportedVersion, nil)
+	}
+	return nil
+}
+
+// storeError classifies a task store error: a missing or already-ended
+// record will not get better with retries; anything else is infrastructure.
+func storeError(op, taskID string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, tasks.ErrTaskNotFound):
+		return temporal.NewNonRetryableApplicationError("activities: "+op+" "+taskID+": task not found", ErrTypeTaskNotFound, err)
+	case errors.Is(err, tasks.ErrTerminal):
+		return temporal.NewNonRetryableApplicationError("activities: "+op+" "+taskID+": task already ended", ErrTypeTaskTerminal, err)
+	default:
+		return fmt.Errorf("activities: %s %s: %w", op, taskID, err)
+	}
+}
+
+// errSkip aborts a store update that has nothing to do.
+var errSkip = errors.New("activities: nothing to write")
+
+// appendEvent appends e to the timeline unless it is already there (a retry).
+func appendEvent(r *tasks.Record, e tasks.Event) {
+	if e.Kind == "" {
+		return
+	}
+	for _, old := range r.Timeline {
+		if old.Kind == e.Kind && old.Detail == e.Detail && old.At.Equal(e.At) {
+			return
+		}
+	}
+	r.Timeline = append(r.Timeline, e)
+}
+
+// RecordState writes a non-terminal transition to the task's read model. It
+// leaves a terminal record alone, so a late write cannot undo the end.
+func (a *Activities) RecordState(ctx context.Context, in RecordStateInput) error {
+	if err := checkVersion(in.Version); err != nil {
+		return err
+	}
+	_, err := a.Tasks.Update(ctx, in.TaskID, func(r *tasks.Record) error {
+		if r.Status.Terminal() {
+			return errSkip
+		}
+		r.StatusMessage = in.StatusMessage
+		r.ApprovalState = in.ApprovalState
+		r.Approvals = in.Approvals
+		appendEvent(r, in.Event)
+		return nil
+	})
+	if errors.Is(err, errSkip) {
+		a.log().Debug("activities: record state on terminal task ignored", "task_id", in.TaskID, "event", in.Event.Kind)
+		return nil
+	}
+	return storeError("record state", in.TaskID, err)
+}
+
+// Notify tells the approvers about the task, with a link to its approval page.
+func (a *Activities) Notify(ctx context.Context, in NotifyInput) error {
+	if err := checkVersion(in.Version); err != nil {
+		return err
+	}
+	if a.Notifier == nil {
+		return nil
+	}
+	r, err := a.Tasks.Get(ctx, in.TaskID)
+	if err != nil {
+		return storeError("notify", in.TaskID, err)
+	}
+	if err := a.Notifier.ApprovalRequested(ctx, r, a.approveURL(r.ApprovalRef)); err != nil {
+		return fmt.Errorf("activities: notify %s: %w", in.TaskID, err)
+	}
+	return nil
+}
+
+// VerifyDecision verifies an approver's passkey assertion against the task.
+// A rejected assertion is an output with Accepted false and the SEP-2672
+// reason; an error means verification could not be carried out.
+func (a *Activities) VerifyDecision(ctx context.Context, in VerifyDecisionInput) (VerifyDecisionOutput, error) {
+	if err := checkVersion(in.Version); err != nil {
+		return VerifyDecisionOutput{}, err
+	}
+	env := in.Envelope
+	hash, err := canon.ParseActionHash(env.ActionHash)
+	if err != nil {
+		return VerifyDecisionOutput{}, temporal.NewNonRetryableApplicationError(
+			"activities: envelope action hash is malformed", ErrTypeEnvelopeMismatch, err)
+	}
+	v, err := a.Passkeys.Verify(ctx, passkey.VerifyRequest{
+		ChallengeID:        in.ChallengeID,
+		TaskID:             env.TaskID,
+		Tool:               env.Tool,
+		ActionHash:         hash,
+		Group:              in.Requirement.Group,
+		AuthenticatorClass: in.Requirement.AuthenticatorClass,
+		Requester:          env.Principal,
+		ConsumerKey:        in.ConsumerKey,
+		Decision:           in.Decision,
+		Method:             in.Method,
+		Response:           in.Response,
+	})
+	if err != nil {
+		if reason := passkey.ReasonOf(err); reason != "" {
+			a.log().Info("activities: decision rejected", "task_id", env.TaskID, "reason", reason)
+			return VerifyDecisionOutput{Version: Version, Reason: reason}, nil
+		}
+		if errors.Is(err, passkey.ErrInvalidArgument) {
+			return VerifyDecisionOutput{}, temporal.NewNonRetryableApplicationError(
+				"activities: invalid verification request", ErrTypeInvalidVerification, err)
+		}
+		return VerifyDecisionOutput{}, fmt.Errorf("activities: verify decision for %s: %w", env.TaskID, err)
+	}
+	return VerifyDecisionOutput{
+		Version:      Version,
+		Accepted:     true,
+		ApproverID:   v.ApproverID,
+		ApproverName: v.ApproverName,
+		CredentialID: v.CredentialID,
+	}, nil
+}
+
+// Reevaluate asks the current policy about the same envelope with the
+// approvals as input. Approvers' groups are read now, not when they approved,
+// so an approver removed from a group meanwhile no longer counts for it.
+func (a *Activities) Reevaluate(ctx context.Context, in ReevaluateInput) (ReevaluateOutput, error) {
+	if err := checkVersion(in.Version); err != nil {
+		return ReevaluateOutput{}, err
+	}
+	env := in.Envelope
+	approvals := make([]pdp.Approval, 0, len(in.Approvals))
+	for _, e := range in.Approvals {
+		if e.Decision != tasks.DecisionApprove {
+			continue
+		}
+		var groups []string
+		ap, err := a.Passkeys.Approver(ctx, e.ApproverID)
+		switch {
+		case err == nil:
+			groups = ap.Groups
+		case errors.Is(err, passkey.ErrNotFound):
+			// Removed since approving: the approval counts for no group.
+		default:
+			return ReevaluateOutput{}, fmt.Errorf("activities: reevaluate %s: approver: %w", env.TaskID, err)
+		}
+		approvals = append(approvals, pdp.Approval{
+			ApproverID:   e.ApproverID,
+			Name:         e.ApproverName,
+			Groups:       groups,
+			CredentialID: e.CredentialID,
+			ApprovedAt:   e.At,
+		})
+	}
+	d, err := a.PDP.Evaluate(ctx, pdp.Input{
+		Subject:  pdp.Entity{Type: "agent", ID: env.Principal},
+		Action:   pdp.Action{Name: "tools/call"},
+		Resource: pdp.Entity{Type: "tool", ID: env.Tool},
+		Context: pdp.Context{
+			Arguments:  env.Arguments,
+			ActionHash: env.ActionHash,
+			Time:       in.At,
+			Approvals:  approvals,
+		},
+	})
+	if err != nil {
+		if errors.Is(err, pdp.ErrInvalidInput) {
+			return ReevaluateOutput{}, temporal.NewNonRetryableApplicationError(
+				"activities: policy cannot evaluate this input", ErrTypePolicyInput, err)
+		}
+		return ReevaluateOutput{}, fmt.Errorf("activities: reevaluate %s: %w", env.TaskID, err)
+	}
+	a.log().Info("activities: reevaluated", "task_id", env.TaskID, "decision", d.Effect, "policy_version", d.PolicyVersion)
+	return ReevaluateOutput{
+		Version:       Version,
+		Allow:         d.Effect == pdp.EffectAllow,
+		Effect:        string(d.Effect),
+		Reason:        d.Reason,
+		PolicyVersion: d.PolicyVersion,
+	}, nil
+}
+
+// ExecuteTool runs the held call once. It first recomputes the action hash
+// from the envelope's tool, arguments and server ID: if it does not match the
+// hash the approvers signed, the tool does not run. Any error after the tool
+// was invoked means its outcome is unknown.
+func (a *Activities) ExecuteTool(ctx context.Context, in ExecuteToolInput) (ExecuteToolOutput, error) {
+	if err := checkVersion(in.Version); err != nil {
+		return ExecuteToolOutput{}, err
+	}
+	env := in.Envelope
+	want, err := canon.ParseActionHash(env.ActionHash)
+	if err == nil {
+		var got canon.ActionHash
+		got, err = canon.Hash(env.Tool, env.Arguments, env.ServerID)
+		if err == nil && got != want {
+			err = errors.New("recomputed action hash differs")
+		}
+	}
+	if err != nil {
+		a.log().Error("activities: envelope does not match its action hash; not executing", "task_id", env.TaskID, "tool", env.Tool)
+		return ExecuteToolOutput{}, temporal.NewNonRetryableApplicationError(
+			"activities: envelope does not match its action hash", ErrTypeEnvelopeMismatch, err)
+	}
+	res, err := a.Tools.Execute(ctx, env.Tool, gateway.Call{
+		IdempotencyKey: env.TaskID,
+		Principal:      env.Principal,
+		Arguments:      env.Arguments,
+	})
+	if err != nil {
+		if errors.Is(err, gateway.ErrUnknownTool) {
+			return ExecuteToolOutput{}, temporal.NewNonRetryableApplicationError(
+				"activities: tool "+env.Tool+" is not available", ErrTypeUnknownTool, err)
+		}
+		return ExecuteToolOutput{}, fmt.Errorf("activities: execute %s: %w", env.TaskID, err)
+	}
+	a.log().Info("activities: tool executed", "task_id", env.TaskID, "tool", env.Tool, "is_error", res.IsError)
+	return ExecuteToolOutput{Version: Version, Result: res}, nil
+}
+
+// Complete writes the task's terminal state: status, disposition, result
+// (built with tasks.Outcome), approvals and the last timeline event, and
+// extends the TTL so the result stays readable for [ResultRetention] after
+// the end. The store releases the task's dedup slot. Writing the same
+// terminal state again is a no-op in effect.
+func (a *Activities) Complete(ctx context.Context, in CompleteInput) error {
+	if err := checkVersion(in.Version); err != nil {
+		return err
+	}
+	if !in.Status.Terminal() {
+		return temporal.NewNonRetryableApplicationError(
+			fmt.Sprintf("activities: complete with non-terminal status %q", in.Status), ErrTypeInvalidInput, nil)
+	}
+	var result json.RawMessage
+	if in.Status == tasks.StatusCompleted {
+		b, err := json.Marshal(tasks.Outcome(in.Disposition, in.Tool, in.Detail, in.ToolResult))
+		if err != nil {
+			// The tool's content is not valid JSON: keep the disposition,
+			// drop what cannot be stored.
+			a.log().Warn("activities: tool result cannot be encoded; storing the outcome without it", "task_id", in.TaskID, "err", err)
+			b, _ = json.Marshal(tasks.Outcome(in.Disposition, in.Tool, in.Detail+" (The tool's result could not be stored.)", nil))
+		}
+		result = b
+	}
+	_, err := a.Tasks.Update(ctx, in.TaskID, func(r *tasks.Record) error {
+		r.Status = in.Status
+		r.StatusMessage = in.StatusMessage
+		r.Disposition = in.Disposition
+		r.Result = result
+		r.Error = nil
+		if in.Status == tasks.StatusFailed {
+			r.Error = &tasks.RPCError{Code: -32603, Message: in.Detail}
+		}
+		r.ApprovalState = in.ApprovalState
+		r.Approvals = in.Approvals
+		appendEvent(r, in.Event)
+		if keep := in.Event.At.Sub(r.CreatedAt) + ResultRetention; keep > r.TTL {
+			r.TTL = keep
+		}
+		return nil
+	})
+	if err != nil {
+		return storeError("complete", in.TaskID, err)
+	}
+	a.log().Info("activities: task ended", "task_id", in.TaskID, "status", in.Status, "disposition", in.Disposition)
+	return nil
+}

@@ -1,0 +1,138 @@
+package activities
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/countersign/countersign/tasks"
+)
+
+// Version is the current layout of every activity input and output below. An
+// activity refuses an input of another version with a non-retryable
+// [ErrTypeUnsupportedVersion] error, so a workflow and a worker of different
+// releases fail loudly instead of misreading each other.
+const Version = 1
+
+// Error types of the non-retryable application errors the activities return.
+// The workflow branches on them with errors.As(err, &appErr) and appErr.Type().
+const (
+	// ErrTypeUnsupportedVersion: the input's Version is not [Version].
+	ErrTypeUnsupportedVersion = "unsupported_version"
+	// ErrTypeInvalidInput: the input breaks the activity's contract.
+	ErrTypeInvalidInput = "invalid_input"
+	// ErrTypeEnvelopeMismatch: the envelope's action hash does not match its
+	// tool, arguments and server ID (or cannot be computed). Nothing ran.
+	ErrTypeEnvelopeMismatch = "envelope_mismatch"
+	// ErrTypeUnknownTool: the tool is not in the registry. Nothing ran.
+	ErrTypeUnknownTool = "unknown_tool"
+	// ErrTypeInvalidVerification: the verification request itself is invalid
+	// (not the evidence: evidence problems are a rejected output).
+	ErrTypeInvalidVerification = "invalid_verification_request"
+	// ErrTypePolicyInput: the policy cannot be given this input.
+	ErrTypePolicyInput = "policy_input"
+	// ErrTypeTaskNotFound: the task's record does not exist.
+	ErrTypeTaskNotFound = "task_not_found"
+	// ErrTypeTaskTerminal: the record already ended with another status.
+	ErrTypeTaskTerminal = "task_terminal"
+)
+
+// ResultRetention is how long a terminal task's record (and its result)
+// stays readable after the task ends: [Activities.Complete] extends the TTL
+// to cover it.
+const ResultRetention = 7 * 24 * time.Hour
+
+// RecordStateInput writes one non-terminal transition to the read model.
+// Approvals replaces the record's list; Event is appended to the timeline
+// unless an identical event is already there.
+type RecordStateInput struct {
+	Version       int                   `json:"version"`
+	TaskID        string                `json:"taskId"`
+	StatusMessage string                `json:"statusMessage"`
+	ApprovalState tasks.ApprovalState   `json:"approvalState"`
+	Approvals     []tasks.ApprovalEntry `json:"approvals,omitempty"`
+	Event         tasks.Event           `json:"event"`
+}
+
+// NotifyInput asks for the approvers to be told about a pending task.
+type NotifyInput struct {
+	Version int    `json:"version"`
+	TaskID  string `json:"taskId"`
+}
+
+// VerifyDecisionInput is one approver's passkey assertion to verify against
+// the task's envelope and requirement.
+type VerifyDecisionInput struct {
+	Version     int               `json:"version"`
+	Envelope    tasks.Envelope    `json:"envelope"`
+	Requirement tasks.Requirement `json:"requirement"`
+	ChallengeID string            `json:"challengeId"`
+	Decision    string            `json:"decision"`
+	Method      string            `json:"method,omitempty"`
+	Response    json.RawMessage   `json:"response"`
+	// ConsumerKey makes consuming the challenge idempotent: a retried
+	// activity with the same key gets the same answer. The workflow uses the
+	// Temporal update ID.
+	ConsumerKey string `json:"consumerKey"`
+}
+
+// VerifyDecisionOutput is the verdict on an assertion. When Accepted is
+// false, Reason is the SEP-2672 reason and the approver fields are empty.
+type VerifyDecisionOutput struct {
+	Version      int    `json:"version"`
+	Accepted     bool   `json:"accepted"`
+	Reason       string `json:"reason,omitempty"`
+	ApproverID   string `json:"approverId,omitempty"`
+	ApproverName string `json:"approverName,omitempty"`
+	CredentialID string `json:"credentialId,omitempty"`
+}
+
+// ReevaluateInput re-evaluates the held call under the current policy with
+// the approvals gathered. At is the evaluation time (the workflow's clock,
+// so a retry evaluates the same input).
+type ReevaluateInput struct {
+	Version   int                   `json:"version"`
+	Envelope  tasks.Envelope        `json:"envelope"`
+	Approvals []tasks.ApprovalEntry `json:"approvals"`
+	At        time.Time             `json:"at"`
+}
+
+// ReevaluateOutput is the policy's answer. Allow is true only for an allow
+// effect; a deny, or a requestable decision that the approvals do not meet,
+// is Allow false with the policy's reason.
+type ReevaluateOutput struct {
+	Version       int    `json:"version"`
+	Allow         bool   `json:"allow"`
+	Effect        string `json:"effect"`
+	Reason        string `json:"reason"`
+	PolicyVersion string `json:"policyVersion"`
+}
+
+// ExecuteToolInput runs the held call exactly as bound in the envelope.
+type ExecuteToolInput struct {
+	Version  int            `json:"version"`
+	Envelope tasks.Envelope `json:"envelope"`
+}
+
+// ExecuteToolOutput is the tool's own result; Result.IsError reports a
+// tool-level failure (the tool ran and said it failed).
+type ExecuteToolOutput struct {
+	Version int                  `json:"version"`
+	Result  tasks.CallToolResult `json:"result"`
+}
+
+// CompleteInput writes a task's terminal state. For status completed, the
+// stored result is tasks.Outcome(Disposition, Tool, Detail, ToolResult); for
+// failed, the record's error carries Detail; cancelled has neither.
+type CompleteInput struct {
+	Version       int                   `json:"version"`
+	TaskID        string                `json:"taskId"`
+	Tool          string                `json:"tool"`
+	Status        tasks.Status          `json:"status"`
+	Disposition   tasks.Disposition     `json:"disposition,omitempty"`
+	Detail        string                `json:"detail,omitempty"`
+	ToolResult    *tasks.CallToolResult `json:"toolResult,omitempty"`
+	StatusMessage string                `json:"statusMessage"`
+	ApprovalState tasks.ApprovalState   `json:"approvalState"`
+	Approvals     []tasks.ApprovalEntry `json:"approvals,omitempty"`
+	Event         tasks.Event           `json:"event"`
+}
