@@ -287,7 +287,6 @@ func (w *world) enroll(t *testing.T, name string, groups ...string) *approver {
 	return &approver{Approver: a, auth: auth, cred: cred}
 }
 
-
 // challenge issues a challenge for env and returns it.
 func (w *world) challenge(t *testing.T, env tasks.Envelope, req tasks.Requirement) passkey.Challenge {
 	t.Helper()
