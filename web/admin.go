@@ -1,0 +1,199 @@
+package web
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/countersign/countersign/internal/authn"
+	"github.com/countersign/countersign/passkey"
+	"github.com/countersign/countersign/tasks"
+)
+
+// admin guards an endpoint with the admin bearer token. A missing, unknown
+// or non-admin token is 401; a token store failure is a 500, not a 401, so
+// an outage is not mistaken for a revoked token.
+func (h *Handler) admin(fn apiFunc) apiFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		tok := authn.BearerToken(r.Header.Get("Authorization"))
+		if tok == "" {
+			return errUnauthorized
+		}
+		p, err := h.tokens.Lookup(r.Context(), tok)
+		switch {
+		case errors.Is(err, authn.ErrInvalidToken):
+			return errUnauthorized
+		case err != nil:
+			return fmt.Errorf("web: check admin token: %w", err)
+		case p.Kind != authn.KindAdmin:
+			return errUnauthorized
+		}
+		return fn(w, r)
+	}
+}
+
+type addApproverRequest struct {
+	Name   string   `json:"name"`
+	Groups []string `json:"groups"`
+}
+
+type addApproverResponse struct {
+	ApproverID string `json:"approverId"`
+	EnrollURL  string `json:"enrollUrl"`
+}
+
+// addApprover: POST /admin/v1/approvers {name, groups} → 201 {approverId, enrollUrl}.
+func (h *Handler) addApprover(w http.ResponseWriter, r *http.Request) error {
+	var req addApproverRequest
+	if err := h.decodeJSON(w, r, &req, true); err != nil {
+		return err
+	}
+	a, token, err := h.passkeys.AddApprover(r.Context(), req.Name, req.Groups)
+	if err != nil {
+		return invalidArgument(err)
+	}
+	writeJSON(w, http.StatusCreated, addApproverResponse{ApproverID: a.ID, EnrollURL: h.enrollURL(token)})
+	return nil
+}
+
+type inviteResponse struct {
+	EnrollURL string `json:"enrollUrl"`
+}
+
+// newInvite: POST /admin/v1/approvers/{id}/invites → 201 {enrollUrl}, to
+// enroll another device.
+func (h *Handler) newInvite(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	if !validKey(id, 64) {
+		return notFound("no such approver")
+	}
+	if err := h.decodeJSON(w, r, &struct{}{}, false); err != nil {
+		return err
+	}
+	token, err := h.passkeys.NewInvite(r.Context(), id)
+	if errors.Is(err, passkey.ErrNotFound) {
+		return notFound("no such approver")
+	}
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, inviteResponse{EnrollURL: h.enrollURL(token)})
+	return nil
+}
+
+type addAgentRequest struct {
+	Name string `json:"name"`
+}
+
+type addAgentResponse struct {
+	Name  string `json:"name"`
+	Token string `json:"token"`
+}
+
+// addAgent: POST /admin/v1/agents {name} → 201 {name, token}. The token is
+// shown once.
+func (h *Handler) addAgent(w http.ResponseWriter, r *http.Request) error {
+	var req addAgentRequest
+	if err := h.decodeJSON(w, r, &req, true); err != nil {
+		return err
+	}
+	token, err := h.tokens.Issue(r.Context(), req.Name, authn.KindAgent)
+	switch {
+	case errors.Is(err, authn.ErrInvalidName):
+		return badRequest("%s", strings.TrimPrefix(authn.ErrInvalidName.Error(), "authn: "))
+	case errors.Is(err, authn.ErrNameTaken):
+		return &apiError{status: http.StatusConflict, code: codeNameTaken, message: "an agent with that name already exists"}
+	case err != nil:
+		return err
+	}
+	writeJSON(w, http.StatusCreated, addAgentResponse{Name: req.Name, Token: token})
+	return nil
+}
+
+type pendingApproval struct {
+	Ref         string              `json:"ref"`
+	TaskID      string              `json:"taskId"`
+	Tool        string              `json:"tool"`
+	Status      tasks.ApprovalState `json:"status"`
+	ApproveURL  string              `json:"approveUrl"`
+	DisplayText string              `json:"displayText"`
+	Requester   string              `json:"requester"`
+	ExpiresAt   time.Time           `json:"expiresAt"`
+	Approved    int                 `json:"approved"`
+	Needed      int                 `json:"needed"`
+}
+
+// listApprovals: GET /admin/v1/approvals?status=pending → 200 [...], oldest
+// first. "pending" is the only status (and the default).
+func (h *Handler) listApprovals(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	for k := range q {
+		if k != "status" {
+			return badRequest("unknown query parameter %q", clip(k))
+		}
+	}
+	if st := q["status"]; len(st) > 1 || (len(st) == 1 && st[0] != string(tasks.ApprovalPending)) {
+		return badRequest("status must be %q", tasks.ApprovalPending)
+	}
+	recs, err := h.store.Pending(r.Context())
+	if err != nil {
+		return err
+	}
+	out := make([]pendingApproval, 0, len(recs))
+	for _, rec := range recs {
+		out = append(out, pendingApproval{
+			Ref:         rec.ApprovalRef,
+			TaskID:      rec.TaskID,
+			Tool:        rec.Tool,
+			Status:      rec.ApprovalState,
+			ApproveURL:  h.approveURL(rec.ApprovalRef),
+			DisplayText: rec.DisplayText,
+			Requester:   rec.Owner,
+			ExpiresAt:   rec.ExpiresAt,
+			Approved:    approvedCount(rec),
+			Needed:      rec.Requirement.Quorum,
+		})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// invalidArgument turns a passkey validation failure into a 400 carrying
+// its description, which names the rule broken and nothing internal.
+func invalidArgument(err error) error {
+	if errors.Is(err, passkey.ErrInvalidArgument) {
+		return badRequest("%s", strings.TrimPrefix(err.Error(), "passkey: "))
+	}
+	return err
+}
+
+func (h *Handler) enrollURL(token string) string { return h.publicURL + "/enroll/" + token }
+func (h *Handler) approveURL(ref string) string  { return h.publicURL + "/approve/" + ref }
+
+// approvedCount is the number of accepted approve decisions on a task.
+func approvedCount(rec tasks.Record) (n int) {
+	for _, a := range rec.Approvals {
+		if a.Decision == tasks.DecisionApprove {
+			n++
+		}
+	}
+	return n
+}
+
+// validKey reports whether s is 1..max characters of [A-Za-z0-9_-]: the
+// shape of every identifier and token this API takes in a path. Anything
+// else is refused before it reaches a store.
+func validKey(s string, max int) bool {
+	if s == "" || len(s) > max {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,310 @@
+package web
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
+	"go.temporal.io/server/temporaltest"
+
+	"github.com/countersign/countersign/activities"
+	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/passkey"
+	"github.com/countersign/countersign/pdp"
+	"github.com/countersign/countersign/tasks"
+	"github.com/countersign/countersign/workflows"
+)
+
+// flowEnv runs the real approval workflow and its activities (default
+// policy, demo tools) on an embedded Temporal server behind the handler.
+type flowEnv struct {
+	*env
+	ledger *gateway.Ledger
+	// release lets delete_records run; until then the workflow sits in its
+	// execution phase, past the point where it takes decisions.
+	release func()
+}
+
+func newFlowEnv(t *testing.T) *flowEnv {
+	t.Helper()
+	ctx := context.Background()
+	ts := temporaltest.NewServer(temporaltest.WithT(t))
+	e := &flowEnv{env: newEnv(t, withOrchestrator(tasks.NewOrchestrator(ts.GetDefaultClient())))}
+	engine, err := pdp.New(ctx, pdp.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.ledger, err = gateway.NewLedger(ctx, e.js); err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{})
+	var once sync.Once
+	e.release = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(e.release) // before the worker stops (cleanups run in reverse)
+	tools := gateway.DemoTools(e.ledger)
+	for i := range tools {
+		if tools[i].Name == "delete_records" {
+			run := tools[i].Run
+			tools[i].Run = func(ctx context.Context, c gateway.Call) (tasks.CallToolResult, error) {
+				select {
+				case <-gate:
+				case <-ctx.Done():
+					return tasks.CallToolResult{}, ctx.Err()
+				}
+				return run(ctx, c)
+			}
+		}
+	}
+	reg, err := gateway.NewRegistry(tools...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.NewWorker(tasks.TaskQueue, func(r worker.Registry) {
+		r.RegisterWorkflowWithOptions(workflows.Approval, workflow.RegisterOptions{Name: tasks.WorkflowName})
+		r.RegisterActivity(&activities.Activities{Tasks: e.store, PDP: engine, Passkeys: e.passkeys, Tools: reg, PublicURL: testPublicURL})
+	})
+	return e
+}
+
+// startTask creates the task's read model and starts its workflow, as the
+// MCP endpoint does for a requestable call.
+func (e *flowEnv) startTask(t *testing.T, spec taskSpec) tasks.Record {
+	t.Helper()
+	rec := e.newTask(t, spec)
+	err := e.orch.Start(context.Background(), tasks.ApprovalInput{
+		Version: tasks.ApprovalInputVersion,
+		Envelope: tasks.Envelope{
+			Version:    tasks.EnvelopeVersion,
+			TaskID:     rec.TaskID,
+			Tool:       rec.Tool,
+			Arguments:  rec.Arguments,
+			ActionHash: rec.ActionHash,
+			Principal:  rec.Owner,
+			Resource:   "tool:" + rec.Tool,
+			ServerID:   testServerID,
+			CreatedAt:  rec.CreatedAt,
+		},
+		Requirement: rec.Requirement,
+		ApprovalRef: rec.ApprovalRef,
+		DisplayText: rec.DisplayText,
+		ExpiresAt:   rec.ExpiresAt,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+type challengeWire struct {
+	ChallengeID    string          `json:"challengeId"`
+	Decision       string          `json:"decision"`
+	DisplayText    string          `json:"displayText"`
+	ExpiresAt      time.Time       `json:"expiresAt"`
+	RequestOptions json.RawMessage `json:"requestOptions"`
+}
+
+// challenge fetches a challenge for one decision over HTTP.
+func (e *env) challenge(t *testing.T, ref, decision string) challengeWire {
+	t.Helper()
+	r := e.do(t, "POST", "/approver/v1/approvals/"+ref+"/challenge", map[string]string{"decision": decision}, "Origin", testPublicURL)
+	wantStatus(t, r, http.StatusOK)
+	return decodeAs[challengeWire](t, r)
+}
+
+func (e *env) decide(t *testing.T, ref string, body map[string]any) (response, decisionResponse) {
+	t.Helper()
+	r := e.do(t, "POST", "/approver/v1/approvals/"+ref+"/decision", body, "Origin", testPublicURL)
+	return r, decodeAs[decisionResponse](t, r)
+}
+
+// sign runs the approver side of one decision: challenge, passkey
+// assertion, and the decision body to post.
+func (e *env) sign(t *testing.T, d approverDevice, ref, decision string) map[string]any {
+	t.Helper()
+	ch := e.challenge(t, ref, decision)
+	return map[string]any{"challengeId": ch.ChallengeID, "decision": decision,
+		"response": json.RawMessage(e.assert(t, d, ch.RequestOptions))}
+}
+
+func TestDecisionFlow(t *testing.T) {
+	e := newFlowEnv(t)
+	ann := e.enroll(t, "Ann", "approvers")
+	bob := e.enroll(t, "Bob", "approvers")
+	rec := e.startTask(t, taskSpec{tool: "delete_records", args: `{"table":"customers","filter":"id = 42"}`,
+		display: "Delete records from customers where id = 42", group: "approvers", quorum: 2})
+
+	// Ann approves: challenge, passkey assertion, decision.
+	ch := e.challenge(t, rec.ApprovalRef, "approve")
+	if ch.DisplayText != rec.DisplayText || ch.Decision != "approve" || time.Until(ch.ExpiresAt) <= 0 {
+		t.Errorf("challenge = %+v", ch)
+	}
+	var opts struct {
+		UserVerification string `json:"userVerification"`
+		RPID             string `json:"rpId"`
+	}
+	if err := json.Unmarshal(ch.RequestOptions, &opts); err != nil || opts.UserVerification != "required" || opts.RPID != "localhost" {
+		t.Errorf("request options %s: %v", ch.RequestOptions, err)
+	}
+	body := map[string]any{"challengeId": ch.ChallengeID, "decision": "approve", "comment": "checked with support",
+		"response": json.RawMessage(e.assert(t, ann, ch.RequestOptions))}
+	r, got := e.decide(t, rec.ApprovalRef, body)
+	wantStatus(t, r, http.StatusOK)
+	if want := (decisionResponse{Accepted: true, Status: tasks.ApprovalPending, Approved: 1, Needed: 2}); got != want {
+		t.Fatalf("first approval = %+v, want %+v", got, want)
+	}
+
+	rejections := []struct {
+		name   string
+		body   func(t *testing.T) map[string]any
+		reason string
+	}{
+		{"replayed assertion", func(*testing.T) map[string]any { return body }, passkey.ReasonChallengeConsumed},
+		{"assertion over another challenge", func(t *testing.T) map[string]any {
+			other := e.challenge(t, rec.ApprovalRef, "approve")
+			return map[string]any{"challengeId": other.ChallengeID, "decision": "approve", "response": body["response"]}
+		}, passkey.ReasonSignatureVerificationFailed},
+		{"deny challenge posted as approve", func(t *testing.T) map[string]any {
+			b := e.sign(t, bob, rec.ApprovalRef, "deny")
+			b["decision"] = "approve"
+			return b
+		}, passkey.ReasonChallengeWrongDecision},
+		{"same approver twice", func(t *testing.T) map[string]any {
+			return e.sign(t, ann, rec.ApprovalRef, "approve")
+		}, "already_approved"},
+		{"requester approving own call", func(t *testing.T) map[string]any {
+			return e.sign(t, e.enroll(t, testRequester, "approvers"), rec.ApprovalRef, "approve")
+		}, passkey.ReasonSelfApproval},
+	}
+	for _, tt := range rejections {
+		t.Run(tt.name, func(t *testing.T) {
+			r, got := e.decide(t, rec.ApprovalRef, tt.body(t))
+			wantStatus(t, r, http.StatusUnprocessableEntity)
+			if want := (decisionResponse{Reason: tt.reason, Status: tasks.ApprovalPending, Approved: 1, Needed: 2}); got != want {
+				t.Errorf("decision = %+v, want %+v", got, want)
+			}
+		})
+	}
+
+	view := decodeAs[approvalView](t, e.do(t, "GET", "/approver/v1/approvals/"+rec.ApprovalRef, nil))
+	if len(view.Approvals) != 1 || view.Approvals[0].ApproverName != "Ann" || view.Approved != 1 || view.Status != tasks.ApprovalPending {
+		t.Errorf("after Ann: %+v", view)
+	}
+
+	// Bob completes the quorum; the tool is held at the gate.
+	r, got = e.decide(t, rec.ApprovalRef, e.sign(t, bob, rec.ApprovalRef, "approve"))
+	wantStatus(t, r, http.StatusOK)
+	if want := (decisionResponse{Accepted: true, Status: tasks.ApprovalApproved, Approved: 2, Needed: 2}); got != want {
+		t.Fatalf("quorum approval = %+v, want %+v", got, want)
+	}
+
+	t.Run("no challenge once approved", func(t *testing.T) {
+		wantError(t, e.do(t, "POST", "/approver/v1/approvals/"+rec.ApprovalRef+"/challenge", `{"decision":"deny"}`),
+			http.StatusConflict, codeTaskNotPending)
+	})
+	t.Run("workflow refuses when the read model lags", func(t *testing.T) {
+		// Make the read model claim "pending" while the workflow executes:
+		// the workflow's validator has the last word (*tasks.UpdateRejected).
+		if _, err := e.store.Update(context.Background(), rec.TaskID, func(r *tasks.Record) error {
+			r.ApprovalState = tasks.ApprovalPending
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		r, got := e.decide(t, rec.ApprovalRef, map[string]any{"challengeId": ch.ChallengeID, "decision": "deny", "response": json.RawMessage(`{"id":"x"}`)})
+		wantStatus(t, r, http.StatusConflict)
+		if got.Accepted || got.Reason != "task_not_pending" {
+			t.Errorf("decision during execution = %+v", got)
+		}
+	})
+
+	e.release()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	final, err := e.store.WaitTerminal(ctx, rec.TaskID, testRequester)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if final.Disposition != tasks.ApprovedExecuted {
+		t.Fatalf("disposition = %q, want %q", final.Disposition, tasks.ApprovedExecuted)
+	}
+	if effects, err := e.ledger.Entries(ctx, ""); err != nil || len(effects) != 1 {
+		t.Errorf("the tool had %d effects (%v), want exactly one", len(effects), err)
+	}
+	view = decodeAs[approvalView](t, e.do(t, "GET", "/approver/v1/approvals/"+rec.ApprovalRef, nil))
+	if view.Status != tasks.ApprovalExecuted || view.Approved != 2 || strings.Contains(string(mustJSON(t, view)), rec.TaskID) {
+		t.Errorf("final view: %+v", view)
+	}
+}
+
+// TestDecisionWorkflowGone: the read model still says pending but no
+// workflow runs (tasks.ErrWorkflowGone).
+func TestDecisionWorkflowGone(t *testing.T) {
+	e := newFlowEnv(t)
+	ann := e.enroll(t, "Ann", "approvers")
+	rec := e.newTask(t, taskSpec{group: "approvers"}) // no workflow started
+	r, got := e.decide(t, rec.ApprovalRef, e.sign(t, ann, rec.ApprovalRef, "approve"))
+	wantStatus(t, r, http.StatusConflict)
+	if want := (decisionResponse{Reason: codeTaskNotPending, Status: tasks.ApprovalPending, Approved: 0, Needed: 1}); got != want {
+		t.Errorf("decision without a workflow = %+v, want %+v", got, want)
+	}
+}
+
+func TestDenyFlow(t *testing.T) {
+	e := newFlowEnv(t)
+	ann := e.enroll(t, "Ann", "approvers")
+	rec := e.startTask(t, taskSpec{args: `{"amount":5000,"currency":"EUR","to":"acct-42"}`,
+		display: "Transfer 5000 EUR to acct-42", group: "approvers", quorum: 1})
+	body := e.sign(t, ann, rec.ApprovalRef, "deny")
+	body["comment"] = "not this month"
+	r, got := e.decide(t, rec.ApprovalRef, body)
+	wantStatus(t, r, http.StatusOK)
+	if want := (decisionResponse{Accepted: true, Status: tasks.ApprovalDenied, Approved: 0, Needed: 1}); got != want {
+		t.Fatalf("deny = %+v, want %+v", got, want)
+	}
+	final, err := e.store.Get(context.Background(), rec.TaskID)
+	if err != nil || final.Disposition != tasks.DeniedNotExecuted {
+		t.Fatalf("after deny: disposition %q, %v", final.Disposition, err)
+	}
+	if transfers, err := e.ledger.Transfers(context.Background()); err != nil || len(transfers) != 0 {
+		t.Errorf("transfers after a denial: %v, %v", transfers, err)
+	}
+	page := e.do(t, "GET", "/approve/"+rec.ApprovalRef, nil)
+	wantStatus(t, page, http.StatusOK)
+	html := checkPage(t, page)
+	for _, s := range []string{"Denied", "Ann", "denied"} {
+		if !strings.Contains(html, s) {
+			t.Errorf("page after denial lacks %q", s)
+		}
+	}
+	if strings.Contains(html, `id="approve"`) {
+		t.Error("page after denial still offers the buttons")
+	}
+}
+
+func TestRejectedStatus(t *testing.T) {
+	for reason, want := range map[string]int{
+		"task_not_pending":         http.StatusConflict,
+		"too_many_decisions":       http.StatusConflict,
+		"malformed_decision":       http.StatusBadRequest,
+		"verification_unavailable": http.StatusServiceUnavailable,
+	} {
+		if got := rejectedStatus(reason); got != want {
+			t.Errorf("rejectedStatus(%q) = %d, want %d", reason, got, want)
+		}
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
