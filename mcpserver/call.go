@@ -1,0 +1,321 @@
+package mcpserver
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/internal/canon"
+	"github.com/countersign/countersign/pdp"
+	"github.com/countersign/countersign/tasks"
+)
+
+// startTimeout bounds the creation of a task (record write plus durable
+// workflow start) so that an unreachable Temporal fails the call instead of
+// hanging it.
+const startTimeout = 30 * time.Second
+
+// Client-facing texts. They state plainly whether the call ran.
+const (
+	reasonEvalFailed   = "the policy could not be evaluated."
+	reasonRateLimited  = "Too many approval requests from this caller; try again later. No approval was requested."
+	reasonTaskRate     = "Too many task requests from this caller; try again later."
+	reasonPendingCap   = "This caller has too many approval requests waiting; wait for them to finish. No approval was requested."
+	reasonLimitUnknown = "The approval request limits could not be checked, so the call is denied. No approval was requested."
+)
+
+// callTool is the policy enforcement point. Order matters: nothing runs and
+// nothing is stored before the tool is known, the arguments validate and
+// policy has decided.
+func (s *Server) callTool(ctx context.Context, info *callInfo, p *mcp.CallToolParamsRaw) (mcp.Result, error) {
+	tool, ok := s.opts.Tools.Lookup(p.Name)
+	if !ok {
+		return nil, invalidParams(fmt.Sprintf("Unknown tool: %q", p.Name))
+	}
+	// The arguments exactly as received: the action hash, the policy input
+	// and the envelope all see these bytes, never a defaulted copy.
+	args := p.Arguments
+	if err := s.opts.Tools.Validate(tool.Name, args); err != nil {
+		return nil, err
+	}
+	hash, err := canon.Hash(tool.Name, args, s.opts.ServerID)
+	if err != nil {
+		return nil, invalidParams("Invalid arguments: not valid JSON")
+	}
+	now := s.now().UTC()
+	d, err := s.opts.PDP.Evaluate(ctx, pdp.Input{
+		Subject:  pdp.Entity{Type: "agent", ID: info.principal},
+		Action:   pdp.Action{Name: "tools/call"},
+		Resource: pdp.Entity{Type: "tool", ID: tool.Name},
+		Context:  pdp.Context{Arguments: args, ActionHash: hash.String(), Time: now},
+	})
+	if err != nil {
+		s.log.ErrorContext(ctx, "mcpserver: policy evaluation failed; denying", "tool", tool.Name, "action_hash", hash.String(), "err", err)
+		d = pdp.Decision{Effect: pdp.EffectDeny, Reason: reasonEvalFailed}
+	}
+	s.log.InfoContext(ctx, "mcpserver: tools/call decided", "tool", tool.Name, "principal", info.principal,
+		"action_hash", hash.String(), "decision", d.Effect, "policy_version", d.PolicyVersion)
+
+	c := &gatedCall{info: info, tool: tool, args: args, hash: hash, decision: d, now: now}
+	if d.Effect == pdp.EffectRequestable {
+		return s.requestApproval(ctx, c)
+	}
+	// A 2025-11-25 client that asked for a task gets one even for a call
+	// decided at once: TypeScript SDK 1.x rejects anything but a
+	// CreateTaskResult once it has sent params.task.
+	if c.legacyTaskAugmented() && !s.limiter.allow(info.principal, now) {
+		s.log.WarnContext(ctx, "mcpserver: task creation rate limit reached", "principal", info.principal)
+		return newToolResult(info.era, tasks.Outcome(tasks.DeniedNotExecuted, tool.Name, reasonTaskRate, nil)), nil
+	}
+	var result tasks.CallToolResult
+	if d.Effect == pdp.EffectAllow {
+		result = s.execute(ctx, c)
+	} else {
+		// A policy denial is a tool result, not a JSON-RPC error: see doc.go.
+		result = tasks.Outcome(tasks.DeniedNotExecuted, tool.Name, "Denied by policy: "+d.Reason, nil)
+	}
+	if c.legacyTaskAugmented() {
+		return s.completedTask(ctx, c, result), nil
+	}
+	return newToolResult(info.era, result), nil
+}
+
+// gatedCall is one tools/call on its way through the pipeline.
+type gatedCall struct {
+	info     *callInfo
+	tool     gateway.Tool
+	args     json.RawMessage
+	hash     canon.ActionHash
+	decision pdp.Decision
+	now      time.Time
+}
+
+// legacyTaskAugmented reports a 2025-11-25 call that asked for a task on a
+// tool whose execution.taskSupport is "optional".
+func (c *gatedCall) legacyTaskAugmented() bool {
+	return c.info.era == tasks.Era2025 && c.info.legacyTask && !c.tool.ReadOnly
+}
+
+// canHoldTask reports whether the caller can receive a task for this call.
+func (c *gatedCall) canHoldTask() bool {
+	if c.info.era == tasks.Era2026 {
+		return c.info.tasksDeclared
+	}
+	return c.legacyTaskAugmented()
+}
+
+// execute runs an allowed call once. A gateway error means the outcome is
+// unknown (the tool may have acted): the caller is told so, never invited
+// to retry blindly.
+func (s *Server) execute(ctx context.Context, c *gatedCall) (res tasks.CallToolResult) {
+	defer func() {
+		// A tool that panics may have acted before it did.
+		if v := recover(); v != nil {
+			s.log.ErrorContext(ctx, "mcpserver: tool panicked; outcome unknown", "tool", c.tool.Name, "action_hash", c.hash.String(), "panic", fmt.Sprint(v))
+			res = tasks.Outcome(tasks.OutcomeUnknown, c.tool.Name, "", nil)
+		}
+	}()
+	res, err := s.opts.Tools.Execute(ctx, c.tool.Name, gateway.Call{
+		IdempotencyKey: tasks.NewID("call_"),
+		Principal:      c.info.principal,
+		Arguments:      c.args,
+	})
+	if err != nil {
+		s.log.ErrorContext(ctx, "mcpserver: tool call outcome unknown", "tool", c.tool.Name, "action_hash", c.hash.String(), "err", err)
+		return tasks.Outcome(tasks.OutcomeUnknown, c.tool.Name, "", nil)
+	}
+	return res
+}
+
+// requestApproval turns a requestable denial into a task held for approval,
+// or into a denial the caller can act on when no task is possible.
+func (s *Server) requestApproval(ctx context.Context, c *gatedCall) (mcp.Result, error) {
+	info, name := c.info, c.tool.Name
+	if !c.canHoldTask() {
+		return newToolResult(info.era, degraded(name, c.decision.Reason, info.era)), nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+
+	taskID := tasks.NewID("tsk_")
+	dedupKey := tasks.DedupKey(info.principal, c.hash.String())
+	existing, err := s.opts.Store.ClaimDedup(ctx, dedupKey, taskID)
+	if err != nil {
+		return nil, internal(err)
+	}
+	if existing != "" {
+		// The same principal already asked for exactly this call and it
+		// is still pending: answer with that task (SEP-2848 dedup).
+		rec, err := s.opts.Store.GetOwned(ctx, existing, info.principal)
+		if err != nil {
+			return nil, internal(fmt.Errorf("mcpserver: dedup slot names task %s: %w", existing, err))
+		}
+		s.log.InfoContext(ctx, "mcpserver: identical call joined pending task", "task_id", rec.TaskID, "tool", name)
+		return s.createTaskResult(info, rec), nil
+	}
+	if reason, ok := s.admit(ctx, info.principal, c.now); !ok {
+		s.opts.Store.ReleaseDedup(ctx, dedupKey, taskID)
+		return newToolResult(info.era, tasks.Outcome(tasks.DeniedNotExecuted, name, reason, nil)), nil
+	}
+
+	d := c.decision
+	req := tasks.Requirement{
+		Group:              d.ApproverGroup,
+		Quorum:             d.Quorum,
+		TTL:                d.ApprovalTTL,
+		AuthenticatorClass: d.AuthenticatorClass,
+		Reason:             d.Reason,
+		SlackChannel:       d.SlackChannel,
+	}
+	env := tasks.Envelope{
+		Version:       tasks.EnvelopeVersion,
+		TaskID:        taskID,
+		Tool:          name,
+		Arguments:     c.args,
+		ActionHash:    c.hash.String(),
+		Principal:     info.principal,
+		Resource:      "tool:" + name,
+		ServerID:      s.opts.ServerID,
+		PolicyVersion: d.PolicyVersion,
+		CreatedAt:     c.now,
+	}
+	rec := tasks.Record{
+		TaskID:        taskID,
+		Owner:         info.principal,
+		Era:           info.era,
+		Status:        tasks.StatusWorking,
+		StatusMessage: "Awaiting approval: " + d.Reason,
+		CreatedAt:     c.now,
+		LastUpdatedAt: c.now,
+		TTL:           d.ApprovalTTL + s.opts.ResultRetention,
+		PollInterval:  s.opts.PollInterval,
+		Tool:          name,
+		Arguments:     c.args,
+		ActionHash:    c.hash.String(),
+		DisplayText:   s.opts.Tools.Describe(name, c.args),
+		ApprovalRef:   tasks.NewID("apr_"),
+		Requirement:   req,
+		ExpiresAt:     c.now.Add(d.ApprovalTTL),
+		ApprovalState: tasks.ApprovalPending,
+		Timeline:      []tasks.Event{{At: c.now, Kind: "requested", Detail: d.Reason}},
+		DedupKey:      dedupKey,
+	}
+	// The record exists before the workflow, so a tasks/get for the ID we
+	// return always resolves (SEP-2663 strong consistency at creation).
+	if err := s.opts.Store.Create(ctx, rec); err != nil {
+		s.opts.Store.ReleaseDedup(ctx, dedupKey, taskID)
+		return nil, internal(err)
+	}
+	err = s.opts.Orchestrator.Start(ctx, tasks.ApprovalInput{
+		Version:     tasks.ApprovalInputVersion,
+		Envelope:    env,
+		Requirement: req,
+		ApprovalRef: rec.ApprovalRef,
+		DisplayText: rec.DisplayText,
+		ExpiresAt:   rec.ExpiresAt,
+	})
+	if err != nil {
+		if derr := s.opts.Store.Delete(context.WithoutCancel(ctx), rec); derr != nil {
+			s.log.ErrorContext(ctx, "mcpserver: could not undo task record after failed start", "task_id", taskID, "err", derr)
+		}
+		return nil, internal(err)
+	}
+	s.log.InfoContext(ctx, "mcpserver: approval requested", "task_id", taskID, "tool", name, "principal", info.principal,
+		"action_hash", c.hash.String(), "approver_group", d.ApproverGroup, "quorum", d.Quorum)
+	return s.createTaskResult(info, rec), nil
+}
+
+// admit applies the per-principal pending cap and creation rate. An error
+// checking the cap denies: the limits exist to protect the service.
+func (s *Server) admit(ctx context.Context, principal string, now time.Time) (string, bool) {
+	n, err := s.opts.Store.CountPending(ctx, principal)
+	if err != nil {
+		s.log.ErrorContext(ctx, "mcpserver: count pending tasks", "err", err)
+		return reasonLimitUnknown, false
+	}
+	if n >= s.opts.MaxPendingPerPrincipal {
+		s.log.WarnContext(ctx, "mcpserver: pending task cap reached", "principal", principal, "pending", n)
+		return reasonPendingCap, false
+	}
+	if !s.limiter.allow(principal, now) {
+		s.log.WarnContext(ctx, "mcpserver: task creation rate limit reached", "principal", principal)
+		return reasonRateLimited, false
+	}
+	return "", true
+}
+
+// completedTask stores an already-decided call as a completed task for a
+// 2025-11-25 client that asked for a task. If the record cannot be written
+// the result is returned directly: the call has been decided (and may have
+// run), and saying so beats an error that invites a retry.
+func (s *Server) completedTask(ctx context.Context, c *gatedCall, result tasks.CallToolResult) mcp.Result {
+	raw, err := json.Marshal(result)
+	if err != nil {
+		s.log.ErrorContext(ctx, "mcpserver: encode tool result", "tool", c.tool.Name, "err", err)
+		return newToolResult(c.info.era, result)
+	}
+	msg := "The call ran; the task holds its result."
+	if result.IsError {
+		msg = "The call ended with an error or was denied; the task holds the result."
+	}
+	rec := tasks.Record{
+		TaskID:        tasks.NewID("tsk_"),
+		Owner:         c.info.principal,
+		Era:           c.info.era,
+		Status:        tasks.StatusCompleted,
+		StatusMessage: msg,
+		CreatedAt:     c.now,
+		LastUpdatedAt: s.now().UTC(),
+		TTL:           s.opts.ResultRetention,
+		PollInterval:  s.opts.PollInterval,
+		Result:        raw,
+		Disposition:   tasks.DispositionOf(raw),
+		Tool:          c.tool.Name,
+		Arguments:     c.args,
+		ActionHash:    c.hash.String(),
+		DisplayText:   s.opts.Tools.Describe(c.tool.Name, c.args),
+	}
+	if err := s.opts.Store.Create(context.WithoutCancel(ctx), rec); err != nil {
+		s.log.ErrorContext(ctx, "mcpserver: store completed task; answering directly", "tool", c.tool.Name, "err", err)
+		return newToolResult(c.info.era, result)
+	}
+	return s.createTaskResult(c.info, rec)
+}
+
+// createTaskResult renders a task creation in the caller's era, with a
+// model-facing note that says whether the action has happened.
+func (s *Server) createTaskResult(info *callInfo, rec tasks.Record) mcp.Result {
+	note := immediateResponse(rec)
+	if info.era == tasks.Era2026 {
+		out := &createTaskResult{ResultType: resultTypeTask, Task: rec.Wire()}
+		out.Meta = mcp.Meta{tasks.MetaImmediateResponse: note}
+		return out
+	}
+	out := &legacyCreateTaskResult{Task: rec.Legacy()}
+	out.Meta = mcp.Meta{tasks.MetaImmediateResponse: note}
+	return out
+}
+
+func immediateResponse(rec tasks.Record) string {
+	if rec.Status.Terminal() {
+		return fmt.Sprintf("The call to %s has been decided. Read task %s for its result, which states whether the call ran.", rec.Tool, rec.TaskID)
+	}
+	return fmt.Sprintf("The call to %s has NOT run. It is waiting for human approval (%s) and runs only if approved. Poll task %s for the outcome; do not repeat the call.",
+		rec.Tool, rec.Requirement.Reason, rec.TaskID)
+}
+
+// degraded is the SEP-2848 answer to a client that cannot hold a task: a
+// denial that says approval is required and how to get it.
+func degraded(tool, reason string, era tasks.Era) tasks.CallToolResult {
+	how := fmt.Sprintf("declares the %q extension in the request's client capabilities", tasks.ExtTasks)
+	if era == tasks.Era2025 {
+		how = "sends params.task with the call (experimental tasks, protocol 2025-11-25)"
+	}
+	return tasks.Outcome(tasks.DeniedNotExecuted, tool, fmt.Sprintf(
+		"Human approval is required (%s), and an approval is delivered as an MCP task, which this request did not accept, so no approval was requested. Retry from a client that %s.",
+		reason, how), nil)
+}

@@ -1,0 +1,162 @@
+// Package mcpserver is Countersign's MCP endpoint: Streamable HTTP on one
+// path, both protocol eras, bearer-token authentication, tools/call as the
+// policy enforcement point, and the tasks/* methods of SEP-2663 (2026-07-28)
+// and of the experimental 2025-11-25 tasks (SEP-1686).
+//
+// It is built on the official Go SDK (github.com/modelcontextprotocol/go-sdk
+// v1.8.0), which has no tasks support. The SDK keeps the transport, JSON-RPC
+// framing, server/discover, initialize, tools/list, per-request protocol
+// detection and Mcp-Method/Mcp-Name checks for tools/call; this package adds
+// the rest through the SDK's hooks, as described below.
+//
+// # The tools/call pipeline
+//
+// For every tools/call, in this order, and with nothing run or stored before
+// the decision:
+//
+//  1. Unknown tool: JSON-RPC -32602.
+//  2. Arguments that fail the tool's input schema: -32602 with the
+//     gateway's message (it names the field); nothing runs.
+//  3. The action hash canon.Hash(tool, arguments, ServerID), over the
+//     arguments exactly as received: no defaults, no coercion. The policy
+//     input, the envelope and the approver's challenge all bind these bytes.
+//  4. pdp.Evaluate. An evaluation error is a deny (cause logged, generic
+//     reason sent).
+//  5. allow: the tool runs once now (fresh idempotency key) and its result
+//     is returned as is. A gateway error means the outcome is unknown: the
+//     caller gets an outcome-unknown result, never an invitation to retry.
+//     deny: an isError result built by tasks.Outcome(denied-not-executed)
+//     with the policy's reason.
+//     requestable: see below.
+//
+// A requestable call becomes a task only for a client that can hold one: a
+// 2026-07-28 request that declares io.modelcontextprotocol/tasks in its
+// _meta client capabilities, or a 2025-11-25 tools/call carrying params.task
+// on a tool whose execution.taskSupport is "optional". Any other client gets
+// the degraded result SEP-2848 recommends: isError, disposition
+// denied-not-executed in _meta and in the text, saying approval is required,
+// the tool did not run, and how to retry. Then:
+//
+//   - Dedup: tasks.Store.ClaimDedup on (principal, action hash). An identical
+//     call while the first is pending returns the same task, in the caller's
+//     era, without spending rate or pending budget.
+//   - Limits: the per-principal pending cap (Store.CountPending) and the
+//     creation rate (a token bucket per principal, per process). Over either,
+//     the answer is a plain denial result, not a task (SEP-2848).
+//   - The record (status working, approval reference, display text, expiry =
+//     now + approval TTL, TTL = approval TTL + ResultRetention) is written
+//     before the workflow starts, so a tasks/get for the returned ID always
+//     resolves (SEP-2663). If the start fails the record is deleted and the
+//     caller gets -32603. From then on only the workflow writes the record.
+//
+// A 2025-11-25 client that sent params.task gets a task even when the call
+// is decided at once (allowed or denied): the TypeScript SDK 1.x fails with
+// "Task creation did not return a task" on anything else, and the
+// 2025-11-25 spec says a receiver that accepts a task-augmented request
+// returns a CreateTaskResult. Such a task is stored already completed, with
+// the result, and no workflow; tasks/result returns that result. These
+// creations also spend the per-principal rate, which bounds the storage a
+// caller can cause. (Their CreateTaskResult shows status completed at once;
+// SEP-2663 allows a non-working seed status, the 2025-11-25 text says tasks
+// begin working, and no client we know checks.)
+//
+// # Why a policy denial is a tool result, not a JSON-RPC error
+//
+// A denial is the outcome of a well-formed call, not a protocol failure: the
+// request was understood, authorized to be asked, and answered. MCP reserves
+// JSON-RPC errors for malformed requests and unknown tools and says tool
+// failures belong in the result with isError, so the model can see them and
+// adjust. SEP-2848 requires the body of a denial to say that the call did
+// NOT run, with the disposition in _meta, so that a client reading only
+// content learns it; a JSON-RPC error has no such body and clients commonly
+// surface it as a transport problem and retry. So: denial, degraded
+// "approval required" and limit denials are CallToolResults with isError;
+// only malformed input, unknown tools, schema failures, unknown tasks and
+// internal faults are JSON-RPC errors.
+//
+// # Errors
+//
+// Every error a handler returns goes through one function, Server.wireError:
+// protocol and validation failures keep their code and a fixed, safe message;
+// anything else is logged with its cause and answered -32603 "Internal
+// error". Panics are recovered in the receiving middleware (-32603) and in
+// the HTTP wrapper (HTTP 500 with a JSON-RPC -32603 body); no stack trace or
+// cause reaches the client. A task owned by someone else is answered exactly
+// as an unknown one: -32602 "Failed to retrieve task: Task not found".
+//
+// # Bridging the SDK
+//
+// HTTP wrapper. Server.Handler wraps the SDK's StreamableHTTPHandler. It
+// authenticates the bearer token (401 with WWW-Authenticate: Bearer
+// realm="countersign", plus error="invalid_token" for a rejected token),
+// reads the body once under MaxBodyBytes (413 and a JSON-RPC -32600 when
+// larger; nothing runs), answers framing errors itself (-32700 for invalid
+// JSON, -32600 for batches and non-request values; the SDK would answer
+// those in plain text), checks the Mcp-Name rule for tasks/get, tasks/update
+// and tasks/cancel in 2026-07-28 (the header must equal params.taskId, else
+// HTTP 400 and -32020; the SDK checks Mcp-Name only for tools/call,
+// prompts/get and resources/read), and passes what it learned in the
+// request context: the principal, the HTTP request's context, and whether a
+// tools/call carried params.task, which mcp.CallToolParamsRaw drops. The SDK
+// derives handler contexts from the HTTP request's context ("to allow
+// middleware to add context values", as its transport says); every test here
+// relies on it, and the middleware fails closed (-32603) if the values are
+// missing.
+//
+// Why not auth.RequireBearerToken: it sends WWW-Authenticate only when a
+// resource-metadata URL or scopes are configured, turns a verifier error
+// that is not auth.ErrInvalidToken into a 500 carrying the error text, and
+// rejects tokens without an expiry. Countersign's Authenticate is a plain
+// token-to-principal function, so the wrapper does the RFC 6750 challenge
+// itself.
+//
+// Stateless transport. The SDK serves 2026-07-28 only in stateless mode, so
+// the handler is stateless for both eras: a 2025-11-25 client's initialize
+// is answered without a session ID, later requests carry
+// Mcp-Protocol-Version, and no session state ties a client to a replica.
+// Responses are application/json (nothing is streamed).
+//
+// Receiving middleware. It resolves the era per request (the _meta protocol
+// version in 2026-07-28, the session's before) and whether the request
+// declares the tasks extension (its _meta client capabilities), and:
+//
+//   - answers tools/call itself. A CreateTaskResult is not a
+//     CallToolResult, so the result is this package's own type; the SDK
+//     stamps resultType "complete" only on its own result types, so a
+//     2026-07-28 CreateTaskResult keeps resultType "task", and our other
+//     2026-07-28 results set "complete" themselves;
+//   - rewrites the initialize result to add capabilities.tasks
+//     ({list, cancel, requests.tools.call}), which mcp.ServerCapabilities
+//     cannot express;
+//   - rewrites a 2025-11-25 tools/list result to add execution.taskSupport
+//     to each tool, "optional" for tools policy may gate and "forbidden" for
+//     read-only tools (gateway.Tool.ReadOnly), which mcp.Tool lacks.
+//
+// Custom methods. tasks/get, tasks/update, tasks/cancel, tasks/result and
+// tasks/list are registered with mcp.AddReceivingCustomMethod and the
+// mcp.Result interface as their result type, so one handler answers in
+// either era's shape. Era rules: tasks/result and tasks/list are -32601 in
+// 2026-07-28 (HTTP 404), tasks/update is -32601 in 2025-11-25; every
+// 2026-07-28 tasks/* from a request that does not declare the tasks
+// extension is -32021 with data.requiredCapabilities naming it. A "task"
+// member inside tasks/get or tasks/result params (the TypeScript SDK sends
+// one) is ignored. The SDK hands these handlers a typed nil for missing
+// params, on which its own per-request accessors would dereference nil, so
+// the middleware checks for params before calling them.
+//
+// # Task methods
+//
+// 2026-07-28 (SEP-2663): tasks/get returns the detailed task, result inline
+// once completed; tasks/update acknowledges (Countersign never asks the
+// client for input); tasks/cancel acknowledges and asks the workflow to
+// cancel (eventually consistent; tasks/get shows the outcome).
+//
+// 2025-11-25: tasks/get returns the task; tasks/result blocks until the task
+// is terminal (or the client hangs up) and returns the stored CallToolResult
+// with _meta "io.modelcontextprotocol/related-task", the stored JSON-RPC
+// error for a failed task, and for a cancelled task an isError result saying
+// the call did not run; tasks/list pages through the caller's tasks only;
+// tasks/cancel returns the task as cancelled once the workflow has accepted
+// the cancel (waiting briefly for the read model), and -32602 for a terminal
+// task or one whose execution has started.
+package mcpserver

@@ -1,0 +1,115 @@
+package mcpserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/tasks"
+)
+
+// JSON-RPC and MCP error codes this package emits.
+const (
+	codeParseError        = jsonrpc.CodeParseError     // -32700
+	codeInvalidRequest    = jsonrpc.CodeInvalidRequest // -32600
+	codeMethodNotFound    = jsonrpc.CodeMethodNotFound // -32601
+	codeInvalidParams     = jsonrpc.CodeInvalidParams  // -32602
+	codeInternal          = jsonrpc.CodeInternalError  // -32603
+	codeHeaderMismatch    = mcp.CodeHeaderMismatch     // -32020 (2026-07-28)
+	codeMissingCapability = mcp.CodeMissingRequiredClientCapabilities
+)
+
+// Fixed client-facing messages.
+const (
+	msgInternal        = "Internal error"
+	msgTaskNotFound    = "Failed to retrieve task: Task not found"
+	msgTaskExpired     = "Failed to retrieve task: Task has expired"
+	msgMissingTasksCap = "Missing required client capability"
+)
+
+// missingTasksData is the data of a -32021 error: the client must declare
+// the tasks extension on the request.
+var missingTasksData = json.RawMessage(`{"requiredCapabilities":{"extensions":{"` + tasks.ExtTasks + `":{}}}}`)
+
+// rpcError is a protocol failure: a JSON-RPC code and a message that is safe
+// to send, plus the cause, which only the log sees.
+type rpcError struct {
+	code  int64
+	msg   string
+	data  json.RawMessage
+	cause error
+}
+
+func (e *rpcError) Error() string {
+	if e.cause != nil {
+		return fmt.Sprintf("mcpserver: %d %s: %v", e.code, e.msg, e.cause)
+	}
+	return fmt.Sprintf("mcpserver: %d %s", e.code, e.msg)
+}
+
+func (e *rpcError) Unwrap() error { return e.cause }
+
+// Is matches another *rpcError with the same code.
+func (e *rpcError) Is(target error) bool {
+	t, ok := target.(*rpcError)
+	return ok && t.code == e.code
+}
+
+func invalidParams(msg string) *rpcError { return &rpcError{code: codeInvalidParams, msg: msg} }
+
+func internal(cause error) *rpcError {
+	return &rpcError{code: codeInternal, msg: msgInternal, cause: cause}
+}
+
+func methodNotFound(method string, era tasks.Era) *rpcError {
+	return &rpcError{code: codeMethodNotFound, msg: fmt.Sprintf("Method not found: %s is not available in protocol %s", method, era)}
+}
+
+func taskNotFound() *rpcError { return invalidParams(msgTaskNotFound) }
+
+func missingTasksCapability() *rpcError {
+	return &rpcError{code: codeMissingCapability, msg: msgMissingTasksCap, data: missingTasksData}
+}
+
+// wireError is the one place where an error becomes what the client sees.
+// Protocol and validation failures keep their code and fixed message;
+// anything else is logged with its cause and answered with a bare -32603.
+// Tool failures and policy denials never get here: they are CallToolResults.
+func (s *Server) wireError(ctx context.Context, method string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var (
+		re     *rpcError
+		argErr *gateway.ArgumentError
+		wire   *jsonrpc.Error
+	)
+	switch {
+	case errors.As(err, &re):
+		if re.cause != nil {
+			s.log.ErrorContext(ctx, "mcpserver: request failed", "method", method, "code", re.code, "err", re.cause)
+		}
+		return &jsonrpc.Error{Code: re.code, Message: re.msg, Data: re.data}
+	case errors.Is(err, tasks.ErrTaskNotFound):
+		return &jsonrpc.Error{Code: codeInvalidParams, Message: msgTaskNotFound}
+	case errors.Is(err, gateway.ErrUnknownTool):
+		return &jsonrpc.Error{Code: codeInvalidParams, Message: "Unknown tool"}
+	case errors.As(err, &argErr):
+		// The gateway's message names the failing field; it echoes only
+		// what the caller sent.
+		return &jsonrpc.Error{Code: codeInvalidParams, Message: argErr.Error()}
+	case errors.As(err, &wire):
+		return wire // already a wire error, e.g. from the SDK
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		s.log.InfoContext(ctx, "mcpserver: request abandoned", "method", method, "err", err)
+		return &jsonrpc.Error{Code: codeInternal, Message: "Request cancelled"}
+	default:
+		s.log.ErrorContext(ctx, "mcpserver: request failed", "method", method, "err", err)
+		return &jsonrpc.Error{Code: codeInternal, Message: msgInternal}
+	}
+}

@@ -1,0 +1,426 @@
+package mcpserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.temporal.io/sdk/client"
+	sdklog "go.temporal.io/sdk/log"
+	"go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
+	"go.temporal.io/server/temporaltest"
+
+	"github.com/countersign/countersign/activities"
+	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/internal/natsrv"
+	"github.com/countersign/countersign/pdp"
+	"github.com/countersign/countersign/tasks"
+	"github.com/countersign/countersign/workflows"
+)
+
+// testEnv is the real backing of every test in this package: an embedded
+// NATS with the task store and demo ledger, the default policy, the demo
+// tools, and an in-memory Temporal server with a worker running the real
+// approval workflow. It is shared: tests isolate themselves by principal.
+type testEnv struct {
+	dir      string
+	nats     *natsrv.Server
+	nc       *nats.Conn
+	store    *tasks.Store
+	ledger   *gateway.Ledger
+	tools    *gateway.Registry
+	engine   *pdp.Engine
+	temporal *temporaltest.TestServer
+	orch     *tasks.Orchestrator
+}
+
+var (
+	envOnce sync.Once
+	env     *testEnv
+	envErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if env != nil {
+		env.close()
+	}
+	os.Exit(code)
+}
+
+// sharedEnv starts the environment on first use.
+func sharedEnv(tb testing.TB) *testEnv {
+	tb.Helper()
+	envOnce.Do(func() { env, envErr = startEnv() })
+	if envErr != nil {
+		tb.Fatalf("test environment: %v", envErr)
+	}
+	return env
+}
+
+func startEnv() (e *testEnv, err error) {
+	e = &testEnv{}
+	defer func() {
+		if err != nil {
+			e.close()
+		}
+	}()
+	if e.dir, err = os.MkdirTemp("", "mcpserver-test-"); err != nil {
+		return nil, err
+	}
+	if e.nats, err = natsrv.Start(natsrv.Options{StoreDir: e.dir}); err != nil {
+		return nil, err
+	}
+	if e.nc, err = nats.Connect(e.nats.URL()); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		return nil, err
+	}
+	ctx := context.Background()
+	if e.store, err = tasks.NewStore(ctx, js, tasks.StoreOptions{}); err != nil {
+		return nil, err
+	}
+	if e.ledger, err = gateway.NewLedger(ctx, js); err != nil {
+		return nil, err
+	}
+	if e.tools, err = gateway.NewRegistry(gateway.DemoTools(e.ledger)...); err != nil {
+		return nil, err
+	}
+	if e.engine, err = pdp.New(ctx, pdp.Options{}); err != nil {
+		return nil, err
+	}
+	quiet := sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler))
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				err = fmt.Errorf("temporal test server: %v", v)
+			}
+		}()
+		e.temporal = temporaltest.NewServer(temporaltest.WithBaseClientOptions(client.Options{Logger: quiet}))
+	}()
+	if err != nil {
+		return nil, err
+	}
+	c := e.temporal.GetDefaultClient()
+	e.orch = tasks.NewOrchestrator(c)
+	e.temporal.NewWorker(tasks.TaskQueue, func(r worker.Registry) {
+		r.RegisterWorkflowWithOptions(workflows.Approval, workflow.RegisterOptions{Name: tasks.WorkflowName})
+		r.RegisterActivity(&activities.Activities{Tasks: e.store, PDP: e.engine, Tools: e.tools})
+	})
+	return e, nil
+}
+
+func (e *testEnv) close() {
+	if e.temporal != nil {
+		func() {
+			defer func() { _ = recover() }() // Stop logs through a nil *testing.T on error
+			e.temporal.Stop()
+		}()
+	}
+	if e.nc != nil {
+		e.nc.Close()
+	}
+	if e.nats != nil {
+		e.nats.Shutdown()
+	}
+	if e.dir != "" {
+		_ = os.RemoveAll(e.dir)
+	}
+}
+
+// errToken is a bearer token Authenticate fails on with an internal error
+// text that must never reach the client.
+const errToken = "tok-broken"
+
+// testAuth accepts "tok:<principal>".
+func testAuth(_ context.Context, bearer string) (string, error) {
+	if bearer == errToken {
+		return "", errors.New("identity provider exploded: secret detail")
+	}
+	p, ok := strings.CutPrefix(bearer, "tok:")
+	if !ok || p == "" {
+		return "", errors.New("unknown token")
+	}
+	return p, nil
+}
+
+// harness is one Countersign MCP endpoint over the shared environment.
+type harness struct {
+	env *testEnv
+	srv *Server
+	ts  *httptest.Server
+	log *lockedBuffer
+}
+
+func newHarness(tb testing.TB, tweak func(*Options)) *harness {
+	tb.Helper()
+	e := sharedEnv(tb)
+	logs := &lockedBuffer{}
+	opts := Options{
+		ServerID:     "countersign-test",
+		PublicURL:    "http://countersign.test",
+		Store:        e.store,
+		Orchestrator: e.orch,
+		PDP:          e.engine,
+		Tools:        e.tools,
+		Authenticate: testAuth,
+		Logger:       slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+	if tweak != nil {
+		tweak(&opts)
+	}
+	srv, err := New(opts)
+	if err != nil {
+		tb.Fatalf("New: %v", err)
+	}
+	ts := httptest.NewServer(srv.Handler())
+	tb.Cleanup(ts.Close)
+	return &harness{env: e, srv: srv, ts: ts, log: logs}
+}
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) Reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf.Reset()
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// principal returns a principal unique to the running test.
+func principal(tb testing.TB, suffix string) string {
+	return strings.NewReplacer("/", "-", " ", "_").Replace(tb.Name()) + "-" + suffix
+}
+
+// rpc is one raw JSON-RPC exchange over HTTP.
+type rpc struct {
+	Status int
+	Header http.Header
+	Body   []byte
+
+	ID     json.RawMessage `json:"id"`
+	Result json.RawMessage `json:"result"`
+	Error  *struct {
+		Code    int64           `json:"code"`
+		Message string          `json:"message"`
+		Data    json.RawMessage `json:"data"`
+	} `json:"error"`
+}
+
+// call describes one request.
+type call struct {
+	token   string            // bearer token; "" sends none
+	era     tasks.Era         // wire era
+	tasks   bool              // 2026: declare the tasks extension
+	method  string            // JSON-RPC method
+	params  map[string]any    // params (a _meta is added for 2026)
+	headers map[string]string // extra or overriding headers
+	raw     []byte            // raw body, overrides everything above
+}
+
+var nextID atomic.Int64
+
+func (h *harness) do(tb testing.TB, c call) rpc {
+	tb.Helper()
+	body := c.raw
+	hdr := http.Header{}
+	hdr.Set("Content-Type", "application/json")
+	hdr.Set("Accept", "application/json, text/event-stream")
+	if c.token != "" {
+		hdr.Set("Authorization", "Bearer "+c.token)
+	}
+	if body == nil {
+		params := map[string]any{}
+		for k, v := range c.params {
+			params[k] = v
+		}
+		switch c.era {
+		case tasks.Era2026:
+			caps := map[string]any{}
+			if c.tasks {
+				caps["extensions"] = map[string]any{tasks.ExtTasks: map[string]any{}}
+			}
+			params["_meta"] = map[string]any{
+				"io.modelcontextprotocol/protocolVersion":    string(tasks.Era2026),
+				"io.modelcontextprotocol/clientCapabilities": caps,
+				"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "raw-test", "version": "1"},
+			}
+			hdr.Set("Mcp-Protocol-Version", string(tasks.Era2026))
+			hdr.Set("Mcp-Method", c.method)
+			switch c.method {
+			case "tools/call":
+				hdr.Set("Mcp-Name", fmt.Sprint(c.params["name"]))
+			case "tasks/get", "tasks/update", "tasks/cancel":
+				hdr.Set("Mcp-Name", fmt.Sprint(c.params["taskId"]))
+			}
+		default:
+			hdr.Set("Mcp-Protocol-Version", string(tasks.Era2025))
+		}
+		var err error
+		body, err = json.Marshal(map[string]any{"jsonrpc": "2.0", "id": nextID.Add(1), "method": c.method, "params": params})
+		if err != nil {
+			tb.Fatal(err)
+		}
+	}
+	for k, v := range c.headers {
+		if v == "" {
+			hdr.Del(k)
+		} else {
+			hdr.Set(k, v)
+		}
+	}
+	req, err := http.NewRequest(http.MethodPost, h.ts.URL, bytes.NewReader(body))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	req.Header = hdr
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
+	if err != nil {
+		tb.Fatalf("%s: %v", c.method, err)
+	}
+	defer resp.Body.Close()
+	out := rpc{Status: resp.StatusCode, Header: resp.Header}
+	out.Body, _ = io.ReadAll(resp.Body)
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") && len(out.Body) > 0 {
+		if err := json.Unmarshal(out.Body, &out); err != nil {
+			tb.Fatalf("%s: decode %s: %v", c.method, out.Body, err)
+		}
+	}
+	return out
+}
+
+// ok asserts a successful response and decodes its result into v.
+func (r rpc) ok(tb testing.TB, v any) {
+	tb.Helper()
+	if r.Status != http.StatusOK || r.Error != nil || r.Result == nil {
+		tb.Fatalf("want a result, got HTTP %d: %s", r.Status, r.Body)
+	}
+	if v != nil {
+		if err := json.Unmarshal(r.Result, v); err != nil {
+			tb.Fatalf("decode result %s: %v", r.Result, err)
+		}
+	}
+}
+
+// fails asserts a JSON-RPC error with the code and HTTP status.
+func (r rpc) fails(tb testing.TB, status int, code int64) {
+	tb.Helper()
+	if r.Status != status || r.Error == nil || r.Error.Code != code {
+		tb.Fatalf("want HTTP %d with error %d, got HTTP %d: %s", status, code, r.Status, r.Body)
+	}
+}
+
+// toolCallResult is a CallToolResult as a test reads it.
+type toolCallResult struct {
+	ResultType string `json:"resultType"`
+	Content    []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	} `json:"content"`
+	StructuredContent json.RawMessage `json:"structuredContent"`
+	IsError           bool            `json:"isError"`
+	Meta              map[string]any  `json:"_meta"`
+}
+
+func (r toolCallResult) text() string {
+	var parts []string
+	for _, c := range r.Content {
+		parts = append(parts, c.Text)
+	}
+	return strings.Join(parts, "\n")
+}
+
+// taskResult2026 is a SEP-2663 CreateTaskResult / tasks/get result.
+type taskResult2026 struct {
+	ResultType     string          `json:"resultType"`
+	TaskID         string          `json:"taskId"`
+	Status         string          `json:"status"`
+	StatusMessage  string          `json:"statusMessage"`
+	CreatedAt      string          `json:"createdAt"`
+	LastUpdatedAt  string          `json:"lastUpdatedAt"`
+	TTLMs          *int64          `json:"ttlMs"`
+	PollIntervalMs *int64          `json:"pollIntervalMs"`
+	Result         json.RawMessage `json:"result"`
+	Meta           map[string]any  `json:"_meta"`
+}
+
+// legacyTask is a 2025-11-25 Task.
+type legacyTask struct {
+	TaskID        string `json:"taskId"`
+	Status        string `json:"status"`
+	StatusMessage string `json:"statusMessage"`
+	CreatedAt     string `json:"createdAt"`
+	LastUpdatedAt string `json:"lastUpdatedAt"`
+	TTL           *int64 `json:"ttl"`
+	PollInterval  *int64 `json:"pollInterval"`
+}
+
+// transferArgs builds transfer_funds arguments to a test-unique account.
+func transferArgs(to string, amount float64) map[string]any {
+	return map[string]any{"to": to, "amount": amount, "currency": "EUR"}
+}
+
+// transfersTo counts executed transfers to an account.
+func (h *harness) transfersTo(tb testing.TB, to string) int {
+	tb.Helper()
+	ts, err := h.env.ledger.Transfers(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	n := 0
+	for _, t := range ts {
+		if t.To == to {
+			n++
+		}
+	}
+	return n
+}
+
+// waitStatus polls the store until the task has the status.
+func (h *harness) waitStatus(tb testing.TB, id string, want tasks.Status) tasks.Record {
+	tb.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		r, err := h.env.store.Get(context.Background(), id)
+		if err == nil && r.Status == want {
+			return r
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("task %s: status %q, want %q (err %v)", id, r.Status, want, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,239 @@
+package mcpserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/pdp"
+	"github.com/countersign/countersign/tasks"
+)
+
+// Defaults for the zero values of [Options].
+const (
+	DefaultMaxBodyBytes           = 1 << 20 // 1 MiB
+	DefaultRatePerMinute          = 30
+	DefaultBurst                  = 10
+	DefaultMaxPendingPerPrincipal = 100
+	DefaultPollInterval           = 2 * time.Second
+	DefaultResultRetention        = 7 * 24 * time.Hour
+)
+
+// AnonymousPrincipal is the principal of every caller when [Options.NoAuth]
+// is set.
+const AnonymousPrincipal = "anonymous"
+
+// Implementation name and version reported in server/discover and
+// initialize.
+const (
+	ImplementationName    = "countersign"
+	ImplementationVersion = "0.1.0"
+)
+
+// Options configures a [Server]. Zero values take the documented defaults;
+// ServerID, Store, Orchestrator, PDP and Tools are required, and so is
+// Authenticate unless NoAuth is set.
+type Options struct {
+	// ServerID binds action hashes to this server (SEP-2672 §4.6); it must
+	// be stable across restarts and replicas and differ between servers.
+	ServerID string
+	// PublicURL is the externally visible base URL (for example
+	// https://countersign.example.com); empty is allowed. This package does
+	// not use it yet: it is where an RFC 9728 resource_metadata parameter
+	// for the WWW-Authenticate challenge will come from once Countersign
+	// fronts an OAuth authorization server.
+	PublicURL string
+
+	Store        *tasks.Store
+	Orchestrator *tasks.Orchestrator
+	PDP          *pdp.Engine
+	Tools        *gateway.Registry
+
+	// Authenticate maps a bearer token to the principal that owns the tasks
+	// it creates. Any error (or an empty principal) is answered with 401;
+	// the error itself is logged, never sent.
+	Authenticate func(ctx context.Context, bearer string) (principal string, err error)
+	// NoAuth serves every caller as principal "anonymous". For conformance
+	// runs and tests only; New logs a warning.
+	NoAuth bool
+
+	// MaxBodyBytes caps a request body (default 1 MiB). A larger body is
+	// answered with HTTP 413 and a JSON-RPC error, and nothing runs.
+	MaxBodyBytes int64
+	// RatePerMinute and Burst limit task creation per principal (default
+	// 30 per minute, burst 10). Over the limit a gated call gets a plain
+	// policy denial, not a task (SEP-2848).
+	RatePerMinute int
+	Burst         int
+	// MaxPendingPerPrincipal bounds the non-terminal tasks of one principal
+	// (default 100).
+	MaxPendingPerPrincipal int
+	// PollInterval is suggested to clients polling a task (default 2s).
+	PollInterval time.Duration
+	// ResultRetention is how long a finished task stays readable; a task's
+	// TTL is its approval TTL plus this (default 7 days).
+	ResultRetention time.Duration
+
+	// Logger receives operational logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Server is Countersign's MCP endpoint: the policy enforcement point for
+// tools/call and the owner of the tasks/* methods in both protocol eras.
+// Create it with [New] and mount [Server.Handler] at /mcp.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	now     func() time.Time
+	limiter *limiter
+	// pageSize is the tasks/list page size (tests shrink it).
+	pageSize int
+	mcp      *mcp.Server
+	handler  http.Handler
+}
+
+// New validates opts, registers the tools and task methods on an MCP server
+// and returns the endpoint.
+func New(opts Options) (*Server, error) {
+	switch {
+	case opts.ServerID == "":
+		return nil, errors.New("mcpserver: ServerID is required")
+	case opts.Store == nil:
+		return nil, errors.New("mcpserver: Store is required")
+	case opts.Orchestrator == nil:
+		return nil, errors.New("mcpserver: Orchestrator is required")
+	case opts.PDP == nil:
+		return nil, errors.New("mcpserver: PDP is required")
+	case opts.Tools == nil:
+		return nil, errors.New("mcpserver: Tools is required")
+	case opts.Authenticate == nil && !opts.NoAuth:
+		return nil, errors.New("mcpserver: Authenticate is required unless NoAuth is set")
+	case opts.MaxBodyBytes < 0, opts.RatePerMinute < 0, opts.Burst < 0,
+		opts.MaxPendingPerPrincipal < 0, opts.PollInterval < 0, opts.ResultRetention < 0:
+		return nil, errors.New("mcpserver: limits must not be negative")
+	}
+	if opts.MaxBodyBytes == 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.RatePerMinute == 0 {
+		opts.RatePerMinute = DefaultRatePerMinute
+	}
+	if opts.Burst == 0 {
+		opts.Burst = DefaultBurst
+	}
+	if opts.MaxPendingPerPrincipal == 0 {
+		opts.MaxPendingPerPrincipal = DefaultMaxPendingPerPrincipal
+	}
+	if opts.PollInterval == 0 {
+		opts.PollInterval = DefaultPollInterval
+	}
+	if opts.ResultRetention == 0 {
+		opts.ResultRetention = DefaultResultRetention
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if opts.NoAuth {
+		log.Warn("mcpserver: authentication is disabled; every caller is principal \"anonymous\" (tests and conformance runs only)")
+	}
+
+	s := &Server{
+		opts:     opts,
+		log:      log,
+		now:      time.Now,
+		limiter:  newLimiter(opts.RatePerMinute, opts.Burst),
+		pageSize: listPageSize,
+	}
+	// The SDK logs every stateless request at info; keep its warnings.
+	sdkLog := slog.New(minLevel{Handler: log.Handler(), min: slog.LevelWarn}).With("component", "mcp-sdk")
+
+	caps := &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}}
+	caps.AddExtension(tasks.ExtTasks, nil)
+	caps.AddExtension(tasks.ExtToolApproval, nil)
+	caps.AddExtension(tasks.ExtToolApprovalAuthZEN, map[string]any{"version": "0.1"})
+	s.mcp = mcp.NewServer(&mcp.Implementation{Name: ImplementationName, Version: ImplementationVersion}, &mcp.ServerOptions{
+		Logger:       sdkLog,
+		Capabilities: caps,
+		Instructions: "Tools that policy gates do not run at once: the call returns a task that completes after a human approves it with a passkey. Poll the task; its result states whether the call ran.",
+	})
+	for _, t := range opts.Tools.List() {
+		if err := checkObjectSchema(t.InputSchema); err != nil {
+			return nil, fmt.Errorf("mcpserver: tool %q: %w", t.Name, err)
+		}
+		mt := &mcp.Tool{Name: t.Name, Title: t.Title, Description: t.Description, InputSchema: t.InputSchema}
+		if len(t.OutputSchema) > 0 {
+			mt.OutputSchema = t.OutputSchema
+		}
+		if t.ReadOnly {
+			mt.Annotations = &mcp.ToolAnnotations{ReadOnlyHint: true}
+		}
+		// tools/call never reaches this handler: the receiving middleware
+		// answers it. Registering the tool gives tools/list, the tools
+		// capability and the SDK's Mcp-Name checks.
+		s.mcp.AddTool(mt, unreachableTool)
+	}
+	if err := s.registerTaskMethods(); err != nil {
+		return nil, err
+	}
+	s.mcp.AddReceivingMiddleware(s.middleware)
+
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.mcp }, &mcp.StreamableHTTPOptions{
+		// Stateless serves 2026-07-28 (which has no sessions) and 2025-11-25
+		// alike; no per-replica session state, so replicas scale out.
+		Stateless:           true,
+		JSONResponse:        true,
+		Logger:              sdkLog,
+		MaxRequestBodyBytes: opts.MaxBodyBytes,
+	})
+	s.handler = s.httpHandler(sdk)
+	return s, nil
+}
+
+// Handler returns the HTTP handler to mount at /mcp.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+func unreachableTool(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	return nil, &rpcError{code: codeInternal, msg: msgInternal, cause: errors.New("mcpserver: tools/call bypassed the enforcement middleware")}
+}
+
+// checkObjectSchema reports whether schema is a JSON object with "type":
+// "object", which the SDK requires (it would panic otherwise).
+func checkObjectSchema(schema json.RawMessage) error {
+	var m struct {
+		Type json.RawMessage `json:"type"`
+	}
+	if err := json.Unmarshal(schema, &m); err != nil {
+		return fmt.Errorf("input schema is not a JSON object: %w", err)
+	}
+	if !bytes.Equal(bytes.TrimSpace(m.Type), []byte(`"object"`)) {
+		return errors.New(`input schema must have "type": "object"`)
+	}
+	return nil
+}
+
+// minLevel drops records below min.
+type minLevel struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+func (h minLevel) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return minLevel{Handler: h.Handler.WithAttrs(attrs), min: h.min}
+}
+
+func (h minLevel) WithGroup(name string) slog.Handler {
+	return minLevel{Handler: h.Handler.WithGroup(name), min: h.min}
+}
