@@ -1,0 +1,183 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/countersign/countersign/internal/app"
+)
+
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+// adminClient calls a running server's admin API with the admin token.
+type adminClient struct {
+	server string
+	token  string
+	http   *http.Client
+}
+
+func newAdminFlags(name string) (*flag.FlagSet, *string, *string) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	server := fs.String("server", envOr("COUNTERSIGN_SERVER", ""), "server URL (default: the URL saved in the data dir, else http://127.0.0.1:8080)")
+	dataDir := fs.String("data-dir", envOr("COUNTERSIGN_DATA_DIR", "./countersign-data"), "data directory holding admin-token and url")
+	return fs, server, dataDir
+}
+
+func newAdminClient(server, dataDir string) (*adminClient, error) {
+	if server == "" {
+		if b, err := os.ReadFile(filepath.Join(dataDir, app.URLFile)); err == nil {
+			server = strings.TrimSpace(string(b))
+		} else {
+			server = "http://127.0.0.1:8080"
+		}
+	}
+	token := os.Getenv("COUNTERSIGN_ADMIN_TOKEN")
+	if token == "" {
+		b, err := os.ReadFile(filepath.Join(dataDir, app.AdminTokenFile))
+		if err != nil {
+			return nil, fmt.Errorf("no admin token: set COUNTERSIGN_ADMIN_TOKEN or pass --data-dir of a `countersign dev` (%v)", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	return &adminClient{server: strings.TrimRight(server, "/"), token: token, http: &http.Client{Timeout: 30 * time.Second}}, nil
+}
+
+func (c *adminClient) do(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.server+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot reach %s: %w", c.server, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if resp.StatusCode/100 != 2 {
+		var e struct {
+			Error   string `json:"error"`
+			Message string `json:"message"`
+		}
+		if json.Unmarshal(b, &e) == nil && (e.Message != "" || e.Error != "") {
+			return fmt.Errorf("%s %s: %s (%s)", method, path, e.Message, e.Error)
+		}
+		return fmt.Errorf("%s %s: HTTP %d", method, path, resp.StatusCode)
+	}
+	return json.Unmarshal(b, out)
+}
+
+// splitPositional lets NAME come before or after the flags.
+func splitPositional(args []string) (string, []string) {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		return args[0], args[1:]
+	}
+	return "", args
+}
+
+func runAdmin(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) < 2 {
+		return usageError{"missing subcommand; see countersign -h"}
+	}
+	cmd := args[0] + " " + args[1]
+	name, rest := splitPositional(args[2:])
+	fs, server, dataDir := newAdminFlags(cmd)
+	var groups stringList
+	if cmd == "approvers add" {
+		fs.Var(&groups, "group", "approver group (repeatable)")
+	}
+	if err := fs.Parse(rest); err != nil {
+		return err
+	}
+	if name == "" && fs.NArg() > 0 {
+		name = fs.Arg(0)
+	}
+	c, err := newAdminClient(*server, *dataDir)
+	if err != nil {
+		return err
+	}
+	switch cmd {
+	case "approvers add":
+		if name == "" || len(groups) == 0 {
+			return usageError{"usage: countersign approvers add NAME --group G [--group G2]"}
+		}
+		var out struct {
+			ApproverID string `json:"approverId"`
+			EnrollURL  string `json:"enrollUrl"`
+		}
+		if err := c.do(ctx, http.MethodPost, "/admin/v1/approvers", map[string]any{"name": name, "groups": groups}, &out); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "Approver %s (%s) added. Open this link on the approver's phone to enroll a passkey:\n%s\n", name, out.ApproverID, out.EnrollURL)
+	case "approvers invite":
+		if name == "" {
+			return usageError{"usage: countersign approvers invite APPROVER_ID"}
+		}
+		var out struct {
+			EnrollURL string `json:"enrollUrl"`
+		}
+		if err := c.do(ctx, http.MethodPost, "/admin/v1/approvers/"+name+"/invites", struct{}{}, &out); err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, out.EnrollURL)
+	case "agents add":
+		if name == "" {
+			return usageError{"usage: countersign agents add NAME"}
+		}
+		var out struct {
+			Token string `json:"token"`
+		}
+		if err := c.do(ctx, http.MethodPost, "/admin/v1/agents", map[string]any{"name": name}, &out); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "Agent %s added. Its bearer token (shown once):\n%s\n", name, out.Token)
+	case "approvals list":
+		var out []struct {
+			Ref         string `json:"ref"`
+			Tool        string `json:"tool"`
+			Status      string `json:"status"`
+			DisplayText string `json:"displayText"`
+			ApproveURL  string `json:"approveUrl"`
+		}
+		if err := c.do(ctx, http.MethodGet, "/admin/v1/approvals?status=pending", nil, &out); err != nil {
+			return err
+		}
+		if len(out) == 0 {
+			fmt.Fprintln(stdout, "No pending approvals.")
+			return nil
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "TOOL\tSTATUS\tACTION\tAPPROVE")
+		for _, a := range out {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", a.Tool, a.Status, a.DisplayText, a.ApproveURL)
+		}
+		return tw.Flush()
+	default:
+		return usageError{fmt.Sprintf("unknown command %q; see countersign -h", cmd)}
+	}
+	return nil
+}

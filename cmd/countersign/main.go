@@ -1,0 +1,81 @@
+// Command countersign is the Countersign binary: `dev` runs everything in
+// one process; `server` and `worker` run the production split; the admin
+// commands talk to a running server.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const usage = `Countersign: asynchronous passkey approval for MCP tool calls.
+
+Usage:
+  countersign dev       [flags]   everything in one process (embedded NATS and Temporal by default)
+  countersign server    [flags]   MCP endpoint and approver site (external NATS and Temporal)
+  countersign worker    [flags]   approval workflow worker (external NATS and Temporal)
+  countersign approvers add NAME --group G [--server URL] [--data-dir DIR]
+  countersign approvers invite APPROVER_ID [--server URL] [--data-dir DIR]
+  countersign agents add NAME [--server URL] [--data-dir DIR]
+  countersign approvals list [--server URL] [--data-dir DIR]
+
+Run "countersign COMMAND -h" for a command's flags.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch args[0] {
+	case "dev", "server", "worker":
+		err = runService(ctx, args[0], args[1:], stdout, stderr)
+	case "approvers", "agents", "approvals":
+		err = runAdmin(ctx, args, stdout)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "countersign: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(stderr, "countersign: %v\n", err)
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "countersign: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func newLogger(w io.Writer, level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+}

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/countersign/countersign/internal/app"
+)
+
+// envOr returns the environment variable's value, or def.
+func envOr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
+func runService(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg app.Config
+	fs.StringVar(&cfg.DataDir, "data-dir", envOr("COUNTERSIGN_DATA_DIR", "./countersign-data"), "data directory (embedded state, tokens, keys)")
+	fs.StringVar(&cfg.Addr, "addr", envOr("COUNTERSIGN_ADDR", "127.0.0.1:8080"), "HTTP listen address")
+	fs.StringVar(&cfg.PublicURL, "public-url", envOr("COUNTERSIGN_PUBLIC_URL", ""), "public URL of the approver site (default http://localhost:PORT); its host is the WebAuthn RP ID")
+	fs.StringVar(&cfg.ServerID, "server-id", envOr("COUNTERSIGN_SERVER_ID", ""), "server identifier bound into every action hash (default: persisted random id in dev, the public URL otherwise)")
+	fs.StringVar(&cfg.TemporalAddress, "temporal-address", envOr("TEMPORAL_ADDRESS", ""), "external Temporal frontend host:port (dev default: embedded)")
+	fs.StringVar(&cfg.TemporalNamespace, "temporal-namespace", envOr("TEMPORAL_NAMESPACE", "default"), "Temporal namespace")
+	fs.StringVar(&cfg.NATSURL, "nats-url", envOr("NATS_URL", ""), "external NATS URL (dev default: embedded)")
+	fs.StringVar(&cfg.NATSCreds, "nats-creds", envOr("NATS_CREDS", ""), "NATS credentials file")
+	fs.StringVar(&cfg.PolicyDir, "policy", envOr("COUNTERSIGN_POLICY", ""), "directory of Rego policy to load instead of the embedded default")
+	fs.StringVar(&cfg.SQLiteSync, "sqlite-sync", envOr("COUNTERSIGN_SQLITE_SYNC", "FULL"), "embedded Temporal SQLite synchronous mode: FULL or NORMAL")
+	fs.IntVar(&cfg.RatePerMinute, "rate-per-minute", envInt("COUNTERSIGN_RATE_PER_MINUTE", 0), "approval requests per principal per minute (default 30)")
+	fs.IntVar(&cfg.MaxPendingPerPrincipal, "max-pending", envInt("COUNTERSIGN_MAX_PENDING", 0), "pending tasks per principal (default 100)")
+	fs.DurationVar(&cfg.PollInterval, "poll-interval", 0, "pollIntervalMs suggested to clients (default 2s)")
+	fs.BoolVar(&cfg.Conformance, "conformance", false, "serve /mcp WITHOUT authentication for conformance suites (loopback only)")
+	logLevel := fs.String("log-level", envOr("COUNTERSIGN_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Sprintf("%s: unexpected argument %q", cmd, fs.Arg(0))}
+	}
+	mode := map[string]app.Mode{"dev": app.ModeDev, "server": app.ModeServer, "worker": app.ModeWorker}[cmd]
+	log := newLogger(stderr, *logLevel)
+	start := time.Now()
+	a, err := app.New(ctx, cfg, mode, log, stdout)
+	if err != nil {
+		return err
+	}
+	log.Info("countersign started", append([]any{"mode", cmd, "http", a.Addr(), "startup", time.Since(start).Round(time.Millisecond)}, a.Config().Redacted()...)...)
+	if cfg.Conformance {
+		log.Warn("conformance mode: /mcp accepts requests WITHOUT authentication; every caller is the same principal")
+	}
+	err = a.Run(ctx)
+	log.Info("countersign stopped")
+	return err
+}

@@ -1,0 +1,421 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.temporal.io/sdk/client"
+	tlog "go.temporal.io/sdk/log"
+	"go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/countersign/countersign/activities"
+	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/internal/authn"
+	"github.com/countersign/countersign/internal/devstack"
+	"github.com/countersign/countersign/internal/natsrv"
+	"github.com/countersign/countersign/mcpserver"
+	"github.com/countersign/countersign/passkey"
+	"github.com/countersign/countersign/pdp"
+	"github.com/countersign/countersign/tasks"
+	"github.com/countersign/countersign/web"
+	"github.com/countersign/countersign/workflows"
+)
+
+// Mode selects what a process runs.
+type Mode int
+
+const (
+	ModeDev    Mode = iota // everything, embedded services by default
+	ModeServer             // HTTP only, external services
+	ModeWorker             // worker only, external services
+)
+
+// Files written to the data directory.
+const (
+	AgentTokenFile = "agent-token"
+	AdminTokenFile = "admin-token"
+	ServerIDFile   = "server-id"
+	URLFile        = "url"
+)
+
+// DevAgentName is the principal of the agent token `countersign dev` creates.
+const DevAgentName = "dev-agent"
+
+// App is a running Countersign process.
+type App struct {
+	cfg    Config
+	mode   Mode
+	log    *slog.Logger
+	out    io.Writer
+	closed atomic.Bool
+
+	nats     *natsrv.Server
+	temporal *devstack.Server
+	nc       *nats.Conn
+	tc       client.Client
+	worker   worker.Worker
+	httpSrv  *http.Server
+	listener net.Listener
+
+	Store    *tasks.Store
+	Tokens   *authn.Tokens
+	Passkeys *passkey.Service
+	PDP      *pdp.Engine
+	Ledger   *gateway.Ledger
+	Tools    *gateway.Registry
+}
+
+// New starts every component the mode needs and returns once they are
+// ready; the HTTP listener is bound but not yet serving (see Run). On error,
+// whatever was started is stopped again.
+func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Writer) (_ *App, err error) {
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("configuration: %w", err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if out == nil {
+		out = io.Discard
+	}
+	a := &App{cfg: cfg, mode: mode, log: log, out: out}
+	defer func() {
+		if err != nil {
+			a.Shutdown(context.Background())
+		}
+	}()
+	if mode == ModeDev {
+		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("data dir: %w", err)
+		}
+	}
+	if err := a.startNATS(ctx); err != nil {
+		return nil, err
+	}
+	if err := a.startTemporal(ctx); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(a.nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	if a.Store, err = tasks.NewStore(ctx, js, tasks.StoreOptions{Logger: log}); err != nil {
+		return nil, err
+	}
+	if a.Tokens, err = authn.Open(ctx, js); err != nil {
+		return nil, err
+	}
+	if a.Passkeys, err = passkey.New(ctx, js, passkey.Options{
+		RPID: cfg.RPID(), RPOrigins: []string{cfg.Origin()}, RPDisplayName: "Countersign", Logger: log,
+	}); err != nil {
+		return nil, fmt.Errorf("passkeys: %w", err)
+	}
+	if a.PDP, err = pdp.New(ctx, pdp.Options{Dir: cfg.PolicyDir, Logger: log}); err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	if a.Ledger, err = gateway.NewLedger(ctx, js); err != nil {
+		return nil, err
+	}
+	if a.Tools, err = gateway.NewRegistry(gateway.DemoTools(a.Ledger)...); err != nil {
+		return nil, err
+	}
+	if mode != ModeServer {
+		if err := a.startWorker(); err != nil {
+			return nil, err
+		}
+	}
+	if mode != ModeWorker {
+		if err := a.startHTTP(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if mode == ModeDev {
+		if err := a.bootstrapDev(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+func (a *App) startNATS(ctx context.Context) error {
+	url := a.cfg.NATSURL
+	if url == "" {
+		if a.mode != ModeDev {
+			return errors.New("--nats-url is required outside dev mode")
+		}
+		srv, err := natsrv.Start(natsrv.Options{StoreDir: filepath.Join(a.cfg.DataDir, "nats")})
+		if err != nil {
+			return err
+		}
+		a.nats = srv
+		url = srv.URL()
+	}
+	opts := []nats.Option{nats.Name("countersign"), nats.MaxReconnects(-1)}
+	if a.cfg.NATSCreds != "" {
+		opts = append(opts, nats.UserCredentials(a.cfg.NATSCreds))
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return fmt.Errorf("connect to NATS: %w", err)
+	}
+	a.nc = nc
+	return nil
+}
+
+func (a *App) startTemporal(ctx context.Context) error {
+	hostPort := a.cfg.TemporalAddress
+	if hostPort == "" {
+		if a.mode != ModeDev {
+			return errors.New("--temporal-address is required outside dev mode")
+		}
+		srv, err := devstack.Start(ctx, devstack.Options{
+			DataDir:     filepath.Join(a.cfg.DataDir, "temporal"),
+			Namespace:   a.cfg.TemporalNamespace,
+			Synchronous: a.cfg.SQLiteSync,
+			Logger:      a.log,
+		})
+		if err != nil {
+			return fmt.Errorf("embedded Temporal: %w", err)
+		}
+		a.temporal = srv
+		hostPort = srv.FrontendHostPort()
+	}
+	tc, err := client.DialContext(ctx, client.Options{
+		HostPort:  hostPort,
+		Namespace: a.cfg.TemporalNamespace,
+		Logger:    tlog.NewStructuredLogger(a.log.With("component", "temporal-client")),
+	})
+	if err != nil {
+		return fmt.Errorf("connect to Temporal at %s: %w", hostPort, err)
+	}
+	a.tc = tc
+	return nil
+}
+
+func (a *App) startWorker() error {
+	// Bound the sticky cache: it holds pending workflows in memory.
+	worker.SetStickyWorkflowCacheSize(1000)
+	w := worker.New(a.tc, tasks.TaskQueue, worker.Options{
+		// Finish in-flight activities and workflow tasks on a clean stop,
+		// so a restart does not wait out their timeouts.
+		WorkerStopTimeout: 15 * time.Second,
+	})
+	w.RegisterWorkflowWithOptions(workflows.Approval, workflow.RegisterOptions{Name: tasks.WorkflowName})
+	w.RegisterActivity(&activities.Activities{
+		Tasks:     a.Store,
+		PDP:       a.PDP,
+		Passkeys:  a.Passkeys,
+		Tools:     a.Tools,
+		Notifier:  activities.ConsoleNotifier{W: a.out},
+		PublicURL: a.cfg.PublicURL,
+		Logger:    a.log,
+	})
+	if err := w.Start(); err != nil {
+		return fmt.Errorf("start worker: %w", err)
+	}
+	a.worker = w
+	return nil
+}
+
+func (a *App) serverID() (string, error) {
+	if a.cfg.ServerID != "" {
+		return a.cfg.ServerID, nil
+	}
+	if a.mode != ModeDev {
+		return a.cfg.PublicURL, nil
+	}
+	p := filepath.Join(a.cfg.DataDir, ServerIDFile)
+	if b, err := os.ReadFile(p); err == nil {
+		return strings.TrimSpace(string(b)), nil
+	}
+	id := "countersign-dev:" + tasks.NewID("srv_")
+	if err := os.WriteFile(p, []byte(id+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("write server id: %w", err)
+	}
+	return id, nil
+}
+
+func (a *App) startHTTP(ctx context.Context) error {
+	serverID, err := a.serverID()
+	if err != nil {
+		return err
+	}
+	mcp, err := mcpserver.New(mcpserver.Options{
+		ServerID:               serverID,
+		PublicURL:              a.cfg.PublicURL,
+		Store:                  a.Store,
+		Orchestrator:           tasks.NewOrchestrator(a.tc),
+		PDP:                    a.PDP,
+		Tools:                  a.Tools,
+		Authenticate:           a.Tokens.Agent,
+		NoAuth:                 a.cfg.Conformance,
+		RatePerMinute:          a.cfg.RatePerMinute,
+		MaxPendingPerPrincipal: a.cfg.MaxPendingPerPrincipal,
+		PollInterval:           a.cfg.PollInterval,
+		Logger:                 a.log,
+	})
+	if err != nil {
+		return fmt.Errorf("mcp endpoint: %w", err)
+	}
+	site, err := web.New(web.Options{
+		PublicURL:    a.cfg.PublicURL,
+		Store:        a.Store,
+		Orchestrator: tasks.NewOrchestrator(a.tc),
+		Passkeys:     a.Passkeys,
+		Tokens:       a.Tokens,
+		Logger:       a.log,
+	})
+	if err != nil {
+		return fmt.Errorf("approver site: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", mcp.Handler())
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if a.nc.Status() != nats.CONNECTED {
+			http.Error(w, "nats not connected", http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ok\n"))
+	})
+	mux.Handle("/", site)
+	ln, err := net.Listen("tcp", a.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", a.cfg.Addr, err)
+	}
+	a.listener = ln
+	a.httpSrv = &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		// No WriteTimeout: it would cut Streamable HTTP SSE streams.
+	}
+	return nil
+}
+
+// Addr is the bound HTTP address (useful with port 0).
+func (a *App) Addr() string {
+	if a.listener == nil {
+		return ""
+	}
+	return a.listener.Addr().String()
+}
+
+// Run serves until ctx ends, then shuts down cleanly.
+func (a *App) Run(ctx context.Context) error {
+	errc := make(chan error, 1)
+	if a.httpSrv != nil {
+		go func() { errc <- a.httpSrv.Serve(a.listener) }()
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			a.Shutdown(context.Background())
+			return fmt.Errorf("http: %w", err)
+		}
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	return a.Shutdown(sctx)
+}
+
+// Shutdown stops everything in reverse order of start. It is idempotent.
+func (a *App) Shutdown(ctx context.Context) error {
+	if !a.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	var errs []error
+	if a.httpSrv != nil {
+		if err := a.httpSrv.Shutdown(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	} else if a.listener != nil {
+		a.listener.Close()
+	}
+	if a.worker != nil {
+		a.worker.Stop()
+	}
+	if a.tc != nil {
+		a.tc.Close()
+	}
+	if a.temporal != nil {
+		if err := a.temporal.Stop(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if a.nc != nil {
+		if err := a.nc.Drain(); err != nil {
+			a.nc.Close()
+		}
+	}
+	if a.nats != nil {
+		a.nats.Shutdown()
+	}
+	return errors.Join(errs...)
+}
+
+// bootstrapDev creates the dev agent and admin tokens on first start, saves
+// them in the data dir, and prints how to use them.
+func (a *App) bootstrapDev(ctx context.Context) error {
+	agent, err := a.ensureToken(ctx, AgentTokenFile, DevAgentName, authn.KindAgent)
+	if err != nil {
+		return err
+	}
+	admin, err := a.ensureToken(ctx, AdminTokenFile, "admin", authn.KindAdmin)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(a.cfg.DataDir, URLFile), []byte(a.cfg.PublicURL+"\n"), 0o600); err != nil {
+		return err
+	}
+	fmt.Fprintf(a.out, `Countersign dev is ready.
+  MCP endpoint   %[1]s/mcp   (Authorization: Bearer <agent token>)
+  Approver site  %[1]s/
+  Agent token    %[2]s   (saved in %[4]s)
+  Admin token    %[3]s   (saved in %[5]s)
+  Data           %[6]s
+Add an approver:  countersign approvers add alice --group approvers --data-dir %[6]s
+`, a.cfg.PublicURL, agent, admin,
+		filepath.Join(a.cfg.DataDir, AgentTokenFile), filepath.Join(a.cfg.DataDir, AdminTokenFile), a.cfg.DataDir)
+	return nil
+}
+
+func (a *App) ensureToken(ctx context.Context, file, name, kind string) (string, error) {
+	p := filepath.Join(a.cfg.DataDir, file)
+	if b, err := os.ReadFile(p); err == nil {
+		tok := strings.TrimSpace(string(b))
+		if _, err := a.Tokens.Lookup(ctx, tok); err == nil {
+			return tok, nil
+		}
+		// The file outlived the store (data wiped by hand): register it again.
+		if err := a.Tokens.Register(ctx, tok, name, kind); err != nil && !errors.Is(err, authn.ErrNameTaken) {
+			return "", err
+		}
+		return tok, nil
+	}
+	tok := authn.NewToken(kind)
+	if err := os.WriteFile(p, []byte(tok+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("write %s: %w", p, err)
+	}
+	if err := a.Tokens.Register(ctx, tok, name, kind); err != nil {
+		return "", err
+	}
+	return tok, nil
+}
+
+// Config returns the effective configuration.
+func (a *App) Config() *Config { return &a.cfg }

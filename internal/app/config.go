@@ -1,0 +1,141 @@
+// Package app wires Countersign's packages into the processes the binary
+// runs: `dev` (everything in one process, embedded NATS and Temporal),
+// `server` (MCP endpoint and approver site) and `worker` (the approval
+// workflow and its activities).
+package app
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Config is every setting of a Countersign process, from flags and env.
+type Config struct {
+	// DataDir holds embedded state (dev), tokens and keys.
+	DataDir string
+	// Addr is the HTTP listen address.
+	Addr string
+	// PublicURL is the URL approvers open; its host is the WebAuthn RP ID.
+	PublicURL string
+	// ServerID feeds every action hash (SEP-2672 §4.6). Dev persists a
+	// random one in DataDir; server mode defaults to PublicURL.
+	ServerID string
+
+	// TemporalAddress selects an external Temporal; empty in dev means embedded.
+	TemporalAddress   string
+	TemporalNamespace string
+	// NATSURL selects an external NATS; empty in dev means embedded.
+	NATSURL   string
+	NATSCreds string
+
+	// PolicyDir loads a custom policy instead of the embedded default.
+	PolicyDir string
+	// SQLiteSync is the embedded Temporal's SQLite synchronous mode: FULL
+	// (durable against power loss, the default) or NORMAL (durable against a
+	// process crash only; faster).
+	SQLiteSync string
+
+	// Limits.
+	RatePerMinute          int
+	MaxPendingPerPrincipal int
+	PollInterval           time.Duration
+
+	// Conformance serves the MCP endpoint without auth (loopback only).
+	Conformance bool
+}
+
+// Defaults fills unset fields.
+func (c *Config) Defaults() {
+	if c.DataDir == "" {
+		c.DataDir = "./countersign-data"
+	}
+	if c.Addr == "" {
+		c.Addr = "127.0.0.1:8080"
+	}
+	if c.TemporalNamespace == "" {
+		c.TemporalNamespace = "default"
+	}
+	if c.SQLiteSync == "" {
+		c.SQLiteSync = "FULL"
+	}
+	if c.PublicURL == "" {
+		_, port, err := net.SplitHostPort(c.Addr)
+		if err != nil || port == "" || port == "0" {
+			port = "8080"
+		}
+		c.PublicURL = "http://localhost:" + port
+	}
+}
+
+// Validate checks the configuration once, at startup, with errors that say
+// what to change.
+func (c *Config) Validate() error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		errs = append(errs, fmt.Errorf("--addr %q: %v", c.Addr, err))
+	}
+	u, err := url.Parse(c.PublicURL)
+	switch {
+	case err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https"):
+		errs = append(errs, fmt.Errorf("--public-url %q must be an absolute http(s) URL", c.PublicURL))
+	case u.Scheme == "http" && u.Hostname() != "localhost":
+		// WebAuthn is available only in secure contexts: https, or
+		// http://localhost.
+		errs = append(errs, fmt.Errorf("--public-url %q: passkeys need https, or http://localhost; use an https URL (e.g. behind a TLS proxy)", c.PublicURL))
+	case u.Path != "" && u.Path != "/":
+		errs = append(errs, fmt.Errorf("--public-url %q must not have a path", c.PublicURL))
+	}
+	if c.SQLiteSync != "FULL" && c.SQLiteSync != "NORMAL" {
+		errs = append(errs, fmt.Errorf("--sqlite-sync %q must be FULL or NORMAL", c.SQLiteSync))
+	}
+	if c.Conformance {
+		host, _, _ := net.SplitHostPort(c.Addr)
+		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			errs = append(errs, fmt.Errorf("--conformance serves /mcp without authentication and refuses to listen on %q: use a loopback address", c.Addr))
+		}
+	}
+	if c.DataDir != "" {
+		if abs, err := filepath.Abs(c.DataDir); err == nil {
+			c.DataDir = abs
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RPID is the WebAuthn relying party ID: the public URL's host name.
+func (c *Config) RPID() string {
+	u, _ := url.Parse(c.PublicURL)
+	return u.Hostname()
+}
+
+// Origin is the public URL's origin, what browsers send as Origin.
+func (c *Config) Origin() string {
+	u, _ := url.Parse(c.PublicURL)
+	return strings.ToLower(u.Scheme) + "://" + u.Host
+}
+
+// Redacted describes the configuration for the startup log, without secrets.
+func (c *Config) Redacted() []any {
+	nats := c.NATSURL
+	if nats == "" {
+		nats = "embedded"
+	} else if u, err := url.Parse(nats); err == nil {
+		u.User = nil
+		nats = u.String()
+	}
+	temporal := c.TemporalAddress
+	if temporal == "" {
+		temporal = "embedded"
+	}
+	policy := c.PolicyDir
+	if policy == "" {
+		policy = "embedded default"
+	}
+	return []any{"addr", c.Addr, "public_url", c.PublicURL, "data_dir", c.DataDir,
+		"temporal", temporal, "namespace", c.TemporalNamespace, "nats", nats, "policy", policy}
+}

@@ -1,0 +1,381 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/countersign/countersign/tasks"
+)
+
+var transferArgs = map[string]any{"to": "acct-991", "amount": 50000, "currency": "USD", "memo": "Q3 invoice"}
+
+func resultText(t *testing.T, result json.RawMessage) string {
+	t.Helper()
+	var r struct {
+		Content []struct {
+			Text string `json:"text"`
+		} `json:"content"`
+	}
+	if err := json.Unmarshal(result, &r); err != nil {
+		t.Fatalf("result: %v: %s", err, result)
+	}
+	var parts []string
+	for _, c := range r.Content {
+		parts = append(parts, c.Text)
+	}
+	return strings.Join(parts, "\n")
+}
+
+func metaOf(t *testing.T, result json.RawMessage) map[string]any {
+	t.Helper()
+	var r struct {
+		Meta map[string]any `json:"_meta"`
+	}
+	json.Unmarshal(result, &r)
+	return r.Meta
+}
+
+// One stack serves the tests that do not restart it; each test uses its own
+// arguments so dedup never joins two tests' tasks.
+func TestGatedCallLifecycle(t *testing.T) {
+	s := startStack(t, "", 0)
+	alice := s.enroll("alice", "approvers")
+	bob := s.enroll("bob", "approvers")
+	outsider := s.enroll("olga", "finance")
+
+	t.Run("approve executes exactly once", func(t *testing.T) {
+		before := s.transfers()
+		task := s.createTask(s.agentToken, "transfer_funds", transferArgs)
+		if task.Status != tasks.StatusWorking || task.TTLMs == nil || task.PollIntervalMs == nil || task.StatusMessage == "" {
+			t.Fatalf("CreateTaskResult: %+v", task)
+		}
+		if s.transfers() != before {
+			t.Fatal("the tool ran before approval")
+		}
+		ref := s.refOf(task.TaskID)
+		if ref == task.TaskID {
+			t.Fatal("approval ref equals the task id")
+		}
+		res := s.approve(alice, ref, "approve")
+		if !res.Accepted {
+			t.Fatalf("approval rejected: %+v", res)
+		}
+		d := s.waitTerminal(s.agentToken, task.TaskID)
+		if d.Status != tasks.StatusCompleted || disposition(d) != tasks.ApprovedExecuted {
+			t.Fatalf("want completed/approved-executed, got %s/%s: %s", d.Status, disposition(d), d.Result)
+		}
+		m := metaOf(t, d.Result)
+		if m[tasks.MetaDispositionAuthZEN] != string(tasks.ApprovedExecuted) {
+			t.Fatalf("authzen disposition key missing: %v", m)
+		}
+		if txt := resultText(t, d.Result); !strings.Contains(txt, "approved-executed") || !strings.Contains(txt, "Transferred 50,000.00 USD") {
+			t.Fatalf("result text: %q", txt)
+		}
+		if got := s.transfers(); got != before+1 {
+			t.Fatalf("transfers = %d, want %d", got, before+1)
+		}
+		// A later decision on the finished task changes nothing.
+		if late := s.decideFresh(bob, ref, "approve"); late.Accepted {
+			t.Fatalf("decision on a finished task accepted: %+v", late)
+		}
+		if got := s.transfers(); got != before+1 {
+			t.Fatal("late approval executed again")
+		}
+	})
+
+	t.Run("approver denies", func(t *testing.T) {
+		before := s.transfers()
+		task := s.createTask(s.agentToken, "transfer_funds", map[string]any{"to": "acct-2", "amount": 2500, "currency": "EUR"})
+		res := s.approve(bob, s.refOf(task.TaskID), "deny")
+		if !res.Accepted {
+			t.Fatalf("deny rejected: %+v", res)
+		}
+		d := s.waitTerminal(s.agentToken, task.TaskID)
+		if disposition(d) != tasks.DeniedNotExecuted || !strings.Contains(resultText(t, d.Result), "did NOT run") {
+			t.Fatalf("want denied-not-executed, got %s: %s", disposition(d), d.Result)
+		}
+		if s.transfers() != before {
+			t.Fatal("denied transfer executed")
+		}
+	})
+
+	t.Run("quorum of two distinct approvers", func(t *testing.T) {
+		task := s.createTask(s.agentToken, "delete_records", map[string]any{"table": "customers", "filter": "inactive > 5y"})
+		ref := s.refOf(task.TaskID)
+		if r := s.approve(alice, ref, "approve"); !r.Accepted || r.Approved != 1 || r.Needed != 2 {
+			t.Fatalf("first approval: %+v", r)
+		}
+		if d, _ := s.getTask(s.agentToken, task.TaskID); d.Status != tasks.StatusWorking {
+			t.Fatalf("executed after one of two approvals: %s", d.Status)
+		}
+		if r := s.approve(alice, ref, "approve"); r.Accepted || r.Reason != "already_approved" {
+			t.Fatalf("same approver twice: %+v", r)
+		}
+		if r := s.approve(bob, ref, "approve"); !r.Accepted {
+			t.Fatalf("second approval: %+v", r)
+		}
+		d := s.waitTerminal(s.agentToken, task.TaskID)
+		if disposition(d) != tasks.ApprovedExecuted {
+			t.Fatalf("quorum reached but %s", disposition(d))
+		}
+	})
+
+	t.Run("bad evidence changes nothing", func(t *testing.T) {
+		before := s.transfers()
+		task := s.createTask(s.agentToken, "transfer_funds", map[string]any{"to": "acct-3", "amount": 7000, "currency": "USD"})
+		ref := s.refOf(task.TaskID)
+		other := s.createTask(s.agentToken, "transfer_funds", map[string]any{"to": "acct-4", "amount": 8000, "currency": "USD"})
+		otherRef := s.refOf(other.TaskID)
+
+		// Replay: the same signed assertion twice.
+		c := s.challenge(ref, "approve")
+		sig := alice.sign(t, c)
+		// Forged: a flipped byte in the signature.
+		forged := flipSignature(t, sig)
+		if r := s.decide(ref, c, "approve", forged); r.Accepted || r.Reason != "signature_verification_failed" {
+			t.Fatalf("forged assertion: %+v", r)
+		}
+		// Cross-task: an assertion over task A's challenge sent to task B.
+		if r := s.decide(otherRef, c, "approve", sig); r.Accepted {
+			t.Fatalf("cross-task assertion accepted: %+v", r)
+		}
+		// A signed denial cannot be turned into an approval.
+		cd := s.challenge(ref, "deny")
+		if r := s.decide(ref, cd, "approve", bob.sign(t, cd)); r.Accepted || r.Reason != "challenge_wrong_decision" {
+			t.Fatalf("deny assertion posted as approve: %+v", r)
+		}
+		// Not eligible: an approver outside the group.
+		if r := s.approve(outsider, ref, "approve"); r.Accepted || r.Reason != "approver_not_eligible" {
+			t.Fatalf("outsider: %+v", r)
+		}
+		if d, _ := s.getTask(s.agentToken, task.TaskID); d.Status != tasks.StatusWorking {
+			t.Fatalf("bad evidence moved the task to %s", d.Status)
+		}
+		// The genuine assertion still works after the failures (verify
+		// before consume), and only once.
+		if r := s.decide(ref, c, "approve", sig); !r.Accepted {
+			t.Fatalf("genuine assertion after failures: %+v", r)
+		}
+		if r := s.decide(otherRef, c, "approve", sig); r.Accepted {
+			t.Fatalf("replayed assertion accepted on another task: %+v", r)
+		}
+		s.waitTerminal(s.agentToken, task.TaskID)
+		c2 := s.challenge(otherRef, "deny")
+		sig2 := bob.sign(t, c2)
+		if r := s.decide(otherRef, c2, "deny", sig2); !r.Accepted {
+			t.Fatalf("deny: %+v", r)
+		}
+		if r := s.decide(otherRef, c2, "approve", sig2); r.Accepted {
+			t.Fatalf("replay accepted: %+v", r)
+		}
+		s.waitTerminal(s.agentToken, other.TaskID)
+		if got := s.transfers(); got != before+1 {
+			t.Fatalf("transfers = %d, want %d", got, before+1)
+		}
+	})
+
+	t.Run("self approval is refused", func(t *testing.T) {
+		var agent struct {
+			Token string `json:"token"`
+		}
+		s.httpJSON("POST", "/admin/v1/agents", s.adminToken, map[string]any{"name": "alice"}, &agent)
+		if agent.Token == "" {
+			t.Fatal("no agent token")
+		}
+		task := s.createTask(agent.Token, "transfer_funds", map[string]any{"to": "acct-self", "amount": 3000, "currency": "USD"})
+		if r := s.approve(alice, s.refOf(task.TaskID), "approve"); r.Accepted || r.Reason != "self_approval" {
+			t.Fatalf("self approval: %+v", r)
+		}
+	})
+
+	t.Run("tasks are owned", func(t *testing.T) {
+		var agent struct {
+			Token string `json:"token"`
+		}
+		s.httpJSON("POST", "/admin/v1/agents", s.adminToken, map[string]any{"name": "mallory"}, &agent)
+		task := s.createTask(s.agentToken, "transfer_funds", map[string]any{"to": "acct-own", "amount": 3000, "currency": "USD"})
+		_, foreign := s.getTask(agent.Token, task.TaskID)
+		_, unknown := s.getTask(agent.Token, tasks.NewID("tsk_"))
+		if foreign.Error == nil || unknown.Error == nil {
+			t.Fatal("foreign or unknown task answered")
+		}
+		if foreign.Error.Code != unknown.Error.Code || foreign.Error.Message != unknown.Error.Message {
+			t.Fatalf("foreign task distinguishable from unknown: %+v vs %+v", foreign.Error, unknown.Error)
+		}
+		if r := s.call2026(agent.Token, "tasks/cancel", task.TaskID, map[string]any{"taskId": task.TaskID}, true); r.Error == nil {
+			t.Fatal("foreign cancel accepted")
+		}
+		if d, _ := s.getTask(s.agentToken, task.TaskID); d.Status != tasks.StatusWorking {
+			t.Fatalf("foreign cancel changed the task: %s", d.Status)
+		}
+	})
+
+	t.Run("cancel before approval", func(t *testing.T) {
+		before := s.transfers()
+		task := s.createTask(s.agentToken, "transfer_funds", map[string]any{"to": "acct-c", "amount": 4000, "currency": "USD"})
+		ref := s.refOf(task.TaskID)
+		if r := s.call2026(s.agentToken, "tasks/cancel", task.TaskID, map[string]any{"taskId": task.TaskID}, true); r.Error != nil {
+			t.Fatalf("cancel: %+v", r.Error)
+		}
+		d := s.waitTerminal(s.agentToken, task.TaskID)
+		if d.Status != tasks.StatusCancelled {
+			t.Fatalf("status %s, want cancelled", d.Status)
+		}
+		if r := s.decideFresh(alice, ref, "approve"); r.Accepted {
+			t.Fatalf("approval after cancel accepted: %+v", r)
+		}
+		if s.transfers() != before {
+			t.Fatal("cancelled transfer executed")
+		}
+	})
+
+	t.Run("identical pending call returns the same task", func(t *testing.T) {
+		args := map[string]any{"to": "acct-dup", "amount": 3333, "currency": "USD"}
+		a := s.createTask(s.agentToken, "transfer_funds", args)
+		b := s.createTask(s.agentToken, "transfer_funds", map[string]any{"currency": "USD", "amount": 3333.0, "to": "acct-dup"})
+		if a.TaskID != b.TaskID {
+			t.Fatalf("identical call made a second task: %s vs %s", a.TaskID, b.TaskID)
+		}
+	})
+
+	t.Run("allowed and hard-denied calls do not make tasks", func(t *testing.T) {
+		before := s.transfers()
+		r := s.call2026(s.agentToken, "tools/call", "transfer_funds", map[string]any{"name": "transfer_funds", "arguments": map[string]any{"to": "acct-small", "amount": 20, "currency": "USD"}}, true)
+		if r.Error != nil || strings.Contains(string(r.Result), `"resultType":"task"`) {
+			t.Fatalf("small transfer: %s %+v", r.Result, r.Error)
+		}
+		if s.transfers() != before+1 {
+			t.Fatal("allowed transfer did not run")
+		}
+		r = s.call2026(s.agentToken, "tools/call", "transfer_funds", map[string]any{"name": "transfer_funds", "arguments": map[string]any{"to": "acct-big", "amount": 5000000, "currency": "USD"}}, true)
+		if r.Error != nil || !strings.Contains(string(r.Result), `"isError":true`) || !strings.Contains(string(r.Result), string(tasks.DeniedNotExecuted)) {
+			t.Fatalf("huge transfer: %s %+v", r.Result, r.Error)
+		}
+		if s.transfers() != before+1 {
+			t.Fatal("denied transfer ran")
+		}
+	})
+
+	t.Run("client without tasks gets a degraded result", func(t *testing.T) {
+		before := s.transfers()
+		r := s.call2026(s.agentToken, "tools/call", "transfer_funds", map[string]any{"name": "transfer_funds", "arguments": map[string]any{"to": "acct-nt", "amount": 6000, "currency": "USD"}}, false)
+		if r.Error != nil || !strings.Contains(string(r.Result), `"isError":true`) || !strings.Contains(strings.ToLower(string(r.Result)), "approval") {
+			t.Fatalf("degraded result: %s %+v", r.Result, r.Error)
+		}
+		if s.transfers() != before {
+			t.Fatal("tool ran for a client without tasks")
+		}
+	})
+
+	t.Run("concurrent approvals and cancel race", func(t *testing.T) {
+		before := s.transfers()
+		task := s.createTask(s.agentToken, "transfer_funds", map[string]any{"to": "acct-race", "amount": 4500, "currency": "USD"})
+		ref := s.refOf(task.TaskID)
+		c := s.challenge(ref, "approve")
+		sig := alice.sign(t, c)
+		var wg sync.WaitGroup
+		wg.Go(func() { s.decide(ref, c, "approve", sig) })
+		wg.Go(func() {
+			s.call2026(s.agentToken, "tasks/cancel", task.TaskID, map[string]any{"taskId": task.TaskID}, true)
+		})
+		wg.Wait()
+		d := s.waitTerminal(s.agentToken, task.TaskID)
+		ran := s.transfers() - before
+		switch {
+		case d.Status == tasks.StatusCancelled && ran == 0:
+		case disposition(d) == tasks.ApprovedExecuted && ran == 1:
+		default:
+			t.Fatalf("inconsistent race outcome: status %s disposition %s, transfers +%d", d.Status, disposition(d), ran)
+		}
+	})
+}
+
+// decideFresh asks for a challenge and decides; a challenge refusal counts as
+// a rejected decision.
+func (s *stack) decideFresh(a *approver, ref, decision string) decisionResult {
+	s.t.Helper()
+	var c challenge
+	code := s.httpJSON("POST", "/approver/v1/approvals/"+ref+"/challenge", "", map[string]any{"decision": decision}, &c)
+	if code != 200 && code != 201 {
+		return decisionResult{Reason: "challenge refused"}
+	}
+	return s.decide(ref, c, decision, a.sign(s.t, c))
+}
+
+func flipSignature(t *testing.T, assertion json.RawMessage) json.RawMessage {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(assertion, &m); err != nil {
+		t.Fatal(err)
+	}
+	resp := m["response"].(map[string]any)
+	sig := []byte(resp["signature"].(string))
+	if sig[10] == 'A' {
+		sig[10] = 'B'
+	} else {
+		sig[10] = 'A'
+	}
+	resp["signature"] = string(sig)
+	b, _ := json.Marshal(m)
+	return b
+}
+
+func TestPendingTaskSurvivesRestartAndRunsOnce(t *testing.T) {
+	dir := t.TempDir()
+	s := startStack(t, dir, 0)
+	alice := s.enroll("alice", "approvers")
+	task := s.createTask(s.agentToken, "transfer_funds", transferArgs)
+	ref := s.refOf(task.TaskID)
+	s.stop()
+
+	s2 := startStack(t, dir, s.port)
+	if s2.agentToken != s.agentToken {
+		t.Fatal("agent token changed across restart")
+	}
+	if d, r := s2.getTask(s2.agentToken, task.TaskID); r.Error != nil || d.Status != tasks.StatusWorking {
+		t.Fatalf("pending task after restart: %+v %+v", d, r.Error)
+	}
+	start := time.Now()
+	if r := s2.approve(alice, ref, "approve"); !r.Accepted {
+		t.Fatalf("approval after restart: %+v", r)
+	}
+	t.Logf("decision accepted after restart in %v", time.Since(start))
+	d := s2.waitTerminal(s2.agentToken, task.TaskID)
+	if disposition(d) != tasks.ApprovedExecuted {
+		t.Fatalf("after restart: %s", disposition(d))
+	}
+	t.Logf("approval → executed after restart: %v", time.Since(start))
+	if n := s2.transfers(); n != 1 {
+		t.Fatalf("transfers = %d, want exactly 1", n)
+	}
+}
+
+func TestApprovalExpires(t *testing.T) {
+	policy := t.TempDir()
+	// A policy whose approvals expire after one second.
+	rego := `package countersign.authz
+
+decision := {"effect": "requestable", "reason": "short-lived approval", "approver_group": "approvers",
+	"quorum": 1, "approval_ttl_seconds": 1, "authenticator_class": "platform"} if {
+	input.resource.id == "transfer_funds"
+	count(object.get(input.context, "approvals", [])) == 0
+}
+`
+	if err := os.WriteFile(filepath.Join(policy, "short.rego"), []byte(rego), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := startStackWithPolicy(t, policy)
+	task := s.createTask(s.agentToken, "transfer_funds", transferArgs)
+	d := s.waitTerminal(s.agentToken, task.TaskID)
+	if d.Status != tasks.StatusCompleted || disposition(d) != tasks.DeniedNotExecuted || !strings.Contains(strings.ToLower(resultText(t, d.Result)), "expired") {
+		t.Fatalf("want an expired denial, got %s/%s: %s", d.Status, disposition(d), d.Result)
+	}
+	if s.transfers() != 0 {
+		t.Fatal("expired transfer executed")
+	}
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, vet, unit tests (with the race detector
+# where the package does not link the Temporal server), and the end-to-end
+# tests against the real embedded Temporal and NATS. Run from the repo root:
+#   ./scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export GOTOOLCHAIN=local
+export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
+
+echo "== gofmt"
+bad=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.cache/*'))
+if [ -n "$bad" ]; then
+  echo "gofmt would change:"; echo "$bad"; exit 1
+fi
+
+echo "== go vet"
+go vet ./...
+
+# Packages that link the Temporal server are slow and memory-hungry to build
+# with -race; they run without it. Everything else runs with -race.
+light=()
+heavy=()
+for pkg in $(go list ./...); do
+  if go list -deps -test "$pkg" | grep -qx 'go.temporal.io/server/temporal'; then
+    heavy+=("$pkg")
+  else
+    light+=("$pkg")
+  fi
+done
+
+echo "== go test -race (${#light[@]} packages)"
+go test -race -count=1 "${light[@]}"
+
+echo "== go test, packages linking the Temporal server (${#heavy[@]} packages)"
+go test -count=1 -timeout 20m "${heavy[@]}"
