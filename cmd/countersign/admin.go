@@ -111,7 +111,7 @@ func runAdmin(ctx context.Context, args []string, stdout io.Writer) error {
 		fs.Var(&groups, "group", "approver group (repeatable)")
 	}
 	if err := fs.Parse(rest); err != nil {
-		return err
+		return parseError(err)
 	}
 	if name == "" && fs.NArg() > 0 {
 		name = fs.Arg(0)

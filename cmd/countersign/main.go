@@ -70,6 +70,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 type usageError struct{ msg string }
 
+// parseError turns a flag parsing failure into a usage error (exit 2); -h
+// stays flag.ErrHelp (exit 0).
+func parseError(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return usageError{err.Error()}
+}
+
 func (e usageError) Error() string { return e.msg }
 
 func newLogger(w io.Writer, level string) *slog.Logger {

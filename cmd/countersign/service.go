@@ -47,7 +47,7 @@ func runService(ctx context.Context, cmd string, args []string, stdout, stderr i
 	fs.BoolVar(&cfg.Conformance, "conformance", false, "serve /mcp WITHOUT authentication for conformance suites (loopback only)")
 	logLevel := fs.String("log-level", envOr("COUNTERSIGN_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return parseError(err)
 	}
 	if fs.NArg() > 0 {
 		return usageError{fmt.Sprintf("%s: unexpected argument %q", cmd, fs.Arg(0))}

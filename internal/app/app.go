@@ -61,6 +61,8 @@ type App struct {
 	log    *slog.Logger
 	out    io.Writer
 	closed atomic.Bool
+	stopBG context.CancelFunc
+	bgDone chan struct{}
 
 	nats     *natsrv.Server
 	temporal *devstack.Server
@@ -70,12 +72,13 @@ type App struct {
 	httpSrv  *http.Server
 	listener net.Listener
 
-	Store    *tasks.Store
-	Tokens   *authn.Tokens
-	Passkeys *passkey.Service
-	PDP      *pdp.Engine
-	Ledger   *gateway.Ledger
-	Tools    *gateway.Registry
+	Store        *tasks.Store
+	Orchestrator *tasks.Orchestrator
+	Tokens       *authn.Tokens
+	Passkeys     *passkey.Service
+	PDP          *pdp.Engine
+	Ledger       *gateway.Ledger
+	Tools        *gateway.Registry
 }
 
 // New starts every component the mode needs and returns once they are
@@ -148,7 +151,40 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 			return nil, err
 		}
 	}
+	if mode != ModeWorker {
+		a.startReconciler()
+	}
 	return a, nil
+}
+
+// Reconcile intervals: a task record older than reconcileGrace without a
+// workflow is an orphan of a crash during creation.
+const (
+	reconcileGrace    = time.Minute
+	reconcileInterval = 5 * time.Minute
+)
+
+// startReconciler fails orphaned task records at startup and then
+// periodically, until Shutdown.
+func (a *App) startReconciler() {
+	ctx, cancel := context.WithCancel(context.Background())
+	a.stopBG = cancel
+	a.bgDone = make(chan struct{})
+	go func() {
+		defer close(a.bgDone)
+		t := time.NewTicker(reconcileInterval)
+		defer t.Stop()
+		for {
+			if _, err := tasks.Reconcile(ctx, a.Store, a.Orchestrator, reconcileGrace, a.log); err != nil && ctx.Err() == nil {
+				a.log.Warn("reconcile orphaned tasks", "err", err)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
 }
 
 func (a *App) startNATS(ctx context.Context) error {
@@ -203,6 +239,7 @@ func (a *App) startTemporal(ctx context.Context) error {
 		return fmt.Errorf("connect to Temporal at %s: %w", hostPort, err)
 	}
 	a.tc = tc
+	a.Orchestrator = tasks.NewOrchestrator(tc)
 	return nil
 }
 
@@ -258,7 +295,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 		ServerID:               serverID,
 		PublicURL:              a.cfg.PublicURL,
 		Store:                  a.Store,
-		Orchestrator:           tasks.NewOrchestrator(a.tc),
+		Orchestrator:           a.Orchestrator,
 		PDP:                    a.PDP,
 		Tools:                  a.Tools,
 		Authenticate:           a.Tokens.Agent,
@@ -274,7 +311,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 	site, err := web.New(web.Options{
 		PublicURL:    a.cfg.PublicURL,
 		Store:        a.Store,
-		Orchestrator: tasks.NewOrchestrator(a.tc),
+		Orchestrator: a.Orchestrator,
 		Passkeys:     a.Passkeys,
 		Tokens:       a.Tokens,
 		Logger:       a.log,
@@ -339,6 +376,10 @@ func (a *App) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	var errs []error
+	if a.stopBG != nil {
+		a.stopBG()
+		<-a.bgDone
+	}
 	if a.httpSrv != nil {
 		if err := a.httpSrv.Shutdown(ctx); err != nil {
 			errs = append(errs, err)

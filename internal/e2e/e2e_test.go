@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countersign/countersign/internal/app"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -377,5 +379,32 @@ decision := {"effect": "requestable", "reason": "short-lived approval", "approve
 	}
 	if s.transfers() != 0 {
 		t.Fatal("expired transfer executed")
+	}
+}
+
+func TestOrphanedRecordIsFailed(t *testing.T) {
+	s := startStack(t, "", 0)
+	ctx := context.Background()
+	// A record whose workflow was never started: what a crash between the
+	// two steps of task creation leaves behind.
+	now := time.Now().UTC()
+	orphan := tasks.Record{
+		TaskID: tasks.NewID("tsk_"), Owner: app.DevAgentName, Era: tasks.Era2026, Status: tasks.StatusWorking,
+		CreatedAt: now.Add(-2 * time.Minute), LastUpdatedAt: now.Add(-2 * time.Minute), TTL: time.Hour,
+		Tool: "transfer_funds", ApprovalRef: tasks.NewID("apr_"), ApprovalState: tasks.ApprovalPending,
+	}
+	if err := s.app.Store.Create(ctx, orphan); err != nil {
+		t.Fatal(err)
+	}
+	live := s.createTask(s.agentToken, "transfer_funds", map[string]any{"to": "acct-live", "amount": 2000, "currency": "USD"})
+	n, err := tasks.Reconcile(ctx, s.app.Store, s.app.Orchestrator, time.Minute, nil)
+	if err != nil || n != 1 {
+		t.Fatalf("reconcile: %d %v", n, err)
+	}
+	if d, _ := s.getTask(s.agentToken, orphan.TaskID); d.Status != tasks.StatusFailed || d.Error == nil {
+		t.Fatalf("orphan: %+v", d)
+	}
+	if d, _ := s.getTask(s.agentToken, live.TaskID); d.Status != tasks.StatusWorking {
+		t.Fatalf("live task touched: %s", d.Status)
 	}
 }

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/countersign/countersign/internal/app"
+)
+
+func startDev(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	a, err := app.New(ctx, app.Config{DataDir: dir, Addr: fmt.Sprintf("127.0.0.1:%d", port), SQLiteSync: "NORMAL"}, app.ModeDev, nil, io.Discard)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return dir
+}
+
+func runCLI(args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestAdminCommands(t *testing.T) {
+	dir := startDev(t)
+
+	code, out, stderr := runCLI("approvers", "add", "carol", "--group", "approvers", "--data-dir", dir)
+	if code != 0 || !strings.Contains(out, "/enroll/") {
+		t.Fatalf("approvers add: exit %d, out %q, err %q", code, out, stderr)
+	}
+	code, out, stderr = runCLI("agents", "add", "ci-bot", "--data-dir", dir)
+	if code != 0 || !strings.Contains(out, "csag_") {
+		t.Fatalf("agents add: exit %d, out %q, err %q", code, out, stderr)
+	}
+	// The same agent name twice is refused with the server's reason.
+	code, _, stderr = runCLI("agents", "add", "ci-bot", "--data-dir", dir)
+	if code != 1 || stderr == "" {
+		t.Fatalf("duplicate agent: exit %d, err %q", code, stderr)
+	}
+	code, out, _ = runCLI("approvals", "list", "--data-dir", dir)
+	if code != 0 || !strings.Contains(out, "No pending approvals") {
+		t.Fatalf("approvals list: exit %d, out %q", code, out)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no command", nil, 2, "Usage"},
+		{"unknown command", []string{"frobnicate"}, 2, "unknown command"},
+		{"approver without group", []string{"approvers", "add", "x", "--data-dir", t.TempDir()}, 1, "admin token"},
+		{"no admin token", []string{"approvals", "list", "--data-dir", t.TempDir()}, 1, "admin token"},
+		{"bad flag", []string{"dev", "--no-such-flag"}, 2, "flag provided but not defined"},
+		{"stray argument", []string{"dev", "extra"}, 2, "unexpected argument"},
+		{"non-loopback conformance", []string{"dev", "--conformance", "--addr", "0.0.0.0:0", "--data-dir", t.TempDir()}, 1, "loopback"},
+		{"insecure public url", []string{"dev", "--public-url", "http://example.com", "--data-dir", t.TempDir()}, 1, "https"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, stderr := runCLI(tc.args...)
+			if code != tc.code || !strings.Contains(out+stderr, tc.want) {
+				t.Fatalf("exit %d (want %d), output %q, want it to mention %q", code, tc.code, out+stderr, tc.want)
+			}
+		})
+	}
+}
+
+func TestApproversAddNeedsGroup(t *testing.T) {
+	dir := startDev(t)
+	code, _, stderr := runCLI("approvers", "add", "dave", "--data-dir", dir)
+	if code != 2 || !strings.Contains(stderr, "--group") {
+		t.Fatalf("exit %d, err %q", code, stderr)
+	}
+}
