@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/url"
 	"strings"
 
 	"go.temporal.io/sdk/temporal"
 
+	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/internal/canon"
 	"github.com/countersign/countersign/passkey"
@@ -26,10 +28,13 @@ type Activities struct {
 	PDP      *pdp.Engine
 	Passkeys *passkey.Service
 	Tools    *gateway.Registry
-	// Notifier tells approvers about new tasks; nil notifies nobody.
+	// Notifier tells approvers about new tasks and how they go on (a
+	// [Fanout] composes several); nil notifies nobody.
 	Notifier Notifier
 	// PublicURL is the approver site's base URL, e.g. https://approve.example.com.
 	PublicURL string
+	// Audit writes the tasks' signed audit chains; nil records nothing.
+	Audit *audit.Log
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -98,6 +103,10 @@ func (a *Activities) RecordState(ctx context.Context, in RecordStateInput) error
 		r.StatusMessage = in.StatusMessage
 		r.ApprovalState = in.ApprovalState
 		r.Approvals = in.Approvals
+		if in.Status != "" && !in.Status.Terminal() {
+			r.Status = in.Status
+			r.InputRequests = in.InputRequests
+		}
 		appendEvent(r, in.Event)
 		return nil
 	})
@@ -122,6 +131,30 @@ func (a *Activities) Notify(ctx context.Context, in NotifyInput) error {
 	}
 	if err := a.Notifier.ApprovalRequested(ctx, r, a.approveURL(r.ApprovalRef)); err != nil {
 		return fmt.Errorf("activities: notify %s: %w", in.TaskID, err)
+	}
+	return nil
+}
+
+// NotifyUpdate tells the notifiers that the task moved on (an accepted
+// approval, or its end). It reads the record when it runs, so it reports the
+// newest state.
+func (a *Activities) NotifyUpdate(ctx context.Context, in NotifyUpdateInput) error {
+	if err := checkVersion(in.Version); err != nil {
+		return err
+	}
+	if in.Kind != NotifyProgress && in.Kind != NotifyResolved {
+		return temporal.NewNonRetryableApplicationError(
+			fmt.Sprintf("activities: unknown notification kind %q", in.Kind), ErrTypeInvalidInput, nil)
+	}
+	if a.Notifier == nil {
+		return nil
+	}
+	r, err := a.Tasks.Get(ctx, in.TaskID)
+	if err != nil {
+		return storeError("notify update", in.TaskID, err)
+	}
+	if err := a.Notifier.ApprovalUpdated(ctx, r, a.approveURL(r.ApprovalRef)); err != nil {
+		return fmt.Errorf("activities: notify %s %s: %w", in.Kind, in.TaskID, err)
 	}
 	return nil
 }
@@ -169,6 +202,11 @@ func (a *Activities) VerifyDecision(ctx context.Context, in VerifyDecisionInput)
 		ApproverID:   v.ApproverID,
 		ApproverName: v.ApproverName,
 		CredentialID: v.CredentialID,
+		Assertion: &Assertion{
+			CredentialID: v.CredentialID, PublicKey: v.PublicKey, ChallengeID: v.ChallengeID,
+			AuthenticatorData: v.AuthenticatorData, ClientDataJSON: v.ClientDataJSON,
+			Signature: v.Signature, SignCount: v.SignCount,
+		},
 	}, nil
 }
 
@@ -257,11 +295,18 @@ func (a *Activities) ExecuteTool(ctx context.Context, in ExecuteToolInput) (Exec
 		IdempotencyKey: env.TaskID,
 		Principal:      env.Principal,
 		Arguments:      env.Arguments,
+		Inputs:         env.InputResponses,
 	})
 	if err != nil {
 		if errors.Is(err, gateway.ErrUnknownTool) {
 			return ExecuteToolOutput{}, temporal.NewNonRetryableApplicationError(
 				"activities: tool "+env.Tool+" is not available", ErrTypeUnknownTool, err)
+		}
+		var pe *gateway.ProtocolError
+		if errors.As(err, &pe) {
+			// The tool refused with a protocol error: it did not act.
+			return ExecuteToolOutput{}, temporal.NewNonRetryableApplicationError(
+				pe.Message, ErrTypeToolProtocolError, nil, pe.Code)
 		}
 		return ExecuteToolOutput{}, fmt.Errorf("activities: execute %s: %w", env.TaskID, err)
 	}
@@ -282,9 +327,26 @@ func (a *Activities) Complete(ctx context.Context, in CompleteInput) error {
 		return temporal.NewNonRetryableApplicationError(
 			fmt.Sprintf("activities: complete with non-terminal status %q", in.Status), ErrTypeInvalidInput, nil)
 	}
+	receipt, err := a.sealAudit(ctx, in)
+	if err != nil {
+		return err
+	}
 	var result json.RawMessage
 	if in.Status == tasks.StatusCompleted {
-		b, err := json.Marshal(tasks.Outcome(in.Disposition, in.Tool, in.Detail, in.ToolResult))
+		out := tasks.Outcome(in.Disposition, in.Tool, in.Detail, in.ToolResult)
+		if in.Disposition == "" && in.ToolResult != nil {
+			// An unattended task (workflows.ChangeUnattended): nothing was
+			// approved, so its result is the tool's own, as is.
+			out = *in.ToolResult
+			out.Meta = maps.Clone(out.Meta)
+			if out.Meta == nil {
+				out.Meta = map[string]any{}
+			}
+		}
+		if receipt != nil {
+			out.Meta[audit.MetaKey] = receipt
+		}
+		b, err := json.Marshal(out)
 		if err != nil {
 			// The tool's content is not valid JSON: keep the disposition,
 			// drop what cannot be stored.
@@ -293,7 +355,7 @@ func (a *Activities) Complete(ctx context.Context, in CompleteInput) error {
 		}
 		result = b
 	}
-	_, err := a.Tasks.Update(ctx, in.TaskID, func(r *tasks.Record) error {
+	_, err = a.Tasks.Update(ctx, in.TaskID, func(r *tasks.Record) error {
 		r.Status = in.Status
 		r.StatusMessage = in.StatusMessage
 		r.Disposition = in.Disposition

@@ -335,7 +335,7 @@ func TestVerifyDecisionMapsPasskeyVerdicts(t *testing.T) {
 		Response: alice.sign(ch), ConsumerKey: "update-1"}
 	want := activities.VerifyDecisionOutput{Version: activities.Version, Accepted: true,
 		ApproverID: alice.ID, ApproverName: "alice"}
-	ignoreCred := cmp.FilterPath(func(p cmp.Path) bool { return p.String() == "CredentialID" }, cmp.Ignore())
+	ignoreCred := cmp.FilterPath(func(p cmp.Path) bool { return p.String() == "CredentialID" || p.String() == "Assertion" }, cmp.Ignore())
 
 	t.Run("valid assertion", func(t *testing.T) {
 		out, err := w.verify(t, good)
@@ -347,6 +347,10 @@ func TestVerifyDecisionMapsPasskeyVerdicts(t *testing.T) {
 		}
 		if out.CredentialID == "" {
 			t.Error("no credential id")
+		}
+		if a := out.Assertion; a == nil || a.CredentialID != out.CredentialID || len(a.PublicKey) == 0 ||
+			len(a.AuthenticatorData) < 37 || len(a.ClientDataJSON) == 0 || len(a.Signature) == 0 || a.ChallengeID != ch.ID {
+			t.Errorf("assertion for the audit record: %+v", out.Assertion)
 		}
 	})
 	t.Run("retried activity, same consumer key", func(t *testing.T) {

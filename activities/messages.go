@@ -25,6 +25,9 @@ const (
 	ErrTypeEnvelopeMismatch = "envelope_mismatch"
 	// ErrTypeUnknownTool: the tool is not in the registry. Nothing ran.
 	ErrTypeUnknownTool = "unknown_tool"
+	// ErrTypeToolProtocolError: the tool failed with a protocol error
+	// (gateway.ProtocolError) and did not act; details: the JSON-RPC code.
+	ErrTypeToolProtocolError = "tool_protocol_error"
 	// ErrTypeInvalidVerification: the verification request itself is invalid
 	// (not the evidence: evidence problems are a rejected output).
 	ErrTypeInvalidVerification = "invalid_verification_request"
@@ -51,6 +54,12 @@ type RecordStateInput struct {
 	ApprovalState tasks.ApprovalState   `json:"approvalState"`
 	Approvals     []tasks.ApprovalEntry `json:"approvals,omitempty"`
 	Event         tasks.Event           `json:"event"`
+
+	// Status, when set, is the task's non-terminal status (an unattended
+	// task moves between input_required and working); InputRequests are
+	// then its unanswered input requests. Empty leaves both unchanged.
+	Status        tasks.Status               `json:"status,omitempty"`
+	InputRequests map[string]json.RawMessage `json:"inputRequests,omitempty"`
 }
 
 // NotifyInput asks for the approvers to be told about a pending task.
@@ -84,6 +93,8 @@ type VerifyDecisionOutput struct {
 	ApproverID   string `json:"approverId,omitempty"`
 	ApproverName string `json:"approverName,omitempty"`
 	CredentialID string `json:"credentialId,omitempty"`
+	// Assertion is the accepted evidence, for the audit record.
+	Assertion *Assertion `json:"assertion,omitempty"`
 }
 
 // ReevaluateInput re-evaluates the held call under the current policy with
@@ -135,4 +146,7 @@ type CompleteInput struct {
 	ApprovalState tasks.ApprovalState   `json:"approvalState"`
 	Approvals     []tasks.ApprovalEntry `json:"approvals,omitempty"`
 	Event         tasks.Event           `json:"event"`
+	// Audit seals the task's audit chain (Event.Kind is the terminal step)
+	// and puts the outcome record's receipt in the result's _meta.
+	Audit bool `json:"audit,omitempty"`
 }

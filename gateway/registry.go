@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
 
@@ -34,6 +35,9 @@ type Call struct {
 	IdempotencyKey string
 	Principal      string
 	Arguments      json.RawMessage
+	// Inputs are the client's answers to InputRequests (a JSON object keyed
+	// by request ID), or empty.
+	Inputs json.RawMessage
 }
 
 // Tool is a backend tool.
@@ -45,6 +49,26 @@ type Tool struct {
 	OutputSchema json.RawMessage
 	// ReadOnly marks tools that never change anything.
 	ReadOnly bool
+	// Async marks a long-running tool: when policy allows a call and the
+	// client can hold a task, the call becomes a task that the approval
+	// workflow runs without approval, after Delay(arguments). A zero delay
+	// (or a client that cannot hold a task) runs the call at once.
+	Async bool
+	// Delay is how long an Async call waits, cancellable, before it runs.
+	Delay func(args json.RawMessage) time.Duration
+	// TaskRequired: the tool can only be called as a task; a client that
+	// cannot hold one gets an error, not a result.
+	TaskRequired bool
+	// InputRequests are the input requests (SEP-2322 MRTR, keyed by request
+	// ID, each {"method", "params"}) a call needs answered by the client
+	// before it runs. Honoured only for calls policy allows: answers are not
+	// covered by the action hash, so an approval could not vouch for them.
+	InputRequests func(args json.RawMessage) map[string]json.RawMessage
+	// TaskInputRequests are input requests an Async tool's TASK asks once it
+	// exists: the task waits in input_required until the client answers them
+	// all with tasks/update (2026-07-28), then runs with the answers.
+	// Honoured only for calls policy allows, like InputRequests.
+	TaskInputRequests func(args json.RawMessage) map[string]json.RawMessage
 	// Describe renders the approver-facing display text of a call. It must
 	// describe the arguments accurately: it is what the approver signs for.
 	Describe func(args json.RawMessage) string

@@ -3,6 +3,7 @@ package mcpserver
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -42,6 +43,16 @@ func (s *Server) callTool(ctx context.Context, info *callInfo, p *mcp.CallToolPa
 	if err := s.opts.Tools.Validate(tool.Name, args); err != nil {
 		return nil, err
 	}
+	if tool.TaskRequired && !clientHoldsTask(info, tool) {
+		// The tool can only run as a task and this request cannot hold
+		// one: an error before policy runs, nothing stored (SEP-2663 for
+		// 2026-07-28; the 2025-11-25 tools text for taskSupport
+		// "required").
+		if info.era == tasks.Era2026 {
+			return nil, missingTasksCapability()
+		}
+		return nil, &rpcError{code: codeMethodNotFound, msg: fmt.Sprintf("Tool %s must be called as a task (execution.taskSupport is \"required\")", tool.Name)}
+	}
 	hash, err := canon.Hash(tool.Name, args, s.opts.ServerID)
 	if err != nil {
 		return nil, invalidParams("Invalid arguments: not valid JSON")
@@ -61,8 +72,36 @@ func (s *Server) callTool(ctx context.Context, info *callInfo, p *mcp.CallToolPa
 		"action_hash", hash.String(), "decision", d.Effect, "policy_version", d.PolicyVersion)
 
 	c := &gatedCall{info: info, tool: tool, args: args, hash: hash, decision: d, now: now}
+	if d.Effect == pdp.EffectAllow && tool.InputRequests != nil {
+		// SEP-2322 MRTR: the tool needs the client's answers first. Only
+		// for allowed calls: the answers are not in the action hash.
+		inputs, ask, err := gatherInputs(info, tool, args, p.InputResponses)
+		if err != nil || ask != nil {
+			return ask, err
+		}
+		c.inputs = inputs
+	}
 	if d.Effect == pdp.EffectRequestable {
 		return s.requestApproval(ctx, c)
+	}
+	// A long-running tool: a task run by the workflow for a client that can
+	// hold one (see doc.go), else the call waits its delay here and runs.
+	var delay time.Duration
+	if d.Effect == pdp.EffectAllow && tool.Async {
+		delay = asyncDelay(tool, args)
+		if tool.TaskInputRequests != nil {
+			c.taskInputs = tool.TaskInputRequests(args)
+		}
+		if len(c.taskInputs) > 0 && (info.era != tasks.Era2026 || !c.canHoldTask()) {
+			return nil, invalidParams(fmt.Sprintf("Tool %s runs as a task that asks for input: call it with the tasks extension (protocol 2026-07-28)", tool.Name))
+		}
+		if (delay > 0 || len(c.taskInputs) > 0) && c.canHoldTask() {
+			msg := "Running: " + tool.Name + " starts in " + delay.String()
+			if len(c.taskInputs) > 0 {
+				msg = fmt.Sprintf("Waiting for the client's input (%d request(s))", len(c.taskInputs))
+			}
+			return s.startTask(ctx, c, asyncRequirement(delay), msg)
+		}
 	}
 	// A 2025-11-25 client that asked for a task gets one even for a call
 	// decided at once: TypeScript SDK 1.x rejects anything but a
@@ -72,8 +111,20 @@ func (s *Server) callTool(ctx context.Context, info *callInfo, p *mcp.CallToolPa
 		return newToolResult(info.era, tasks.Outcome(tasks.DeniedNotExecuted, tool.Name, reasonTaskRate, nil)), nil
 	}
 	var result tasks.CallToolResult
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
 	if d.Effect == pdp.EffectAllow {
 		result = s.execute(ctx, c)
+		if c.protocolErr != nil {
+			return nil, &rpcError{code: c.protocolErr.Code, msg: c.protocolErr.Message}
+		}
 	} else {
 		// A policy denial is a tool result, not a JSON-RPC error: see doc.go.
 		result = tasks.Outcome(tasks.DeniedNotExecuted, tool.Name, "Denied by policy: "+d.Reason, nil)
@@ -92,6 +143,72 @@ type gatedCall struct {
 	hash     canon.ActionHash
 	decision pdp.Decision
 	now      time.Time
+	// protocolErr is set by execute when the tool failed with a protocol
+	// error (it did not act): the caller gets a JSON-RPC error.
+	protocolErr *gateway.ProtocolError
+	// inputs are the client's answers to the tool's input requests.
+	inputs json.RawMessage
+	// taskInputs are the input requests the call's task asks first.
+	taskInputs map[string]json.RawMessage
+}
+
+// gatherInputs returns the answers to the tool's input requests, or, when
+// some are missing, the InputRequiredResult that asks for them (SEP-2322,
+// 2026-07-28 only). Countersign keeps no requestState: a request is asked
+// again until the call that answers it arrives.
+func gatherInputs(info *callInfo, tool gateway.Tool, args json.RawMessage, got mcp.InputResponseMap) (json.RawMessage, mcp.Result, error) {
+	requests := tool.InputRequests(args)
+	if len(requests) == 0 {
+		return nil, nil, nil
+	}
+	if info.era != tasks.Era2026 {
+		return nil, nil, invalidParams(fmt.Sprintf("Tool %s needs input from the client first (input requests, protocol 2026-07-28)", tool.Name))
+	}
+	missing := map[string]json.RawMessage{}
+	answers := map[string]mcp.InputResponse{}
+	for id, req := range requests {
+		if r, ok := got[id]; ok && r != nil {
+			answers[id] = r
+		} else {
+			missing[id] = req
+		}
+	}
+	if len(missing) > 0 {
+		return nil, &inputRequiredResult{ResultType: resultTypeInputRequired, InputRequests: missing}, nil
+	}
+	b, err := json.Marshal(answers)
+	if err != nil {
+		return nil, nil, invalidParams("Invalid params: inputResponses")
+	}
+	return b, nil, nil
+}
+
+// clientHoldsTask reports whether the request can receive a task for tool,
+// whatever policy decides.
+func clientHoldsTask(info *callInfo, tool gateway.Tool) bool {
+	c := &gatedCall{info: info, tool: tool}
+	return c.canHoldTask()
+}
+
+// asyncDelay is how long an Async tool's call waits before it runs.
+func asyncDelay(tool gateway.Tool, args json.RawMessage) time.Duration {
+	if tool.Delay == nil {
+		return 0
+	}
+	return max(tool.Delay(args), 0)
+}
+
+// asyncRequirement is the requirement of an allowed call to an Async tool:
+// no approver group and quorum 0, so the workflow waits until the expiry
+// (now + delay), cancellably, then re-evaluates policy and runs the call.
+// Policy can never ask for this (pdp rejects quorum 0); only an allowed call
+// to an Async tool gets it.
+func asyncRequirement(delay time.Duration) tasks.Requirement {
+	return tasks.Requirement{
+		Quorum: 0,
+		TTL:    delay,
+		Reason: "allowed by policy; runs asynchronously without approval",
+	}
 }
 
 // legacyTaskAugmented reports a 2025-11-25 call that asked for a task on a
@@ -123,7 +240,14 @@ func (s *Server) execute(ctx context.Context, c *gatedCall) (res tasks.CallToolR
 		IdempotencyKey: tasks.NewID("call_"),
 		Principal:      c.info.principal,
 		Arguments:      c.args,
+		Inputs:         c.inputs,
 	})
+	var pe *gateway.ProtocolError
+	if errors.As(err, &pe) {
+		s.log.WarnContext(ctx, "mcpserver: tool failed with a protocol error", "tool", c.tool.Name, "code", pe.Code)
+		c.protocolErr = pe
+		return tasks.CallToolResult{}
+	}
 	if err != nil {
 		s.log.ErrorContext(ctx, "mcpserver: tool call outcome unknown", "tool", c.tool.Name, "action_hash", c.hash.String(), "err", err)
 		return tasks.Outcome(tasks.OutcomeUnknown, c.tool.Name, "", nil)
@@ -171,6 +295,25 @@ func (s *Server) requestApproval(ctx context.Context, c *gatedCall) (mcp.Result,
 		Reason:             d.Reason,
 		SlackChannel:       d.SlackChannel,
 	}
+	return s.createTask(ctx, c, taskID, dedupKey, req, "Awaiting approval: "+d.Reason)
+}
+
+// startTask creates a task for an allowed call to an Async tool: no dedup
+// (two identical jobs are two jobs), the same limits, record and workflow as
+// an approval.
+func (s *Server) startTask(ctx context.Context, c *gatedCall, req tasks.Requirement, statusMessage string) (mcp.Result, error) {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	if reason, ok := s.admit(ctx, c.info.principal, c.now); !ok {
+		return newToolResult(c.info.era, tasks.Outcome(tasks.DeniedNotExecuted, c.tool.Name, reason, nil)), nil
+	}
+	return s.createTask(ctx, c, tasks.NewID("tsk_"), "", req, statusMessage)
+}
+
+// createTask writes the task record, then starts its workflow. On failure
+// the record and the dedup slot (if any) are released.
+func (s *Server) createTask(ctx context.Context, c *gatedCall, taskID, dedupKey string, req tasks.Requirement, statusMessage string) (mcp.Result, error) {
+	info, name, d := c.info, c.tool.Name, c.decision
 	env := tasks.Envelope{
 		Version:       tasks.EnvelopeVersion,
 		TaskID:        taskID,
@@ -182,16 +325,23 @@ func (s *Server) requestApproval(ctx context.Context, c *gatedCall) (mcp.Result,
 		ServerID:      s.opts.ServerID,
 		PolicyVersion: d.PolicyVersion,
 		CreatedAt:     c.now,
+		// Only unattended tasks have inputs (see gatherInputs).
+		InputResponses: c.inputs,
+	}
+	status := tasks.StatusWorking
+	if len(c.taskInputs) > 0 {
+		status = tasks.StatusInputRequired
 	}
 	rec := tasks.Record{
+		InputRequests: c.taskInputs,
 		TaskID:        taskID,
 		Owner:         info.principal,
 		Era:           info.era,
-		Status:        tasks.StatusWorking,
-		StatusMessage: "Awaiting approval: " + d.Reason,
+		Status:        status,
+		StatusMessage: statusMessage,
 		CreatedAt:     c.now,
 		LastUpdatedAt: c.now,
-		TTL:           d.ApprovalTTL + s.opts.ResultRetention,
+		TTL:           req.TTL + s.opts.ResultRetention,
 		PollInterval:  s.opts.PollInterval,
 		Tool:          name,
 		Arguments:     c.args,
@@ -199,24 +349,28 @@ func (s *Server) requestApproval(ctx context.Context, c *gatedCall) (mcp.Result,
 		DisplayText:   s.opts.Tools.Describe(name, c.args),
 		ApprovalRef:   tasks.NewID("apr_"),
 		Requirement:   req,
-		ExpiresAt:     c.now.Add(d.ApprovalTTL),
+		ExpiresAt:     c.now.Add(req.TTL),
 		ApprovalState: tasks.ApprovalPending,
-		Timeline:      []tasks.Event{{At: c.now, Kind: "requested", Detail: d.Reason}},
+		Timeline:      []tasks.Event{{At: c.now, Kind: "requested", Detail: req.Reason}},
 		DedupKey:      dedupKey,
 	}
 	// The record exists before the workflow, so a tasks/get for the ID we
 	// return always resolves (SEP-2663 strong consistency at creation).
 	if err := s.opts.Store.Create(ctx, rec); err != nil {
-		s.opts.Store.ReleaseDedup(ctx, dedupKey, taskID)
+		if dedupKey != "" {
+			s.opts.Store.ReleaseDedup(ctx, dedupKey, taskID)
+		}
 		return nil, internal(err)
 	}
-	err = s.opts.Orchestrator.Start(ctx, tasks.ApprovalInput{
+	err := s.opts.Orchestrator.Start(ctx, tasks.ApprovalInput{
 		Version:     tasks.ApprovalInputVersion,
 		Envelope:    env,
 		Requirement: req,
 		ApprovalRef: rec.ApprovalRef,
 		DisplayText: rec.DisplayText,
 		ExpiresAt:   rec.ExpiresAt,
+		// Only unattended tasks ask for input (see doc.go).
+		InputRequests: c.taskInputs,
 	})
 	if err != nil {
 		if derr := s.opts.Store.Delete(context.WithoutCancel(ctx), rec); derr != nil {
@@ -225,7 +379,7 @@ func (s *Server) requestApproval(ctx context.Context, c *gatedCall) (mcp.Result,
 		return nil, internal(err)
 	}
 	s.log.InfoContext(ctx, "mcpserver: approval requested", "task_id", taskID, "tool", name, "principal", info.principal,
-		"action_hash", c.hash.String(), "approver_group", d.ApproverGroup, "quorum", d.Quorum)
+		"action_hash", c.hash.String(), "approver_group", req.Group, "quorum", req.Quorum)
 	return s.createTaskResult(info, rec), nil
 }
 
@@ -303,6 +457,9 @@ func (s *Server) createTaskResult(info *callInfo, rec tasks.Record) mcp.Result {
 func immediateResponse(rec tasks.Record) string {
 	if rec.Status.Terminal() {
 		return fmt.Sprintf("The call to %s has been decided. Read task %s for its result, which states whether the call ran.", rec.Tool, rec.TaskID)
+	}
+	if rec.Requirement.Quorum == 0 {
+		return fmt.Sprintf("The call to %s runs asynchronously, without approval. Poll task %s for its result; do not repeat the call.", rec.Tool, rec.TaskID)
 	}
 	return fmt.Sprintf("The call to %s has NOT run. It is waiting for human approval (%s) and runs only if approved. Poll task %s for the outcome; do not repeat the call.",
 		rec.Tool, rec.Requirement.Reason, rec.TaskID)

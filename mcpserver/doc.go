@@ -60,6 +60,38 @@
 // SEP-2663 allows a non-working seed status, the 2025-11-25 text says tasks
 // begin working, and no client we know checks.)
 //
+// # Asynchronous tools, required tasks and input requests
+//
+// Three properties of a gateway.Tool change the pipeline (the conformance
+// fixtures of `countersign dev --conformance` use them):
+//
+//   - TaskRequired: a client that cannot hold a task gets -32021 with
+//     data.requiredCapabilities (2026-07-28) or -32601 (2025-11-25, whose
+//     tools/list shows execution.taskSupport "required"), before policy runs.
+//   - Async with Delay: when policy ALLOWS the call and Delay(arguments) > 0,
+//     a client that can hold a task gets one: the same record and approval
+//     workflow, with an "unattended" requirement (no group, quorum 0; pdp
+//     rejects quorum 0 from policy, so only this path creates one). The
+//     workflow waits until ExpiresAt = now + delay (tasks/cancel meanwhile
+//     ends it cancelled), re-evaluates policy and runs the tool once; the
+//     task's result is the tool's own, without a disposition. No dedup: two
+//     identical jobs are two jobs; the rate and pending limits apply. Other
+//     clients wait the delay in the request and get the result inline.
+//   - InputRequests (2026-07-28, SEP-2322 MRTR): for an allowed call whose
+//     request lacks answers, the answer is an InputRequiredResult
+//     (resultType "input_required", no requestState); the call that carries
+//     every answer proceeds, and the answers reach the tool
+//     (gateway.Call.Inputs; Envelope.InputResponses for a task). Never for a
+//     requestable call: the answers are not in the action hash.
+//   - TaskInputRequests (2026-07-28, SEP-2663 + SEP-2322): the unattended
+//     task of an allowed call starts input_required with these requests
+//     (tasks/get shows inputRequests); tasks/update answers them (partial
+//     answers leave the rest pending); once all are answered the workflow
+//     waits the delay and runs the tool with the answers.
+//
+// A tool that fails with gateway.ProtocolError did not act: inline, the
+// caller gets that JSON-RPC error; in a task, the task ends failed.
+//
 // # Why a policy denial is a tool result, not a JSON-RPC error
 //
 // A denial is the outcome of a well-formed call, not a protocol failure: the
@@ -147,8 +179,10 @@
 // # Task methods
 //
 // 2026-07-28 (SEP-2663): tasks/get returns the detailed task, result inline
-// once completed; tasks/update acknowledges (Countersign never asks the
-// client for input); tasks/cancel acknowledges and asks the workflow to
+// once completed; tasks/update delivers inputResponses to an input_required
+// task's workflow and acknowledges once they are recorded (unknown request
+// IDs and tasks that do not wait are acknowledged and ignored; only
+// unattended tasks ever ask); tasks/cancel acknowledges and asks the workflow to
 // cancel (eventually consistent; tasks/get shows the outcome).
 //
 // 2025-11-25: tasks/get returns the task; tasks/result blocks until the task

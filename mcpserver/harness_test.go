@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -60,20 +61,25 @@ func TestMain(m *testing.M) {
 	if env != nil {
 		env.close()
 	}
+	if confEnv != nil {
+		confEnv.close()
+	}
 	os.Exit(code)
 }
 
 // sharedEnv starts the environment on first use.
 func sharedEnv(tb testing.TB) *testEnv {
 	tb.Helper()
-	envOnce.Do(func() { env, envErr = startEnv() })
+	envOnce.Do(func() { env, envErr = startEnv(false) })
 	if envErr != nil {
 		tb.Fatalf("test environment: %v", envErr)
 	}
 	return env
 }
 
-func startEnv() (e *testEnv, err error) {
+// startEnv starts an environment; conformance adds the conformance fixture
+// tools and policy (what `countersign dev --conformance` serves).
+func startEnv(conformance bool) (e *testEnv, err error) {
 	e = &testEnv{}
 	defer func() {
 		if err != nil {
@@ -100,10 +106,19 @@ func startEnv() (e *testEnv, err error) {
 	if e.ledger, err = gateway.NewLedger(ctx, js); err != nil {
 		return nil, err
 	}
-	if e.tools, err = gateway.NewRegistry(gateway.DemoTools(e.ledger)...); err != nil {
+	tools := gateway.DemoTools(e.ledger)
+	policyDir := ""
+	if conformance {
+		tools = append(tools, gateway.ConformanceTools()...)
+		policyDir = filepath.Join(e.dir, "policy")
+		if err := pdp.WriteConformancePolicy(policyDir); err != nil {
+			return nil, err
+		}
+	}
+	if e.tools, err = gateway.NewRegistry(tools...); err != nil {
 		return nil, err
 	}
-	if e.engine, err = pdp.New(ctx, pdp.Options{}); err != nil {
+	if e.engine, err = pdp.New(ctx, pdp.Options{Dir: policyDir}); err != nil {
 		return nil, err
 	}
 	quiet := sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler))

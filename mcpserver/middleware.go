@@ -167,6 +167,8 @@ func (s *Server) legacyToolList(r *mcp.ListToolsResult) *legacyListToolsResult {
 		lt.Execution.TaskSupport = taskSupportOptional
 		if gt, ok := s.opts.Tools.Lookup(t.Name); !ok || gt.ReadOnly {
 			lt.Execution.TaskSupport = taskSupportForbidden
+		} else if gt.TaskRequired {
+			lt.Execution.TaskSupport = taskSupportRequired
 		}
 		out.Tools = append(out.Tools, lt)
 	}

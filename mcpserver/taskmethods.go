@@ -26,6 +26,8 @@ const listPageSize = 50
 type taskParams struct {
 	mcp.ParamsBase
 	TaskID string `json:"taskId"`
+	// InputResponses answer an input_required task (tasks/update).
+	InputResponses json.RawMessage `json:"inputResponses,omitempty"`
 }
 
 // listParams are the params of tasks/list.
@@ -166,11 +168,27 @@ func (s *Server) tasksResult(ctx context.Context, info *callInfo, p *taskParams)
 	return out, nil
 }
 
-// tasksUpdate acknowledges SEP-2663 tasks/update. Countersign never asks a
-// client for input, so there is nothing to apply.
+// tasksUpdate is SEP-2663 tasks/update: answers for an input_required task
+// (only unattended tasks ask their client for input; see doc.go) go to its
+// workflow, which records them before this acknowledges, so the next
+// tasks/get shows what is still pending. Answers to unknown request IDs, or
+// for a task that no longer waits, are acknowledged and ignored.
 func (s *Server) tasksUpdate(ctx context.Context, info *callInfo, p *taskParams) (mcp.Result, error) {
-	if _, err := s.lookup(ctx, info, p.TaskID); err != nil {
+	rec, err := s.lookup(ctx, info, p.TaskID)
+	if err != nil {
 		return nil, err
+	}
+	var responses map[string]json.RawMessage
+	if len(p.InputResponses) > 0 && string(p.InputResponses) != "null" {
+		if err := json.Unmarshal(p.InputResponses, &responses); err != nil {
+			return nil, invalidParams("Invalid params: inputResponses must be an object")
+		}
+	}
+	if rec.Status == tasks.StatusInputRequired && len(responses) > 0 {
+		_, err := s.opts.Orchestrator.ProvideInput(ctx, rec.TaskID, tasks.InputUpdate{Responses: responses})
+		if err != nil && !cancelSettled(err) {
+			return nil, internal(err)
+		}
 	}
 	return &ackResult{ResultType: resultTypeComplete}, nil
 }

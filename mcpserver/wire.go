@@ -16,9 +16,18 @@ import (
 // "task" alone.
 
 const (
-	resultTypeComplete = "complete"
-	resultTypeTask     = "task"
+	resultTypeComplete      = "complete"
+	resultTypeTask          = "task"
+	resultTypeInputRequired = "input_required"
 )
+
+// inputRequiredResult is the SEP-2322 InputRequiredResult of a tools/call
+// whose tool needs the client's answers first. It carries no requestState.
+type inputRequiredResult struct {
+	mcp.ResultBase
+	ResultType    string                     `json:"resultType"`
+	InputRequests map[string]json.RawMessage `json:"inputRequests"`
+}
 
 // toolResult is a CallToolResult in either era. Content blocks stay raw so
 // a tool's result goes out exactly as the tool produced it.
@@ -152,6 +161,7 @@ type legacyInitializeResult struct {
 const (
 	taskSupportForbidden = "forbidden"
 	taskSupportOptional  = "optional"
+	taskSupportRequired  = "required"
 )
 
 // legacyTool is mcp.Tool with execution.taskSupport, which 2025-11-25 has

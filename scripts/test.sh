@@ -33,5 +33,13 @@ done
 echo "== go test -race (${#light[@]} packages)"
 go test -race -count=1 "${light[@]}"
 
+# internal/browsertest (the approver site in headless Chromium) is among them;
+# it fails with install instructions when Chromium is missing.
 echo "== go test, packages linking the Temporal server (${#heavy[@]} packages)"
 go test -count=1 -timeout 20m "${heavy[@]}"
+
+# MCP suites and clients that no one here wrote (conformance 0.2.0-alpha.12
+# and 0.1.16, TypeScript SDK 1.32.2, MCP Inspector 2.12.0) against a real
+# `countersign dev`; see the README's "Interoperability" section.
+echo "== interop"
+./scripts/interop.sh

@@ -85,6 +85,11 @@ type Envelope struct {
 	ServerID      string          `json:"serverId"`
 	PolicyVersion string          `json:"policyVersion"`
 	CreatedAt     time.Time       `json:"createdAt"`
+	// InputResponses are the client's answers to the tool's input requests
+	// (SEP-2322 MRTR), gathered before the task was created. Only an
+	// unattended task (allowed by policy, no approvers) carries them: they
+	// are not part of the action hash, so no approval ever covers them.
+	InputResponses json.RawMessage `json:"inputResponses,omitempty"`
 }
 
 // EnvelopeVersion is the current Envelope layout.
@@ -154,6 +159,10 @@ type Record struct {
 
 	// DedupKey releases the dedup slot when the task ends.
 	DedupKey string `json:"dedupKey,omitempty"`
+
+	// InputRequests are the unanswered input requests of an input_required
+	// task (SEP-2663 + SEP-2322), keyed by request ID; see input.go.
+	InputRequests map[string]json.RawMessage `json:"inputRequests,omitempty"`
 }
 
 // NewID returns a fresh unguessable identifier with the given prefix: 160

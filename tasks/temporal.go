@@ -32,6 +32,9 @@ type ApprovalInput struct {
 	ApprovalRef string      `json:"approvalRef"`
 	DisplayText string      `json:"displayText"`
 	ExpiresAt   time.Time   `json:"expiresAt"`
+	// InputRequests an unattended task asks its client before it runs
+	// (see input.go); empty for approvals.
+	InputRequests map[string]json.RawMessage `json:"inputRequests,omitempty"`
 }
 
 // Decision values.

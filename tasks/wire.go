@@ -23,6 +23,8 @@ type DetailedTask struct {
 	Task
 	Result json.RawMessage `json:"result,omitempty"`
 	Error  *RPCError       `json:"error,omitempty"`
+	// InputRequests: what an input_required task waits for.
+	InputRequests map[string]json.RawMessage `json:"inputRequests,omitempty"`
 }
 
 // LegacyTask is the 2025-11-25 experimental task object (SEP-1686).
@@ -63,6 +65,8 @@ func (r Record) Wire() Task {
 func (r Record) WireDetailed() DetailedTask {
 	d := DetailedTask{Task: r.Wire()}
 	switch r.Status {
+	case StatusInputRequired:
+		d.InputRequests = r.InputRequests
 	case StatusCompleted:
 		d.Result = r.Result
 	case StatusFailed:

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/countersign/countersign/tasks"
 )
@@ -39,7 +40,7 @@ type staticFile struct {
 
 // pageNames are the templates/*.html files that are pages; layout.html wraps
 // each of them.
-var pageNames = []string{"landing", "enroll", "approve", "error"}
+var pageNames = []string{"landing", "enroll", "approve", "inbox", "error"}
 
 func loadPages() (*pages, error) {
 	p := &pages{tmpl: map[string]*template.Template{}, static: map[string]staticFile{}}
@@ -139,9 +140,11 @@ func (h *Handler) enrollPage(w http.ResponseWriter, r *http.Request) {
 type approvePage struct {
 	pageBase
 	DisplayText  string
+	LongDisplay  bool // set in smaller type
 	Tool         string
 	Requester    string
 	Reason       string
+	State        string // the approval state, for data-state and CSS
 	StatusClass  string
 	StatusLabel  string
 	Pending      bool
@@ -150,22 +153,36 @@ type approvePage struct {
 	TimeLeft     string
 	Approved     int
 	Needed       int
+	Pips         []bool // one per approval needed, true when given
 	Arguments    []argument
 	Fingerprint  string
 	ActionHash   string
-	Decisions    []decisionLine
+	Outcome      *outcome // set once the approval is no longer pending
+	Timeline     []step
 }
 
 type argument struct {
-	Name  string
-	Value string
+	Name    string
+	Value   string
+	Long    bool   // folded in a <details>, with Preview as its summary
+	Preview string // the first line, clipped
 }
 
-type decisionLine struct {
-	Who      string
-	Decision string // "approve" or "deny", for the CSS class
-	Label    string
-	At       string
+// outcome is the panel a decided approval shows instead of the buttons.
+type outcome struct {
+	Kind  string // ok, bad, muted: the panel's colour
+	Title string
+	Text  string
+}
+
+// step is one entry of the vertical timeline.
+type step struct {
+	Kind     string // done, ok, bad, warn, current, upcoming
+	Title    string
+	Detail   string
+	At       string // RFC 3339, empty for steps still to come
+	AtLabel  string
+	Upcoming bool
 }
 
 var statusLabels = map[tasks.ApprovalState]string{
@@ -179,7 +196,8 @@ var statusLabels = map[tasks.ApprovalState]string{
 }
 
 // approvePage: GET /approve/{ref}. Everything an approver must read before
-// deciding, server-rendered; the script only drives the passkey ceremony.
+// deciding, server-rendered; the script drives the passkey ceremony and
+// refreshes the live parts.
 func (h *Handler) approvePage(w http.ResponseWriter, r *http.Request) {
 	rec, err := h.lookupRef(r.Context(), r.PathValue("ref"))
 	if err != nil {
@@ -203,9 +221,11 @@ func (h *Handler) approvePage(w http.ResponseWriter, r *http.Request) {
 	data := approvePage{
 		pageBase:     h.base("approve", "Approve: "+rec.Tool),
 		DisplayText:  rec.DisplayText,
+		LongDisplay:  utf8.RuneCountInString(rec.DisplayText) > 90,
 		Tool:         rec.Tool,
 		Requester:    rec.Owner,
 		Reason:       rec.Requirement.Reason,
+		State:        string(state),
 		StatusClass:  "state-" + string(state),
 		StatusLabel:  label,
 		Pending:      h.pending(rec),
@@ -217,16 +237,158 @@ func (h *Handler) approvePage(w http.ResponseWriter, r *http.Request) {
 		Arguments:    arguments(rec.Arguments),
 		Fingerprint:  fingerprint(rec.ActionHash),
 		ActionHash:   rec.ActionHash,
+		Timeline:     timeline(rec, state),
 	}
-	for _, a := range rec.Approvals {
-		label := "approved"
-		if a.Decision != tasks.DecisionApprove {
-			label = "denied"
-		}
-		data.Decisions = append(data.Decisions, decisionLine{Who: a.ApproverName, Decision: a.Decision,
-			Label: label, At: a.At.UTC().Format("2 Jan 15:04 MST")})
+	for i := range max(data.Needed, data.Approved) {
+		data.Pips = append(data.Pips, i < data.Approved)
+	}
+	if !data.Pending {
+		data.Outcome = outcomeOf(rec, state)
 	}
 	h.render(w, r, http.StatusOK, "approve", data)
+}
+
+// outcomeOf describes a decided approval for the panel that replaces the
+// buttons.
+func outcomeOf(rec tasks.Record, state tasks.ApprovalState) *outcome {
+	final := lastEvent(rec)
+	switch state {
+	case tasks.ApprovalApproved:
+		return &outcome{Kind: "ok", Title: "Approved", Text: "Enough approvers agreed. Policy is checked once more, then " + rec.Tool + " runs once."}
+	case tasks.ApprovalExecuted:
+		return &outcome{Kind: "ok", Title: "Approved and done", Text: rec.Tool + " ran once, with exactly the arguments shown here."}
+	case tasks.ApprovalDenied:
+		text := "The call did not run."
+		if final.Kind == "denied" && final.Detail != "" {
+			text = final.Detail + " The call did not run."
+		}
+		return &outcome{Kind: "bad", Title: "Denied", Text: text}
+	case tasks.ApprovalExpired:
+		return &outcome{Kind: "bad", Title: "Expired", Text: "Not enough approvers decided in time. The call did not run."}
+	case tasks.ApprovalCancelled:
+		return &outcome{Kind: "muted", Title: "Cancelled", Text: "The agent withdrew the request before it ran. The call did not run."}
+	case tasks.ApprovalFailed:
+		text := rec.Tool + " was started but reported an error or did not report back."
+		if final.Detail != "" {
+			text = final.Detail + "."
+		}
+		return &outcome{Kind: "bad", Title: "Approved, but it failed", Text: text}
+	}
+	return &outcome{Kind: "muted", Title: "No longer waiting", Text: "This request is no longer waiting for a decision."}
+}
+
+func lastEvent(rec tasks.Record) tasks.Event {
+	if len(rec.Timeline) == 0 {
+		return tasks.Event{}
+	}
+	return rec.Timeline[len(rec.Timeline)-1]
+}
+
+// refusals names, for the timeline, why the workflow refused a decision.
+var refusals = map[string]string{
+	"challenge_consumed":            "a confirmation was replayed",
+	"challenge_expired":             "the confirmation had expired",
+	"challenge_unknown":             "the confirmation was not recognised",
+	"challenge_wrong_task":          "the confirmation was for another request",
+	"challenge_wrong_decision":      "the confirmation was for the other decision",
+	"unknown_credential":            "an unknown passkey was used",
+	"signature_verification_failed": "a passkey signature did not verify",
+	"signature_counter_regression":  "a passkey looked cloned",
+	"argument_hash_mismatch":        "the confirmation did not match this call",
+	"approver_not_eligible":         "someone not eligible tried to decide",
+	"self_approval":                 "the requester tried to approve their own call",
+	"already_approved":              "an approver tried to approve twice",
+}
+
+// timeline turns the read model's events into the steps of a vertical
+// stepper: what happened, then what is still to come.
+func timeline(rec tasks.Record, state tasks.ApprovalState) []step {
+	var out []step
+	claimed, requested := false, false
+	for _, e := range rec.Timeline {
+		if e.Kind == "requested" {
+			// Both the MCP endpoint and the workflow write this step.
+			if requested {
+				continue
+			}
+			requested = true
+		}
+		s := step{Kind: "done", At: e.At.UTC().Format(time.RFC3339), AtLabel: e.At.UTC().Format("2 Jan 15:04:05 MST")}
+		switch e.Kind {
+		case "requested":
+			s.Title = "Requested by " + rec.Owner
+			s.Detail = e.Detail
+		case "notified":
+			s.Title = "Approvers notified"
+		case "notify-failed":
+			s.Kind, s.Title = "warn", "Notification failed"
+			s.Detail = "Approvers can still decide through this page."
+		case "approval":
+			s.Kind, s.Title = "ok", upperFirst(e.Detail)
+		case "rejected-decision":
+			reason := strings.TrimPrefix(e.Detail, "rejected decision: ")
+			s.Kind, s.Title = "warn", "A decision was refused"
+			if text, ok := refusals[reason]; ok {
+				s.Detail = upperFirst(text) + "; nothing changed."
+			} else {
+				s.Detail = "Reason: " + reason + "; nothing changed."
+			}
+		case "claimed":
+			claimed = true
+			s.Title = "Policy re-checked: allowed"
+			s.Detail = "The call is claimed and runs once."
+		case "executed":
+			s.Kind, s.Title, s.Detail = "ok", "Executed", e.Detail
+		case "execution-error":
+			s.Kind, s.Title, s.Detail = "bad", "Ran with an error", e.Detail
+		case "outcome-unknown":
+			s.Kind, s.Title, s.Detail = "bad", "Outcome unknown", e.Detail
+		case "denied":
+			s.Kind, s.Title, s.Detail = "bad", "Denied", e.Detail
+		case "expired":
+			s.Kind, s.Title, s.Detail = "bad", "Expired", "No decision in time; the call did not run."
+		case "cancelled":
+			s.Kind, s.Title, s.Detail = "muted", "Cancelled", e.Detail
+		case "failed":
+			s.Kind, s.Title, s.Detail = "bad", "Failed", e.Detail
+		default:
+			s.Title = upperFirst(strings.ReplaceAll(e.Kind, "-", " "))
+			s.Detail = e.Detail
+		}
+		s.Detail = strings.ReplaceAll(s.Detail, rec.TaskID, "[task]")
+		out = append(out, s)
+	}
+	// What is still to come.
+	switch state {
+	case tasks.ApprovalPending:
+		left := rec.Requirement.Quorum - approvedCount(rec)
+		title := "Waiting for 1 more approval"
+		if left > 1 {
+			title = fmt.Sprintf("Waiting for %d more approvals", left)
+		}
+		out = append(out,
+			step{Kind: "current", Title: title, Detail: "Any eligible approver can decide with their passkey.", Upcoming: true},
+			step{Kind: "upcoming", Title: "Policy re-checked", Upcoming: true},
+			step{Kind: "upcoming", Title: "Run " + rec.Tool + " once", Upcoming: true})
+	case tasks.ApprovalApproved:
+		if !claimed {
+			out = append(out, step{Kind: "current", Title: "Re-checking policy", Upcoming: true})
+		}
+		out = append(out, step{Kind: "upcoming", Title: "Run " + rec.Tool + " once", Upcoming: !claimed})
+		if claimed {
+			out[len(out)-1].Kind = "current"
+			out[len(out)-1].Title = "Running " + rec.Tool
+		}
+	}
+	return out
+}
+
+func upperFirst(s string) string {
+	if s == "" {
+		return s
+	}
+	r, n := utf8.DecodeRuneInString(s)
+	return string(unicode.ToUpper(r)) + s[n:]
 }
 
 // static: GET /static/{file}. Links carry ?v=<content hash>; a request with
@@ -256,7 +418,7 @@ func arguments(raw json.RawMessage) []argument {
 	}
 	var obj map[string]json.RawMessage
 	if raw[0] != '{' || json.Unmarshal(raw, &obj) != nil {
-		return []argument{{Name: "(arguments)", Value: prettyJSON(raw)}}
+		return []argument{fold(argument{Name: "(arguments)", Value: prettyJSON(raw)})}
 	}
 	names := make([]string, 0, len(obj))
 	for k := range obj {
@@ -265,9 +427,28 @@ func arguments(raw json.RawMessage) []argument {
 	slices.Sort(names)
 	out := make([]argument, 0, len(names))
 	for _, k := range names {
-		out = append(out, argument{Name: k, Value: prettyJSON(obj[k])})
+		out = append(out, fold(argument{Name: k, Value: prettyJSON(obj[k])}))
 	}
 	return out
+}
+
+// Values longer than these are folded behind their first line.
+const (
+	foldChars = 160
+	foldLines = 4
+)
+
+func fold(a argument) argument {
+	if utf8.RuneCountInString(a.Value) <= foldChars && strings.Count(a.Value, "\n") < foldLines {
+		return a
+	}
+	a.Long = true
+	first, _, _ := strings.Cut(a.Value, "\n")
+	if utf8.RuneCountInString(first) > 60 {
+		first = string([]rune(first)[:60])
+	}
+	a.Preview = first + " …"
+	return a
 }
 
 // prettyJSON re-encodes a value, indented, with its string escapes decoded

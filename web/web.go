@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
@@ -34,6 +35,8 @@ type Options struct {
 	Orchestrator *tasks.Orchestrator
 	Passkeys     *passkey.Service
 	Tokens       *authn.Tokens
+	// Audit serves the admin audit API; nil answers it with 404.
+	Audit *audit.Log
 	// MaxBodyBytes caps JSON request bodies. Zero means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
 	// Logger receives structured logs. Nil discards them.
@@ -50,6 +53,7 @@ type Handler struct {
 	orch     *tasks.Orchestrator
 	passkeys *passkey.Service
 	tokens   *authn.Tokens
+	audit    *audit.Log
 	maxBody  int64
 	log      *slog.Logger
 	now      func() time.Time
@@ -89,6 +93,7 @@ func New(opts Options) (*Handler, error) {
 		orch:      opts.Orchestrator,
 		passkeys:  opts.Passkeys,
 		tokens:    opts.Tokens,
+		audit:     opts.Audit,
 		maxBody:   opts.MaxBodyBytes,
 		log:       opts.Logger,
 		now:       time.Now,
@@ -147,6 +152,8 @@ func (h *Handler) routes() {
 	m.HandleFunc("POST /admin/v1/approvers/{id}/invites", h.api(h.admin(h.newInvite)))
 	m.HandleFunc("POST /admin/v1/agents", h.api(h.admin(h.addAgent)))
 	m.HandleFunc("GET /admin/v1/approvals", h.api(h.admin(h.listApprovals)))
+	m.HandleFunc("GET /admin/v1/audit", h.api(h.admin(h.exportAudit)))
+	m.HandleFunc("GET /admin/v1/audit/{taskId}", h.api(h.admin(h.showAudit)))
 
 	// Approver API: the passkey is the authority.
 	m.HandleFunc("POST /approver/v1/enrollments/{token}/begin", h.api(h.beginEnrollment))
@@ -154,6 +161,8 @@ func (h *Handler) routes() {
 	m.HandleFunc("GET /approver/v1/approvals/{ref}", h.api(h.getApproval))
 	m.HandleFunc("POST /approver/v1/approvals/{ref}/challenge", h.api(h.challenge))
 	m.HandleFunc("POST /approver/v1/approvals/{ref}/decision", h.api(h.decide))
+	m.HandleFunc("POST /approver/v1/inbox/{approver}/challenge", h.api(h.inboxChallenge))
+	m.HandleFunc("POST /approver/v1/inbox/{approver}/list", h.api(h.inboxList))
 
 	// Anything else under the API prefixes answers in JSON.
 	m.HandleFunc("/admin/", h.api(h.apiFallback))
@@ -163,6 +172,7 @@ func (h *Handler) routes() {
 	m.HandleFunc("GET /{$}", h.landingPage)
 	m.HandleFunc("GET /enroll/{token}", h.enrollPage)
 	m.HandleFunc("GET /approve/{ref}", h.approvePage)
+	m.HandleFunc("GET /inbox/{approver}", h.inboxPage)
 	m.HandleFunc("GET /static/{file}", h.static)
 	m.HandleFunc("/", h.notFoundPage)
 	h.mux = m

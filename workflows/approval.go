@@ -48,6 +48,19 @@ const MaxCommentLen = 1000
 // history without limit. Far above any honest use: quorum ≤ a few approvers.
 const MaxDecisionAttempts = 100
 
+// ChangeNotifyUpdates is the workflow.GetVersion change ID under which the
+// workflow tells notifiers about each accepted approval and about the end,
+// in order, through one notification queue.
+const ChangeNotifyUpdates = "notify-updates"
+
+// NotifyDrainTimeout bounds how long an ended task waits for its last
+// notifications (Slack down, retries under way) before the workflow closes.
+// The task's result is written before; only the workflow's end waits.
+const NotifyDrainTimeout = 10 * time.Minute
+
+// MaxViaLen bounds an unsigned deny's channel name, in bytes.
+const MaxViaLen = 64
+
 // ExecuteTimeout is the single ExecuteTool attempt's start-to-close timeout.
 // When it passes, the outcome is unknown.
 const ExecuteTimeout = 5 * time.Minute
@@ -83,8 +96,11 @@ type approval struct {
 	phase     phase
 	approvals []tasks.ApprovalEntry // accepted decisions, in order
 	end       *ending
-	written   bool // the terminal record is written (or given up on)
-	attempts  int  // decisions past the validator
+	written   bool       // the terminal record is written (or given up on)
+	attempts  int        // decisions past the validator
+	notes     *noteQueue // nil in workflows started before ChangeNotifyUpdates
+	input     *inputWait // unattended tasks asking their client; see unattended.go
+	auditOn   bool       // false in workflows started before ChangeAuditRecords
 
 	// mu serializes decisions and read-model writes.
 	mu  workflow.Mutex
@@ -120,15 +136,36 @@ func Approval(ctx workflow.Context, in tasks.ApprovalInput) (tasks.ApprovalOutco
 	if err := workflow.SetUpdateHandler(ctx, tasks.UpdateCancel, w.cancel); err != nil {
 		return tasks.ApprovalOutcome{}, err
 	}
+	if err := w.registerInput(ctx); err != nil { // see unattended.go
+		return tasks.ApprovalOutcome{}, err
+	}
+	if err := workflow.SetUpdateHandlerWithOptions(ctx, tasks.UpdateDenyUnsigned, w.denyUnsigned,
+		workflow.UpdateHandlerOptions{Validator: w.validateUnsignedDeny}); err != nil {
+		return tasks.ApprovalOutcome{}, err
+	}
 
+	w.auditOn = workflow.GetVersion(ctx, ChangeAuditRecords, workflow.DefaultVersion, 1) == 1
+	w.audit(ctx, activities.RecordAuditInput{Kind: "requested", StepID: "requested", Input: &w.in})
 	w.record(ctx, "requested", in.Requirement.Reason)
-	workflow.Go(ctx, w.notify)
+	if workflow.GetVersion(ctx, ChangeNotifyUpdates, workflow.DefaultVersion, 1) == 1 {
+		w.notes = &noteQueue{}
+		// Disconnected: a cancelled workflow still reports its end.
+		nctx, _ := workflow.NewDisconnectedContext(ctx)
+		workflow.Go(nctx, w.notifyLoop)
+	} else {
+		workflow.Go(ctx, w.notify)
+	}
 
-	w.awaitDecision(ctx)
+	if unattended(in.Requirement) {
+		w.awaitStart(ctx) // see unattended.go
+	} else {
+		w.awaitDecision(ctx)
+	}
 	if w.end == nil && w.phase == phaseApproved {
 		w.reevaluateAndExecute(ctx)
 	}
 	w.finish(ctx)
+	w.drainNotes(ctx)
 
 	if err := workflow.Await(ctx, func() bool { return workflow.AllHandlersFinished(ctx) }); err != nil {
 		w.log.Warn("stopped waiting for update handlers", "error", err)
@@ -144,7 +181,7 @@ func validateInput(in tasks.ApprovalInput, taskID string) error {
 		return fmt.Errorf("workflows: envelope version %d, want %d", in.Envelope.Version, tasks.EnvelopeVersion)
 	case in.Envelope.TaskID != taskID:
 		return errors.New("workflows: envelope task id differs from the workflow id")
-	case in.Requirement.Quorum < 1:
+	case in.Requirement.Quorum < 1 && !unattended(in.Requirement):
 		return fmt.Errorf("workflows: quorum %d, want at least 1", in.Requirement.Quorum)
 	case in.ExpiresAt.IsZero():
 		return errors.New("workflows: no expiry time")
@@ -231,6 +268,9 @@ func (w *approval) reevaluateAndExecute(ctx workflow.Context) {
 		w.endAs(cancelledEnding()) // the workflow itself was cancelled
 		return
 	}
+	if err == nil {
+		w.audit(ctx, activities.RecordAuditInput{Kind: "reevaluated", StepID: "reevaluated", Policy: &re})
+	}
 	if err != nil {
 		w.log.Error("policy could not be evaluated; denying", "error", err)
 		w.endAs(denied("denied", "The policy could not be evaluated.", "Denied: policy could not be evaluated", tasks.ApprovalDenied))
@@ -247,6 +287,7 @@ func (w *approval) reevaluateAndExecute(ctx workflow.Context) {
 	w.phase = phaseClaimed
 	w.log.Info("execution claimed", "policy_version", re.PolicyVersion)
 	w.record(ctx, "claimed", "policy allowed ("+re.PolicyVersion+")")
+	w.audit(ctx, activities.RecordAuditInput{Kind: "claimed", StepID: "claimed", Policy: &re})
 
 	var out activities.ExecuteToolOutput
 	err = workflow.ExecuteActivity(executeCtx(ctx), a.ExecuteTool, activities.ExecuteToolInput{
@@ -261,6 +302,9 @@ func (w *approval) executed(out activities.ExecuteToolOutput, err error) *ending
 	tool := w.in.Envelope.Tool
 	if err == nil {
 		res := out.Result
+		if unattended(w.in.Requirement) {
+			return unattendedEnding(tool, res) // see unattended.go
+		}
 		if res.IsError {
 			return &ending{status: tasks.StatusCompleted, disposition: tasks.ExecutionError, approvalState: tasks.ApprovalFailed,
 				event: "execution-error", message: "Approved; " + tool + " ran and returned an error", toolResult: &res}
@@ -274,6 +318,9 @@ func (w *approval) executed(out activities.ExecuteToolOutput, err error) *ending
 		case activities.ErrTypeEnvelopeMismatch:
 			w.log.Error("envelope does not match its action hash; tool not run", "error", err)
 			return denied("denied", "The held call no longer matches what was approved.", "Denied: stale envelope", tasks.ApprovalDenied)
+		case activities.ErrTypeToolProtocolError:
+			w.log.Warn("tool failed with a protocol error; it did not act", "error", err)
+			return protocolErrorEnding(tool, appErr)
 		case activities.ErrTypeUnknownTool:
 			w.log.Error("tool not available; not run", "error", err)
 			return denied("denied", "The tool is not available.", "Denied: tool not available", tasks.ApprovalDenied)
@@ -323,6 +370,7 @@ func (w *approval) finish(ctx workflow.Context) {
 			ApprovalState: e.approvalState,
 			Approvals:     slices.Clone(w.approvals),
 			Event:         tasks.Event{At: workflow.Now(ctx), Kind: e.event, Detail: e.message},
+			Audit:         w.auditOn,
 		}).Get(ctx, nil)
 		w.mu.Unlock()
 		if err != nil {
@@ -350,9 +398,72 @@ func (w *approval) notify(ctx workflow.Context) {
 	if err != nil {
 		w.log.Warn("approvers could not be notified", "error", err)
 		w.record(ctx, "notify-failed", "approvers could not be notified")
+		w.audit(ctx, activities.RecordAuditInput{Kind: "notify-failed", StepID: "notify"})
 		return
 	}
 	w.record(ctx, "notified", "")
+	w.audit(ctx, activities.RecordAuditInput{Kind: "notified", StepID: "notify"})
+}
+
+// noteQueue orders the notifications of one task: requested first, then each
+// accepted approval, then the end, one activity at a time, so a notifier
+// never sees an older state after a newer one.
+type noteQueue struct {
+	kinds  []activities.NotifyKind
+	closed bool // the end is queued; nothing follows
+	done   bool // the loop has sent everything
+}
+
+// queueNote queues a notification; a no-op for workflows started before
+// ChangeNotifyUpdates.
+func (w *approval) queueNote(kind activities.NotifyKind) {
+	if w.notes == nil || w.notes.closed {
+		return
+	}
+	w.notes.kinds = append(w.notes.kinds, kind)
+}
+
+// notifyLoop sends the request notification, then the queued updates. A
+// notification that keeps failing is logged; it never fails the task.
+func (w *approval) notifyLoop(ctx workflow.Context) {
+	defer func() { w.notes.done = true }()
+	w.notify(ctx)
+	for {
+		if err := workflow.Await(ctx, func() bool { return len(w.notes.kinds) > 0 || w.notes.closed }); err != nil {
+			return
+		}
+		if len(w.notes.kinds) == 0 {
+			return
+		}
+		kind := w.notes.kinds[0]
+		w.notes.kinds = w.notes.kinds[1:]
+		if kind == activities.NotifyProgress && len(w.notes.kinds) > 0 {
+			continue // a later notification reads a newer state anyway
+		}
+		err := workflow.ExecuteActivity(notifyCtx(ctx), a.NotifyUpdate, activities.NotifyUpdateInput{
+			Version: activities.Version,
+			TaskID:  w.taskID,
+			Kind:    kind,
+		}).Get(ctx, nil)
+		if err != nil {
+			w.log.Warn("notifiers could not be updated", "kind", kind, "error", err)
+		}
+	}
+}
+
+// drainNotes queues the end notification and waits, at most
+// NotifyDrainTimeout, until it is sent.
+func (w *approval) drainNotes(ctx workflow.Context) {
+	if w.notes == nil {
+		return
+	}
+	w.queueNote(activities.NotifyResolved)
+	w.notes.closed = true
+	ctx, _ = workflow.NewDisconnectedContext(ctx)
+	ok, err := workflow.AwaitWithTimeout(ctx, NotifyDrainTimeout, func() bool { return w.notes.done })
+	if !ok {
+		w.log.Warn("gave up waiting for the last notifications", "error", err)
+	}
 }
 
 // record writes the current state and one timeline event to the read model.
@@ -378,6 +489,8 @@ func (w *approval) recordLocked(ctx workflow.Context, kind, detail string) {
 		ApprovalState: w.approvalState(),
 		Approvals:     slices.Clone(w.approvals),
 		Event:         tasks.Event{At: workflow.Now(ctx), Kind: kind, Detail: detail},
+		Status:        w.inputStatus(),
+		InputRequests: w.pendingInputs(),
 	}).Get(ctx, nil)
 	if err != nil {
 		w.log.Warn("read model not updated", "event", kind, "error", err)
@@ -405,6 +518,9 @@ func (w *approval) approvedBefore(n int, approver string) bool {
 }
 
 func (w *approval) statusMessage() string {
+	if unattended(w.in.Requirement) && w.end == nil {
+		return w.unattendedStatus()
+	}
 	switch w.phase {
 	case phasePending:
 		return fmt.Sprintf("Awaiting approval: %s (%d of %d)", w.in.Requirement.Reason, w.approvedCount(), w.in.Requirement.Quorum)
@@ -527,11 +643,13 @@ func (w *approval) decideLocked(ctx workflow.Context, d tasks.DecisionUpdate) (t
 	if !v.Accepted {
 		w.log.Info("decision rejected", "decision", d.Decision, "reason", v.Reason)
 		w.recordLocked(ctx, "rejected-decision", "rejected decision: "+v.Reason)
+		w.auditDecisionLocked(ctx, d, v, false, v.Reason)
 		return w.decisionResult(false, v.Reason), nil
 	}
 	if d.Decision == tasks.DecisionApprove && w.approvedBefore(len(w.approvals), v.ApproverID) {
 		w.log.Info("decision rejected", "decision", d.Decision, "reason", ReasonAlreadyApproved, "approver_id", v.ApproverID)
 		w.recordLocked(ctx, "rejected-decision", "rejected decision: "+ReasonAlreadyApproved)
+		w.auditDecisionLocked(ctx, d, v, false, ReasonAlreadyApproved)
 		return w.decisionResult(false, ReasonAlreadyApproved), nil
 	}
 	w.approvals = append(w.approvals, tasks.ApprovalEntry{
@@ -542,6 +660,7 @@ func (w *approval) decideLocked(ctx workflow.Context, d tasks.DecisionUpdate) (t
 		At:           workflow.Now(ctx),
 	})
 	w.log.Info("decision accepted", "decision", d.Decision, "approver_id", v.ApproverID)
+	w.auditDecisionLocked(ctx, d, v, true, "")
 
 	if d.Decision == tasks.DecisionDeny {
 		detail := "Denied by " + v.ApproverName + "."
@@ -556,6 +675,62 @@ func (w *approval) decideLocked(ctx workflow.Context, d tasks.DecisionUpdate) (t
 		w.phase = phaseApproved
 	}
 	w.recordLocked(ctx, "approval", fmt.Sprintf("approved by %s (%d of %d)", v.ApproverName, n, w.in.Requirement.Quorum))
+	w.queueNote(activities.NotifyProgress)
+	return w.decisionResult(true, ""), nil
+}
+
+// validateUnsignedDeny rejects, without writing history, an unsigned deny
+// that is malformed or arrives when the task no longer takes decisions.
+func (w *approval) validateUnsignedDeny(_ workflow.Context, d tasks.UnsignedDenial) error {
+	switch {
+	case d.ApproverID == "" || d.ApproverName == "":
+		return temporal.NewApplicationError("an unsigned deny must name its approver", ErrTypeMalformedDecision)
+	case d.Via == "" || len(d.Via) > MaxViaLen:
+		return temporal.NewApplicationError("an unsigned deny must name its channel", ErrTypeMalformedDecision)
+	case len(d.Comment) > MaxCommentLen:
+		return temporal.NewApplicationError(fmt.Sprintf("comment longer than %d bytes", MaxCommentLen), ErrTypeMalformedDecision)
+	}
+	if err := w.pendingErr(); err != nil {
+		return err
+	}
+	if w.attempts >= MaxDecisionAttempts {
+		return temporal.NewApplicationError("too many decisions for this task", ErrTypeTooManyDecisions)
+	}
+	return nil
+}
+
+// denyUnsigned ends a pending task as denied on the word of an approver whom
+// another channel (Slack) authenticated, without a passkey. It can only stop
+// the call. The denial is recorded with the approver, the channel and the
+// time; it answers once the end is written.
+func (w *approval) denyUnsigned(ctx workflow.Context, d tasks.UnsignedDenial) (tasks.DecisionResult, error) {
+	w.attempts++
+	if err := w.mu.Lock(ctx); err != nil {
+		return tasks.DecisionResult{}, err
+	}
+	if err := w.pendingErr(); err != nil {
+		w.mu.Unlock()
+		return tasks.DecisionResult{}, err
+	}
+	w.approvals = append(w.approvals, tasks.ApprovalEntry{
+		ApproverID:   d.ApproverID,
+		ApproverName: d.ApproverName,
+		Decision:     tasks.DecisionDeny,
+		At:           workflow.Now(ctx),
+	})
+	detail := "Denied by " + d.ApproverName + " via " + d.Via + " (without a passkey)."
+	if d.Comment != "" {
+		detail = "Denied by " + d.ApproverName + " via " + d.Via + " (without a passkey): " + d.Comment
+	}
+	w.log.Info("unsigned deny accepted", "approver_id", d.ApproverID, "via", d.Via)
+	w.auditLocked(ctx, activities.RecordAuditInput{Kind: "decision", StepID: "decision/" + workflow.GetCurrentUpdateInfo(ctx).ID,
+		Decision: &activities.AuditDecision{Decision: tasks.DecisionDeny, Accepted: true, Comment: d.Comment,
+			ApproverID: d.ApproverID, ApproverName: d.ApproverName, Via: d.Via}})
+	w.endAs(denied("denied", detail, detail, tasks.ApprovalDenied))
+	w.mu.Unlock()
+	if err := workflow.Await(ctx, func() bool { return w.written }); err != nil {
+		return tasks.DecisionResult{}, err
+	}
 	return w.decisionResult(true, ""), nil
 }
 

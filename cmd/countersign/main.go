@@ -25,6 +25,9 @@ Usage:
   countersign approvers invite APPROVER_ID [--server URL] [--data-dir DIR]
   countersign agents add NAME [--server URL] [--data-dir DIR]
   countersign approvals list [--server URL] [--data-dir DIR]
+  countersign audit show TASK [--server URL] [--data-dir DIR]
+  countersign audit export [--since RFC3339] [--server URL] [--data-dir DIR] > audit.jsonl
+  countersign audit verify FILE --key PUBKEY
 
 Run "countersign COMMAND -h" for a command's flags.
 `
@@ -46,6 +49,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runService(ctx, args[0], args[1:], stdout, stderr)
 	case "approvers", "agents", "approvals":
 		err = runAdmin(ctx, args, stdout)
+	case "audit":
+		err = runAudit(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -22,11 +22,13 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/countersign/countersign/activities"
+	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/internal/devstack"
 	"github.com/countersign/countersign/internal/natsrv"
 	"github.com/countersign/countersign/mcpserver"
+	"github.com/countersign/countersign/notify"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
@@ -71,12 +73,17 @@ type App struct {
 	worker   worker.Worker
 	httpSrv  *http.Server
 	listener net.Listener
+	js       jetstream.JetStream
+	slack    *notify.Slack
+	events   *notify.Events
+	decide   *notify.DecisionService
 
 	Store        *tasks.Store
 	Orchestrator *tasks.Orchestrator
 	Tokens       *authn.Tokens
 	Passkeys     *passkey.Service
 	PDP          *pdp.Engine
+	Audit        *audit.Log
 	Ledger       *gateway.Ledger
 	Tools        *gateway.Registry
 }
@@ -127,13 +134,33 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	}); err != nil {
 		return nil, fmt.Errorf("passkeys: %w", err)
 	}
-	if a.PDP, err = pdp.New(ctx, pdp.Options{Dir: cfg.PolicyDir, Logger: log}); err != nil {
+	policyDir := cfg.PolicyDir
+	if cfg.Conformance && policyDir == "" {
+		// The default policy plus the conformance fixtures (see
+		// gateway.ConformanceTools), written out so the version hash and
+		// the files are inspectable.
+		policyDir = filepath.Join(cfg.DataDir, "conformance-policy")
+		if err := pdp.WriteConformancePolicy(policyDir); err != nil {
+			return nil, err
+		}
+	}
+	if a.PDP, err = pdp.New(ctx, pdp.Options{Dir: policyDir, Logger: log}); err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
+	}
+	if err := a.startAudit(ctx, js); err != nil {
+		return nil, err
 	}
 	if a.Ledger, err = gateway.NewLedger(ctx, js); err != nil {
 		return nil, err
 	}
-	if a.Tools, err = gateway.NewRegistry(gateway.DemoTools(a.Ledger)...); err != nil {
+	tools := gateway.DemoTools(a.Ledger)
+	if cfg.Conformance {
+		tools = append(tools, gateway.ConformanceTools()...)
+	}
+	if a.Tools, err = gateway.NewRegistry(tools...); err != nil {
+		return nil, err
+	}
+	if err := a.startNotify(ctx, js); err != nil {
 		return nil, err
 	}
 	if mode != ModeServer {
@@ -204,6 +231,12 @@ func (a *App) startNATS(ctx context.Context) error {
 	if a.cfg.NATSCreds != "" {
 		opts = append(opts, nats.UserCredentials(a.cfg.NATSCreds))
 	}
+	if a.cfg.NATSTLSCA != "" {
+		opts = append(opts, nats.RootCAs(a.cfg.NATSTLSCA))
+	}
+	if a.cfg.NATSTLSCert != "" {
+		opts = append(opts, nats.ClientCert(a.cfg.NATSTLSCert, a.cfg.NATSTLSKey))
+	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return fmt.Errorf("connect to NATS: %w", err)
@@ -257,7 +290,8 @@ func (a *App) startWorker() error {
 		PDP:       a.PDP,
 		Passkeys:  a.Passkeys,
 		Tools:     a.Tools,
-		Notifier:  activities.ConsoleNotifier{W: a.out},
+		Notifier:  a.notifier(),
+		Audit:     a.Audit,
 		PublicURL: a.cfg.PublicURL,
 		Logger:    a.log,
 	})
@@ -300,7 +334,8 @@ func (a *App) startHTTP(ctx context.Context) error {
 		Tools:                  a.Tools,
 		Authenticate:           a.Tokens.Agent,
 		NoAuth:                 a.cfg.Conformance,
-		RatePerMinute:          a.cfg.RatePerMinute,
+		RatePerMinute:          a.ratePerMinute(),
+		Burst:                  a.cfg.RateBurst,
 		MaxPendingPerPrincipal: a.cfg.MaxPendingPerPrincipal,
 		PollInterval:           a.cfg.PollInterval,
 		Logger:                 a.log,
@@ -314,6 +349,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 		Orchestrator: a.Orchestrator,
 		Passkeys:     a.Passkeys,
 		Tokens:       a.Tokens,
+		Audit:        a.Audit,
 		Logger:       a.log,
 	})
 	if err != nil {
@@ -328,6 +364,9 @@ func (a *App) startHTTP(ctx context.Context) error {
 		}
 		w.Write([]byte("ok\n"))
 	})
+	if err := a.mountNotify(ctx, mux, site); err != nil {
+		return err
+	}
 	mux.Handle("/", site)
 	ln, err := net.Listen("tcp", a.cfg.Addr)
 	if err != nil {
@@ -386,6 +425,9 @@ func (a *App) Shutdown(ctx context.Context) error {
 		}
 	} else if a.listener != nil {
 		a.listener.Close()
+	}
+	if a.decide != nil {
+		a.decide.Close()
 	}
 	if a.worker != nil {
 		a.worker.Stop()
@@ -460,3 +502,110 @@ func (a *App) ensureToken(ctx context.Context, file, name, kind string) (string,
 
 // Config returns the effective configuration.
 func (a *App) Config() *Config { return &a.cfg }
+
+// startNotify opens the outbound channels: NATS events always (on the
+// embedded or external NATS), Slack when a token is configured.
+func (a *App) startNotify(ctx context.Context, js jetstream.JetStream) error {
+	a.js = js
+	var err error
+	if a.events, err = notify.NewEvents(ctx, js, notify.EventsOptions{}); err != nil {
+		return err
+	}
+	if a.cfg.SlackToken == "" {
+		return nil
+	}
+	a.slack, err = notify.NewSlack(ctx, js, notify.SlackOptions{
+		Token:          a.cfg.SlackToken,
+		DefaultChannel: a.cfg.SlackChannel,
+		DenyButton:     a.cfg.SlackSigningSecret != "",
+		APIURL:         a.cfg.SlackAPIURL,
+		Logger:         a.log,
+	})
+	if err != nil {
+		return fmt.Errorf("slack: %w", err)
+	}
+	return nil
+}
+
+// notifier composes the console (the approval link of every new task), the
+// NATS events and, when configured, Slack. A failing channel does not keep
+// the others from being told.
+func (a *App) notifier() activities.Notifier {
+	f := &activities.Fanout{
+		Notifiers: []activities.Notifier{activities.ConsoleNotifier{W: a.out}, a.events},
+		Names:     []string{"console", "nats"},
+		Logger:    a.log,
+	}
+	if a.slack != nil {
+		f.Notifiers = append(f.Notifiers, a.slack)
+		f.Names = append(f.Names, "slack")
+	}
+	return f
+}
+
+// mountNotify starts the NATS decision service over the approver API and,
+// with Slack on, mounts the Slack interactivity endpoint and the admin
+// endpoint that links a Slack user to an approver.
+func (a *App) mountNotify(ctx context.Context, mux *http.ServeMux, site http.Handler) error {
+	var err error
+	if a.decide, err = notify.NewDecisionService(a.nc, notify.DecisionOptions{API: site, Logger: a.log}); err != nil {
+		return err
+	}
+	if a.slack == nil {
+		return nil
+	}
+	users, err := notify.NewSlackUsers(ctx, a.js, a.Passkeys)
+	if err != nil {
+		return err
+	}
+	mux.Handle("POST /admin/v1/approvers/{id}/slack", users.LinkHandler(a.authorizeAdmin))
+	if a.cfg.SlackSigningSecret == "" {
+		return nil
+	}
+	in, err := notify.NewInteractions(ctx, a.js, notify.InteractionsOptions{
+		SigningSecret: a.cfg.SlackSigningSecret,
+		Slack:         a.slack,
+		Users:         users,
+		Store:         a.Store,
+		Passkeys:      a.Passkeys,
+		Denier:        tasks.NewOrchestrator(a.tc),
+		Logger:        a.log,
+	})
+	if err != nil {
+		return err
+	}
+	mux.Handle("/slack/interactivity", in)
+	return nil
+}
+
+// authorizeAdmin accepts a request bearing an admin token.
+func (a *App) authorizeAdmin(r *http.Request) error {
+	tok := authn.BearerToken(r.Header.Get("Authorization"))
+	if tok == "" {
+		return authn.ErrInvalidToken
+	}
+	p, err := a.Tokens.Lookup(r.Context(), tok)
+	if err != nil {
+		return err
+	}
+	if p.Kind != authn.KindAdmin {
+		return authn.ErrInvalidToken
+	}
+	return nil
+}
+
+// NATSURL is the URL of the NATS server the process is connected to (the
+// embedded one in dev), for clients of the events and the decision service.
+func (a *App) NATSURL() string { return a.nc.ConnectedUrl() }
+
+// conformanceRatePerMinute is the task creation rate of --conformance, where
+// every caller is one anonymous principal and the suites create tasks in
+// bursts; an explicit --rate-per-minute still wins.
+const conformanceRatePerMinute = 100000
+
+func (a *App) ratePerMinute() int {
+	if a.cfg.Conformance && a.cfg.RatePerMinute == 0 {
+		return conformanceRatePerMinute
+	}
+	return a.cfg.RatePerMinute
+}

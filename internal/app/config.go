@@ -32,6 +32,21 @@ type Config struct {
 	// NATSURL selects an external NATS; empty in dev means embedded.
 	NATSURL   string
 	NATSCreds string
+	// NATS TLS: a CA bundle to trust, and a client certificate and key
+	// (mutual TLS). Empty means the system roots and no client certificate.
+	NATSTLSCA   string
+	NATSTLSCert string
+	NATSTLSKey  string
+
+	// Slack notifications: off when SlackToken is empty. SlackChannel is
+	// the default channel (a policy may name another); SlackSigningSecret
+	// enables the interactivity endpoint and its Deny button.
+	SlackToken         string
+	SlackChannel       string
+	SlackSigningSecret string
+	// SlackAPIURL overrides Slack's API base URL (tests: slacktest). Empty
+	// means https://slack.com/api/.
+	SlackAPIURL string
 
 	// PolicyDir loads a custom policy instead of the embedded default.
 	PolicyDir string
@@ -42,8 +57,14 @@ type Config struct {
 
 	// Limits.
 	RatePerMinute          int
+	RateBurst              int
 	MaxPendingPerPrincipal int
 	PollInterval           time.Duration
+
+	// AuditKeyDir holds the audit signing keys (default DataDir/audit-keys);
+	// AuditRedact records argument digests instead of arguments.
+	AuditKeyDir string
+	AuditRedact bool
 
 	// Conformance serves the MCP endpoint without auth (loopback only).
 	Conformance bool
@@ -89,6 +110,12 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--public-url %q: passkeys need https, or http://localhost; use an https URL (e.g. behind a TLS proxy)", c.PublicURL))
 	case u.Path != "" && u.Path != "/":
 		errs = append(errs, fmt.Errorf("--public-url %q must not have a path", c.PublicURL))
+	}
+	if (c.NATSTLSCert == "") != (c.NATSTLSKey == "") {
+		errs = append(errs, errors.New("--nats-tls-cert and --nats-tls-key go together"))
+	}
+	if c.SlackToken == "" && (c.SlackChannel != "" || c.SlackSigningSecret != "") {
+		errs = append(errs, errors.New("--slack-channel and --slack-signing-secret need --slack-token (SLACK_BOT_TOKEN)"))
 	}
 	if c.SQLiteSync != "FULL" && c.SQLiteSync != "NORMAL" {
 		errs = append(errs, fmt.Errorf("--sqlite-sync %q must be FULL or NORMAL", c.SQLiteSync))
@@ -136,6 +163,13 @@ func (c *Config) Redacted() []any {
 	if policy == "" {
 		policy = "embedded default"
 	}
+	slackState := "off"
+	if c.SlackToken != "" {
+		slackState = "on, default channel " + c.SlackChannel
+		if c.SlackSigningSecret != "" {
+			slackState += ", interactivity on"
+		}
+	}
 	return []any{"addr", c.Addr, "public_url", c.PublicURL, "data_dir", c.DataDir,
-		"temporal", temporal, "namespace", c.TemporalNamespace, "nats", nats, "policy", policy}
+		"temporal", temporal, "namespace", c.TemporalNamespace, "nats", nats, "policy", policy, "slack", slackState}
 }

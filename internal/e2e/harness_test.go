@@ -74,6 +74,11 @@ func startStackConfig(t testing.TB, cfg app.Config, port int) *stack {
 	cfg.DataDir = dir
 	cfg.Addr = fmt.Sprintf("127.0.0.1:%d", port)
 	cfg.SQLiteSync = "NORMAL"
+	// The suite makes many approval requests as one agent; the limits have
+	// tests of their own in mcpserver.
+	if cfg.RatePerMinute == 0 {
+		cfg.RatePerMinute, cfg.RateBurst, cfg.MaxPendingPerPrincipal = 1_000_000, 1_000_000, 1_000_000
+	}
 	a, err := app.New(ctx, cfg, app.ModeDev, nil, io.Discard)
 	if err != nil {
 		cancel()

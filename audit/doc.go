@@ -1,0 +1,36 @@
+// Package audit writes and verifies Countersign's audit records: one
+// append-only chain of signed records per task, stored in a NATS JetStream
+// stream, verifiable offline with nothing but the export and the server's
+// audit public key.
+//
+// # Record
+//
+// A record is one JSON object in RFC 8785 (JCS) canonical form:
+//
+//	{"at":…,"body":{…},"keyId":"ed25519-…","kind":"requested","prev":"","seq":0,
+//	 "sig":"…","stepId":"requested","taskId":"tsk_…","v":1}
+//
+// sig is the Ed25519 signature (base64url, no padding) over the JCS form of
+// the record without its sig member. The record's hash is SHA-256 over its
+// complete canonical form (sig included), hex; prev is the hash of the
+// previous record of the same task ("" for seq 0). keyId names the signing
+// key: "ed25519-" and the first 16 bytes of SHA-256(public key), hex, so a
+// verifier derives it from the key itself.
+//
+// # Invariants
+//
+//   - A task's chain starts with "requested" at seq 0 and has consecutive
+//     seqs; each record's prev is the previous record's hash.
+//   - Appends are idempotent per step: a step ID already in the chain
+//     returns the record written before, and every publish carries the
+//     JetStream Nats-Msg-Id header (task/step) and the expected last
+//     sequence of the task's subject, so retries never duplicate a step and
+//     concurrent writers never fork the chain.
+//   - The chain is sealed by a terminal step (executed, execution-error,
+//     outcome-unknown, denied, expired, cancelled) followed by the "outcome"
+//     record, which [BuildOutcome] derives from the chain; nothing is
+//     appended after it.
+//   - The stream uses file storage and denies delete and purge.
+//   - Only the process holding the [Keyring] (the worker) signs; the private
+//     keys never leave their directory.
+package audit

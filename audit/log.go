@@ -1,0 +1,389 @@
+package audit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Stream and subjects.
+const (
+	StreamName    = "COUNTERSIGN_AUDIT"
+	SubjectPrefix = "countersign.audit."
+)
+
+// MaxChainLen bounds one task's chain. The workflow bounds the decisions it
+// takes, so an honest chain stays far below.
+const MaxChainLen = 1000
+
+// Errors.
+var (
+	// ErrSealed: the task's chain already ends with its outcome.
+	ErrSealed = errors.New("audit: chain is sealed by its outcome")
+	// ErrNotFound: no record for the task.
+	ErrNotFound = errors.New("audit: no records for the task")
+	// ErrReadOnly: the log has no signing keys.
+	ErrReadOnly = errors.New("audit: log has no signing keys")
+	// ErrInvalidTaskID: the task ID cannot name a subject.
+	ErrInvalidTaskID = errors.New("audit: invalid task id")
+	// ErrBrokenChain: the step cannot follow what the chain holds (no
+	// requested record, a full chain, no terminal step to seal). Retrying
+	// does not help; the verifier will report the chain.
+	ErrBrokenChain = errors.New("audit: broken chain")
+)
+
+// Options configures a [Log].
+type Options struct {
+	// Keys signs new records; nil opens the log read-only (an HTTP-only
+	// server, which never writes records).
+	Keys *Keyring
+	// Redact records a digest of the arguments instead of the arguments.
+	Redact bool
+	// Replicas of the stream; 0 means 1.
+	Replicas int
+	// Logger; nil discards.
+	Logger *slog.Logger
+}
+
+// Log is the audit log over a JetStream stream.
+type Log struct {
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	keys   *Keyring
+	redact bool
+	log    *slog.Logger
+}
+
+// Open creates or updates the audit stream and returns the log.
+func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Log, error) {
+	rep := opts.Replicas
+	if rep == 0 {
+		rep = 1
+	}
+	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamName,
+		Description: "Countersign audit records: one signed hash chain per task",
+		Subjects:    []string{SubjectPrefix + ">"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		Replicas:    rep,
+		DenyDelete:  true,
+		DenyPurge:   true,
+		Duplicates:  10 * time.Minute,
+		MaxMsgSize:  1 << 20,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("audit: stream: %w", err)
+	}
+	l := &Log{js: js, stream: s, keys: opts.Keys, redact: opts.Redact, log: opts.Logger}
+	if l.log == nil {
+		l.log = slog.New(slog.DiscardHandler)
+	}
+	return l, nil
+}
+
+// Redact reports whether arguments are recorded as a digest only.
+func (l *Log) Redact() bool { return l.redact }
+
+// ValidTaskID reports whether id can name a chain: 1–128 of [a-z0-9_-].
+func ValidTaskID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// Step is one record to append.
+type Step struct {
+	ID   string // unique within the task; the idempotency key
+	Kind string
+	At   time.Time
+	Body any
+}
+
+// entry is a stored record with its stream position.
+type entry struct {
+	line []byte
+	rec  Record
+	hash string
+	seq  uint64 // stream sequence
+}
+
+// chain reads a task's records in order, one direct get per record (no
+// consumer, so a burst of appends creates no server-side state). It trusts
+// the stream; the verifier does not.
+func (l *Log) chain(ctx context.Context, taskID string) ([]entry, error) {
+	subj := SubjectPrefix + taskID
+	var out []entry
+	seq := uint64(1)
+	for {
+		m, err := l.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("audit: read chain: %w", err)
+		}
+		var r Record
+		if err := json.Unmarshal(m.Data, &r); err != nil {
+			return nil, fmt.Errorf("audit: stored record %d: %w", m.Sequence, err)
+		}
+		out = append(out, entry{line: m.Data, rec: r, hash: Hash(m.Data), seq: m.Sequence})
+		if len(out) > MaxChainLen+2 {
+			return nil, fmt.Errorf("audit: chain of %s is longer than %d records", taskID, MaxChainLen)
+		}
+		seq = m.Sequence + 1
+	}
+}
+
+// Chain returns the canonical lines of a task's records, in order.
+func (l *Log) Chain(ctx context.Context, taskID string) ([][]byte, error) {
+	if !ValidTaskID(taskID) {
+		return nil, ErrInvalidTaskID
+	}
+	es, err := l.chain(ctx, taskID)
+	if err != nil {
+		return nil, err
+	}
+	if len(es) == 0 {
+		return nil, ErrNotFound
+	}
+	out := make([][]byte, len(es))
+	for i, e := range es {
+		out[i] = e.line
+	}
+	return out, nil
+}
+
+func receipt(e entry) Receipt {
+	return Receipt{RecordRef: e.rec.TaskID + "/" + strconv.Itoa(e.rec.Seq), Hash: e.hash, Signature: e.rec.Sig, KeyID: e.rec.KeyID}
+}
+
+// Append adds one step to the task's chain and returns its receipt. A step
+// whose ID is already in the chain returns the earlier record's receipt and
+// writes nothing.
+func (l *Log) Append(ctx context.Context, taskID string, s Step) (Receipt, error) {
+	if l.keys == nil {
+		return Receipt{}, ErrReadOnly
+	}
+	if !ValidTaskID(taskID) {
+		return Receipt{}, ErrInvalidTaskID
+	}
+	if s.ID == "" || s.Kind == "" {
+		return Receipt{}, errors.New("audit: step needs an ID and a kind")
+	}
+	body, err := json.Marshal(s.Body)
+	if err != nil {
+		return Receipt{}, fmt.Errorf("audit: encode %s body: %w", s.Kind, err)
+	}
+	for attempt := 0; ; attempt++ {
+		es, err := l.chain(ctx, taskID)
+		if err != nil {
+			return Receipt{}, err
+		}
+		e, err := l.appendTo(ctx, taskID, es, s, body)
+		if err == nil {
+			return receipt(e), nil
+		}
+		if !isWrongLastSeq(err) || attempt >= 20 {
+			return Receipt{}, err
+		}
+		// Another writer appended meanwhile: read the chain again.
+	}
+}
+
+// appendTo appends s after es, guarded by the subject's last sequence.
+func (l *Log) appendTo(ctx context.Context, taskID string, es []entry, s Step, body json.RawMessage) (entry, error) {
+	for _, e := range es {
+		if e.rec.StepID == s.ID {
+			return e, nil
+		}
+	}
+	var prev string
+	var lastSeq uint64
+	if n := len(es); n > 0 {
+		if es[n-1].rec.Kind == KindOutcome {
+			return entry{}, ErrSealed
+		}
+		prev, lastSeq = es[n-1].hash, es[n-1].seq
+	} else if s.Kind != KindRequested {
+		return entry{}, fmt.Errorf("%w: chain of %s has no requested record; cannot append %s", ErrBrokenChain, taskID, s.Kind)
+	}
+	if len(es) >= MaxChainLen {
+		return entry{}, fmt.Errorf("%w: chain of %s is full", ErrBrokenChain, taskID)
+	}
+	line, rec, err := seal(Record{
+		TaskID: taskID, Seq: len(es), Kind: s.Kind, StepID: s.ID,
+		At: s.At.UTC(), Prev: prev, Body: body,
+	}, l.keys)
+	if err != nil {
+		return entry{}, err
+	}
+	ack, err := l.js.Publish(ctx, SubjectPrefix+taskID, line,
+		jetstream.WithMsgID(taskID+"/"+s.ID),
+		jetstream.WithExpectLastSequencePerSubject(lastSeq))
+	if err != nil {
+		return entry{}, fmt.Errorf("audit: append %s: %w", s.Kind, err)
+	}
+	if ack.Duplicate {
+		// Written by an earlier attempt whose answer was lost: read it back.
+		return entry{}, errWrongLastSeq
+	}
+	return entry{line: line, rec: rec, hash: Hash(line), seq: ack.Sequence}, nil
+}
+
+var errWrongLastSeq = errors.New("audit: chain moved")
+
+func isWrongLastSeq(err error) bool {
+	if errors.Is(err, errWrongLastSeq) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+	}
+	return false
+}
+
+// End is the terminal step [Log.Seal] writes.
+type End struct {
+	Kind         string // a terminal kind: executed, denied, expired, cancelled, …
+	At           time.Time
+	Status       string
+	Disposition  string
+	Detail       string
+	ResultDigest string
+}
+
+// Seal appends the terminal record and the outcome record derived from the
+// chain, and returns the outcome's receipt. It is idempotent.
+func (l *Log) Seal(ctx context.Context, taskID string, end End) (Receipt, error) {
+	if !IsTerminalKind(end.Kind) {
+		return Receipt{}, fmt.Errorf("%w: %q is not a terminal kind", ErrBrokenChain, end.Kind)
+	}
+	if _, err := l.Append(ctx, taskID, Step{ID: StepEnd, Kind: end.Kind, At: end.At, Body: Ended{
+		Status: end.Status, Disposition: end.Disposition, Detail: end.Detail, ResultDigest: end.ResultDigest,
+	}}); err != nil && !errors.Is(err, ErrSealed) {
+		return Receipt{}, err
+	}
+	for attempt := 0; ; attempt++ {
+		es, err := l.chain(ctx, taskID)
+		if err != nil {
+			return Receipt{}, err
+		}
+		n := len(es)
+		if n > 0 && es[n-1].rec.Kind == KindOutcome {
+			return receipt(es[n-1]), nil
+		}
+		recs := make([]Record, n)
+		hashes := make([]string, n)
+		for i, e := range es {
+			recs[i], hashes[i] = e.rec, e.hash
+		}
+		o, err := BuildOutcome(recs, hashes)
+		if err != nil {
+			return Receipt{}, fmt.Errorf("%w: %v", ErrBrokenChain, err)
+		}
+		body, err := json.Marshal(o)
+		if err != nil {
+			return Receipt{}, err
+		}
+		e, err := l.appendTo(ctx, taskID, es, Step{ID: StepOutcome, Kind: KindOutcome, At: end.At}, body)
+		if err == nil {
+			return receipt(e), nil
+		}
+		if !isWrongLastSeq(err) || attempt >= 20 {
+			return Receipt{}, err
+		}
+	}
+}
+
+// Export calls fn with every record of every task that has a record at or
+// after since (zero: every task), chain by chain, each chain in order.
+func (l *Log) Export(ctx context.Context, since time.Time, fn func(line []byte) error) error {
+	info, err := l.stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("audit: stream info: %w", err)
+	}
+	if info.State.Msgs == 0 {
+		return nil
+	}
+	cfg := jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{SubjectPrefix + ">"},
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		HeadersOnly:    true,
+	}
+	if !since.IsZero() {
+		cfg.DeliverPolicy = jetstream.DeliverByStartTimePolicy
+		cfg.OptStartTime = &since
+	}
+	c, err := l.stream.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("audit: export: %w", err)
+	}
+	// Collect the task IDs first (in order of first appearance), then
+	// write whole chains, so a chain is never cut by since.
+	seen := map[string]bool{}
+	var ids []string
+	last := info.State.LastSeq
+	done := false
+	for !done {
+		batch, err := c.FetchNoWait(500)
+		if err != nil {
+			return fmt.Errorf("audit: export: %w", err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			id := strings.TrimPrefix(m.Subject(), SubjectPrefix)
+			if !seen[id] {
+				seen[id] = true
+				ids = append(ids, id)
+			}
+			if md, err := m.Metadata(); err == nil && md.Sequence.Stream >= last {
+				done = true
+			}
+			if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
+				done = true
+			}
+		}
+		if err := batch.Error(); err != nil {
+			return fmt.Errorf("audit: export: %w", err)
+		}
+		if n == 0 {
+			if !since.IsZero() {
+				break // nothing (more) since the start time
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}
+	for _, id := range ids {
+		es, err := l.chain(ctx, id)
+		if err != nil {
+			return err
+		}
+		for _, e := range es {
+			if err := fn(e.line); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,182 @@
+package audit
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/countersign/countersign/internal/canon"
+	"github.com/countersign/countersign/internal/testnats"
+)
+
+func openLog(t *testing.T) (*Log, *Keyring) { return openLogB(t) }
+
+func openLogB(t testing.TB) (*Log, *Keyring) {
+	t.Helper()
+	js, _ := testnats.Start(t)
+	k := testKeys(t)
+	l, err := Open(context.Background(), js, Options{Keys: k})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, k
+}
+
+func requestedStep(t testing.TB, at time.Time) (Step, canon.ActionHash) {
+	args := json.RawMessage(`{"to":"acct-1","amount":5000,"currency":"USD"}`)
+	h, _ := canon.Hash("transfer_funds", args, "srv")
+	env, err := NewEnvelope("transfer_funds", args, h.String(), "agent", "tool:transfer_funds", "srv", at, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Step{ID: StepRequested, Kind: KindRequested, At: at, Body: Requested{Envelope: env, PolicyVersion: "pv",
+		Requirement: Requirement{Group: "g", Quorum: 1}, ExpiresAt: at.Add(time.Hour)}}, h
+}
+
+func TestLogAppendIsIdempotentAndNeverForks(t *testing.T) {
+	l, k := openLog(t)
+	ctx := context.Background()
+	at := time.Now().UTC()
+	const task = "tsk_log1"
+	req, h := requestedStep(t, at)
+	if _, err := l.Append(ctx, task, Step{ID: "notify", Kind: KindNotified, At: at, Body: struct{}{}}); err == nil {
+		t.Fatal("a chain may not start without its requested record")
+	}
+	r1, err := l.Append(ctx, task, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A retried step writes nothing and answers the same receipt.
+	r2, err := l.Append(ctx, task, req)
+	if err != nil || r2 != r1 {
+		t.Fatalf("retry: %v %+v vs %+v", err, r2, r1)
+	}
+	// Concurrent writers (several steps, each retried at once) make one
+	// linear chain with each step once.
+	var wg sync.WaitGroup
+	errs := make(chan error, 40)
+	for i := range 10 {
+		a := newPasskey(t, fmt.Sprintf("cred%d", i)).approve(t, fmt.Sprintf("ap%d", i), "approve", h, at)
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := l.Append(ctx, task, Step{ID: fmt.Sprintf("decision/%d", i), Kind: KindDecision, At: at,
+					Body: Decision{Decision: "approve", Accepted: true, Approval: &a}})
+				errs <- err
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := l.Append(ctx, task, Step{ID: "reevaluated", Kind: KindReevaluated, At: at, Body: Policy{Allow: true, PolicyVersion: "pv"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Append(ctx, task, Step{ID: "claimed", Kind: KindClaimed, At: at, Body: Policy{Allow: true, PolicyVersion: "pv"}}); err != nil {
+		t.Fatal(err)
+	}
+	end := End{Kind: KindExecuted, At: at, Status: "completed", Disposition: "approved-executed", ResultDigest: "00"}
+	rc, err := l.Seal(ctx, task, end)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc2, err := l.Seal(ctx, task, end)
+	if err != nil || rc2 != rc {
+		t.Fatalf("second seal: %v %+v vs %+v", err, rc2, rc)
+	}
+	if rc.RecordRef != task+"/14" {
+		t.Errorf("receipt ref %q, want %s/14", rc.RecordRef, task)
+	}
+	if _, err := l.Append(ctx, task, Step{ID: "late", Kind: KindNotified, At: at, Body: struct{}{}}); err != ErrSealed {
+		t.Fatalf("append after seal: %v, want ErrSealed", err)
+	}
+	lines, err := l.Chain(ctx, task)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lines) != 15 {
+		t.Fatalf("chain has %d records, want 15", len(lines))
+	}
+	if Hash(lines[14]) != rc.Hash {
+		t.Error("receipt hash is not the outcome record's hash")
+	}
+	rep := Verify(lines, k.PublicKeys(), VerifyOptions{})
+	if !rep.OK {
+		b, _ := json.MarshalIndent(rep, "", " ")
+		t.Fatalf("stored chain does not verify:\n%s", b)
+	}
+	if rep.Tasks[0].Approvals != 10 {
+		t.Errorf("approvals %d, want 10", rep.Tasks[0].Approvals)
+	}
+}
+
+func TestLogStreamDeniesDeleteAndPurge(t *testing.T) {
+	l, _ := openLog(t)
+	ctx := context.Background()
+	req, _ := requestedStep(t, time.Now())
+	if _, err := l.Append(ctx, "tsk_del", req); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.stream.DeleteMsg(ctx, 1); err == nil {
+		t.Error("a record could be deleted")
+	}
+	if err := l.stream.Purge(ctx); err == nil {
+		t.Error("the stream could be purged")
+	}
+	if _, err := l.Chain(ctx, "tsk_del"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLogExport(t *testing.T) {
+	l, k := openLog(t)
+	ctx := context.Background()
+	var got [][]byte
+	if err := l.Export(ctx, time.Time{}, func(b []byte) error { got = append(got, b); return nil }); err != nil || len(got) != 0 {
+		t.Fatalf("empty export: %v, %d lines", err, len(got))
+	}
+	old := time.Now().UTC()
+	for i, task := range []string{"tsk_e1", "tsk_e2", "tsk_e3"} {
+		if i == 2 {
+			time.Sleep(20 * time.Millisecond)
+			old = time.Now().UTC()
+			time.Sleep(20 * time.Millisecond)
+		}
+		req, _ := requestedStep(t, time.Now())
+		if _, err := l.Append(ctx, task, req); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Seal(ctx, task, End{Kind: KindExpired, At: time.Now(), Status: "completed", Disposition: "denied-not-executed"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got = nil
+	if err := l.Export(ctx, time.Time{}, func(b []byte) error { got = append(got, b); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 9 {
+		t.Fatalf("export: %d lines, want 9", len(got))
+	}
+	if rep := Verify(got, k.PublicKeys(), VerifyOptions{}); !rep.OK || len(rep.Tasks) != 3 {
+		t.Fatalf("export does not verify: %+v", rep)
+	}
+	got = nil
+	if err := l.Export(ctx, old, func(b []byte) error { got = append(got, b); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 {
+		t.Fatalf("export since: %d lines, want 3 (one whole chain)", len(got))
+	}
+	got = nil
+	if err := l.Export(ctx, time.Now().Add(time.Hour), func(b []byte) error { got = append(got, b); return nil }); err != nil || len(got) != 0 {
+		t.Fatalf("export since the future: %v, %d lines", err, len(got))
+	}
+}

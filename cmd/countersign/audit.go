@@ -1,0 +1,283 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
+	"time"
+
+	"github.com/countersign/countersign/audit"
+	"github.com/countersign/countersign/internal/app"
+)
+
+const auditUsage = `usage:
+  countersign audit show TASK [--server URL] [--data-dir DIR] [--json]
+  countersign audit export [--since RFC3339] [--server URL] [--data-dir DIR] > audit.jsonl
+  countersign audit verify FILE --key PUBKEY [--key PUBKEY2] [--allow-incomplete] [--json]
+  countersign audit rotate-key [--audit-key-dir DIR | --data-dir DIR]`
+
+// errVerifyFailed makes `audit verify` exit 1 after printing its verdicts.
+var errVerifyFailed = errors.New("audit verification FAILED")
+
+func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return usageError{auditUsage}
+	}
+	sub := args[0]
+	name, rest := splitPositional(args[1:])
+	switch sub {
+	case "show":
+		fs, server, dataDir := newAdminFlags("audit show")
+		asJSON := fs.Bool("json", false, "print the records as JSON Lines, exactly as signed")
+		if err := fs.Parse(rest); err != nil {
+			return parseError(err)
+		}
+		if name == "" && fs.NArg() > 0 {
+			name = fs.Arg(0)
+		}
+		if name == "" {
+			return usageError{"usage: countersign audit show TASK"}
+		}
+		c, err := newAdminClient(*server, *dataDir)
+		if err != nil {
+			return err
+		}
+		var out struct {
+			Records []json.RawMessage `json:"records"`
+		}
+		if err := c.do(ctx, http.MethodGet, "/admin/v1/audit/"+url.PathEscape(name), nil, &out); err != nil {
+			return err
+		}
+		return printChain(stdout, out.Records, *asJSON)
+	case "export":
+		fs, server, dataDir := newAdminFlags("audit export")
+		since := fs.String("since", "", "only chains with a record at or after this RFC 3339 time")
+		if err := fs.Parse(args[1:]); err != nil {
+			return parseError(err)
+		}
+		if fs.NArg() > 0 {
+			return usageError{"usage: countersign audit export [--since T] > file.jsonl"}
+		}
+		path := "/admin/v1/audit"
+		if *since != "" {
+			if _, err := time.Parse(time.RFC3339, *since); err != nil {
+				return usageError{"--since must be an RFC 3339 time, such as 2026-01-02T15:04:05Z"}
+			}
+			path += "?since=" + url.QueryEscape(*since)
+		}
+		c, err := newAdminClient(*server, *dataDir)
+		if err != nil {
+			return err
+		}
+		return c.stream(ctx, path, stdout)
+	case "verify":
+		fs := flag.NewFlagSet("audit verify", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		var keyFiles stringList
+		fs.Var(&keyFiles, "key", "audit public key file (PEM; repeatable; a file may hold several keys)")
+		allow := fs.Bool("allow-incomplete", false, "accept chains of tasks that had not ended when exported")
+		asJSON := fs.Bool("json", false, "print the report as JSON")
+		if err := fs.Parse(rest); err != nil {
+			return parseError(err)
+		}
+		if name == "" && fs.NArg() > 0 {
+			name = fs.Arg(0)
+		}
+		if name == "" || len(keyFiles) == 0 {
+			return usageError{"usage: countersign audit verify FILE --key PUBKEY"}
+		}
+		return verifyExport(name, keyFiles, *allow, *asJSON, stdout)
+	case "rotate-key":
+		fs := flag.NewFlagSet("audit rotate-key", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		dataDir := fs.String("data-dir", envOr("COUNTERSIGN_DATA_DIR", "./countersign-data"), "data directory")
+		keyDir := fs.String("audit-key-dir", envOr("COUNTERSIGN_AUDIT_KEY_DIR", ""), "audit key directory (default DATA_DIR/audit-keys)")
+		if err := fs.Parse(args[1:]); err != nil {
+			return parseError(err)
+		}
+		dir := *keyDir
+		if dir == "" {
+			dir = filepath.Join(*dataDir, app.AuditKeyDir)
+		}
+		k, err := audit.OpenKeyring(dir)
+		if err != nil {
+			return err
+		}
+		id, err := k.Rotate()
+		if err != nil {
+			return err
+		}
+		if *keyDir == "" {
+			if err := os.WriteFile(filepath.Join(*dataDir, app.AuditPubKeyFile), k.PublicKeysPEM(), 0o644); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintf(stdout, "New audit key %s; restart the worker to sign with it. Public keys (give all to auditors):\n%s", id, k.PublicKeysPEM())
+		return nil
+	}
+	return usageError{fmt.Sprintf("unknown audit command %q\n%s", sub, auditUsage)}
+}
+
+// stream copies a streaming admin API answer to w.
+func (c *adminClient) stream(ctx context.Context, path string, w io.Writer) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.server+path, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	hc := *c.http
+	hc.Timeout = 0 // an export may be long; ctx bounds it
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot reach %s: %w", c.server, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var e struct {
+			Error   string `json:"error"`
+			Message string `json:"message"`
+		}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		if json.Unmarshal(b, &e) == nil && e.Message != "" {
+			return fmt.Errorf("GET %s: %s (%s)", path, e.Message, e.Error)
+		}
+		return fmt.Errorf("GET %s: HTTP %d", path, resp.StatusCode)
+	}
+	bw := bufio.NewWriter(w)
+	if _, err := io.Copy(bw, resp.Body); err != nil {
+		return fmt.Errorf("export cut short: %w", err)
+	}
+	return bw.Flush()
+}
+
+func printChain(w io.Writer, recs []json.RawMessage, asJSON bool) error {
+	if asJSON {
+		for _, r := range recs {
+			if _, err := fmt.Fprintf(w, "%s\n", r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEQ\tAT\tSTEP\tDETAIL\tHASH")
+	for _, raw := range recs {
+		var r audit.Record
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return fmt.Errorf("malformed record from the server: %w", err)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.16s…\n", r.Seq, r.At.Format(time.RFC3339), r.Kind, summarize(r), audit.Hash(raw))
+	}
+	return tw.Flush()
+}
+
+// summarize is one line about a record's body.
+func summarize(r audit.Record) string {
+	switch r.Kind {
+	case audit.KindRequested:
+		var b audit.Requested
+		if json.Unmarshal(r.Body, &b) == nil {
+			return fmt.Sprintf("%s by %s, %d of %q, policy %.12s", b.Envelope.Tool, b.Envelope.Principal, b.Requirement.Quorum, b.Requirement.Group, b.PolicyVersion)
+		}
+	case audit.KindDecision:
+		var b audit.Decision
+		if json.Unmarshal(r.Body, &b) == nil {
+			switch {
+			case !b.Accepted:
+				return fmt.Sprintf("%s rejected: %s", b.Decision, b.Reason)
+			case b.Approval != nil:
+				return fmt.Sprintf("%s by %s with passkey %.16s…", b.Decision, b.Approval.ApproverName, b.Approval.CredentialID)
+			case b.Unsigned != nil:
+				return fmt.Sprintf("%s by %s via %s (no passkey)", b.Decision, b.Unsigned.ApproverName, b.Unsigned.Via)
+			}
+		}
+	case audit.KindReevaluated, audit.KindClaimed:
+		var b audit.Policy
+		if json.Unmarshal(r.Body, &b) == nil {
+			return fmt.Sprintf("allow=%t policy %.12s %s", b.Allow, b.PolicyVersion, b.Reason)
+		}
+	case audit.KindOutcome:
+		var b audit.Outcome
+		if json.Unmarshal(r.Body, &b) == nil {
+			return fmt.Sprintf("%s %s, %d approvals", b.Status, b.Disposition, len(b.Approvals))
+		}
+	default:
+		var b audit.Ended
+		if json.Unmarshal(r.Body, &b) == nil && b.Status != "" {
+			return fmt.Sprintf("%s %s", b.Status, b.Disposition)
+		}
+	}
+	return ""
+}
+
+func verifyExport(file string, keyFiles []string, allowIncomplete, asJSON bool, w io.Writer) error {
+	var keys []ed25519.PublicKey
+	for _, kf := range keyFiles {
+		b, err := os.ReadFile(kf)
+		if err != nil {
+			return err
+		}
+		k, err := audit.ParsePublicKeys(b)
+		if err != nil {
+			return fmt.Errorf("%s: %w", kf, err)
+		}
+		keys = append(keys, k...)
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	rep, err := audit.VerifyReader(f, keys, audit.VerifyOptions{AllowIncomplete: allowIncomplete})
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else {
+		failed := 0
+		for _, t := range rep.Tasks {
+			verdict := "OK  "
+			if !t.OK {
+				verdict = "FAIL"
+				failed++
+			}
+			what := t.Disposition
+			if what == "" {
+				what = t.Status
+			}
+			if !t.Complete {
+				what = "pending"
+			}
+			fmt.Fprintf(w, "%s %s %s (%d records, %d approvals)\n", verdict, t.TaskID, what, t.Records, t.Approvals)
+			for _, p := range t.Problems {
+				fmt.Fprintf(w, "     problem: %s\n", p)
+			}
+			for _, n := range t.Notes {
+				fmt.Fprintf(w, "     note: %s\n", n)
+			}
+		}
+		for _, p := range rep.Problems {
+			fmt.Fprintf(w, "FAIL %s\n", p)
+		}
+		fmt.Fprintf(w, "%d tasks, %d failed\n", len(rep.Tasks), failed)
+	}
+	if !rep.OK {
+		return errVerifyFailed
+	}
+	return nil
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/countersign/countersign/audit"
+	"github.com/countersign/countersign/internal/app"
+	"github.com/countersign/countersign/internal/testnats"
+)
+
+func TestAuditVerifyCLI(t *testing.T) {
+	js, _ := testnats.Start(t)
+	keys, err := audit.OpenKeyring(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := audit.Open(context.Background(), js, audit.Options{Keys: keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	at := time.Now()
+	env, _ := audit.NewEnvelope("t", []byte(`{}`), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", "agent", "tool:t", "srv", at, true)
+	if _, err := l.Append(ctx, "tsk_cli", audit.Step{ID: audit.StepRequested, Kind: audit.KindRequested, At: at,
+		Body: audit.Requested{Envelope: env, Requirement: audit.Requirement{Quorum: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Seal(ctx, "tsk_cli", audit.End{Kind: audit.KindExpired, At: at, Status: "completed", Disposition: "denied-not-executed"}); err != nil {
+		t.Fatal(err)
+	}
+	var export []byte
+	if err := l.Export(ctx, time.Time{}, func(b []byte) error { export = append(append(export, b...), '\n'); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	var recs []json.RawMessage
+	for _, l := range strings.Split(strings.TrimSpace(string(export)), "\n") {
+		recs = append(recs, json.RawMessage(l))
+	}
+	var shown strings.Builder
+	if err := printChain(&shown, recs, false); err != nil || !strings.Contains(shown.String(), "requested") ||
+		!strings.Contains(shown.String(), "completed denied-not-executed") || !strings.Contains(shown.String(), "outcome") {
+		t.Fatalf("show: %v\n%s", err, shown.String())
+	}
+	dir := t.TempDir()
+	file, pub := filepath.Join(dir, "audit.jsonl"), filepath.Join(dir, "audit-key.pub")
+	os.WriteFile(file, export, 0o600)
+	os.WriteFile(pub, keys.PublicKeysPEM(), 0o600)
+
+	code, out, _ := runCLI("audit", "verify", file, "--key", pub)
+	if code != 0 || !strings.Contains(out, "OK   tsk_cli denied-not-executed") {
+		t.Fatalf("verify: exit %d\n%s", code, out)
+	}
+	bad := []byte(strings.Replace(string(export), `"expired"`, `"executed"`, 1))
+	os.WriteFile(file, bad, 0o600)
+	code, out, _ = runCLI("audit", "verify", file, "--key", pub)
+	if code != 1 || !strings.Contains(out, "FAIL tsk_cli") {
+		t.Fatalf("tampered verify: exit %d\n%s", code, out)
+	}
+	if code, _, errOut := runCLI("audit", "verify", file); code != 2 || !strings.Contains(errOut, "--key") {
+		t.Fatalf("verify without --key: exit %d %s", code, errOut)
+	}
+}
+
+func TestAuditShowAndExportCLI(t *testing.T) {
+	dir := startDev(t)
+	code, out, errOut := runCLI("audit", "export", "--data-dir", dir)
+	if code != 0 || out != "" {
+		t.Fatalf("export of an empty log: exit %d %q %s", code, out, errOut)
+	}
+	code, _, errOut = runCLI("audit", "show", "tsk_nosuchtask", "--data-dir", dir)
+	if code != 1 || !strings.Contains(errOut, "no audit records") {
+		t.Fatalf("show unknown: exit %d %s", code, errOut)
+	}
+	if _, err := os.Stat(filepath.Join(dir, app.AuditPubKeyFile)); err != nil {
+		t.Fatalf("dev did not write the audit public key: %v", err)
+	}
+	code, out, _ = runCLI("audit", "rotate-key", "--data-dir", dir)
+	if code != 0 || strings.Count(readPEM(t, filepath.Join(dir, app.AuditPubKeyFile)), "BEGIN PUBLIC KEY") != 2 {
+		t.Fatalf("rotate-key: exit %d %s", code, out)
+	}
+}
+
+func readPEM(t *testing.T, p string) string {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

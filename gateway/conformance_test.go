@@ -1,0 +1,138 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/countersign/countersign/gateway"
+)
+
+func conformanceRegistry(t *testing.T) *gateway.Registry {
+	t.Helper()
+	r, err := gateway.NewRegistry(gateway.ConformanceTools()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func run(t *testing.T, r *gateway.Registry, tool, args string) (string, bool, error) {
+	t.Helper()
+	if err := r.Validate(tool, json.RawMessage(args)); err != nil {
+		t.Fatalf("%s %s: %v", tool, args, err)
+	}
+	res, err := r.Execute(context.Background(), tool, gateway.Call{IdempotencyKey: "tsk_test", Arguments: json.RawMessage(args)})
+	var text []string
+	for _, c := range res.Content {
+		var b struct{ Text string }
+		_ = json.Unmarshal(c, &b)
+		text = append(text, b.Text)
+	}
+	return strings.Join(text, "\n"), res.IsError, err
+}
+
+func TestConformanceFixtures(t *testing.T) {
+	r := conformanceRegistry(t)
+	if text, isErr, err := run(t, r, "greet", `{"name":"World"}`); err != nil || isErr || text != "Hello, World!" {
+		t.Errorf("greet: %q %v %v", text, isErr, err)
+	}
+	if text, isErr, err := run(t, r, "slow_compute", `{"seconds":2,"label":"x"}`); err != nil || isErr || !strings.Contains(text, "x") {
+		t.Errorf("slow_compute: %q %v %v", text, isErr, err)
+	}
+	if _, isErr, err := run(t, r, "failing_job", `{}`); err != nil || !isErr {
+		t.Errorf("failing_job must be a tool error: %v %v", isErr, err)
+	}
+	_, _, err := run(t, r, "protocol_error_job", `{}`)
+	var pe *gateway.ProtocolError
+	if !errors.As(err, &pe) || pe.Code != -32603 || pe.Message == "" {
+		t.Errorf("protocol_error_job must fail with a protocol error, got %v", err)
+	}
+}
+
+func TestConformanceFixtureShapes(t *testing.T) {
+	r := conformanceRegistry(t)
+	greet, _ := r.Lookup("greet")
+	slow, _ := r.Lookup("slow_compute")
+	failing, _ := r.Lookup("failing_job")
+	proto, _ := r.Lookup("protocol_error_job")
+	switch {
+	case greet.Async || !greet.ReadOnly:
+		t.Error("greet is synchronous and read-only")
+	case !slow.Async || slow.TaskRequired:
+		t.Error("slow_compute supports tasks without requiring them")
+	case !failing.Async || !failing.TaskRequired:
+		t.Error("failing_job requires a task")
+	case !proto.Async || proto.TaskRequired:
+		t.Error("protocol_error_job supports tasks")
+	}
+	for args, want := range map[string]time.Duration{
+		`{"seconds":0}`:   0,
+		`{"seconds":2}`:   2 * time.Second,
+		`{"seconds":0.2}`: 200 * time.Millisecond,
+	} {
+		if got := slow.Delay(json.RawMessage(args)); got != want {
+			t.Errorf("slow_compute delay for %s = %v, want %v", args, got, want)
+		}
+	}
+	if failing.Delay(nil) != time.Second || proto.Delay(nil) != time.Second {
+		t.Error("the failing jobs wait about a second")
+	}
+}
+
+func TestConformanceFixturesRejectBadArguments(t *testing.T) {
+	r := conformanceRegistry(t)
+	for tool, args := range map[string]string{
+		"slow_compute": `{"seconds":-1}`,
+		"greet":        `{}`,
+		"failing_job":  `{"x":1}`,
+	} {
+		if err := r.Validate(tool, json.RawMessage(args)); err == nil {
+			t.Errorf("%s %s validated", tool, args)
+		}
+	}
+	if err := r.Validate("slow_compute", json.RawMessage(`{"seconds":3601}`)); err == nil {
+		t.Error("slow_compute accepts more than an hour")
+	}
+}
+
+func TestConformanceInputFixtures(t *testing.T) {
+	r := conformanceRegistry(t)
+	exec := func(tool, args, inputs string) string {
+		t.Helper()
+		res, err := r.Execute(context.Background(), tool, gateway.Call{IdempotencyKey: "tsk_test", Arguments: json.RawMessage(args), Inputs: json.RawMessage(inputs)})
+		if err != nil || len(res.Content) == 0 {
+			t.Fatalf("%s: %v %v", tool, res, err)
+		}
+		var b struct{ Text string }
+		_ = json.Unmarshal(res.Content[0], &b)
+		return b.Text
+	}
+	cd, _ := r.Lookup("confirm_delete")
+	if req := cd.TaskInputRequests(json.RawMessage(`{"filename":"a.txt"}`)); len(req) != 1 || !strings.Contains(string(req["confirm"]), "elicitation/create") {
+		t.Errorf("confirm_delete asks one confirmation: %s", req)
+	}
+	if got := exec("confirm_delete", `{"filename":"a.txt"}`, `{"confirm":{"action":"accept","content":{"confirm":true}}}`); !strings.HasPrefix(got, "Deleted a.txt") {
+		t.Errorf("confirmed: %q", got)
+	}
+	if got := exec("confirm_delete", `{"filename":"a.txt"}`, `{"confirm":{"action":"decline"}}`); !strings.HasPrefix(got, "Kept a.txt") {
+		t.Errorf("declined: %q", got)
+	}
+	mi, _ := r.Lookup("multi_input")
+	if req := mi.TaskInputRequests(nil); len(req) != 2 {
+		t.Errorf("multi_input asks two questions: %v", req)
+	}
+	tw, _ := r.Lookup("test_tool_with_task")
+	if req := tw.InputRequests(nil); req["user_name"] == nil || !tw.TaskRequired {
+		t.Errorf("test_tool_with_task asks user_name first and requires a task: %v", req)
+	}
+	if got := exec("test_tool_with_task", `{}`, `{"user_name":{"action":"accept","content":{"name":"Alice"}}}`); !strings.Contains(got, "Hello, Alice!") {
+		t.Errorf("test_tool_with_task: %q", got)
+	}
+	if res, _ := r.Execute(context.Background(), "test_tool_with_task", gateway.Call{IdempotencyKey: "tsk_test", Arguments: json.RawMessage(`{}`)}); !res.IsError {
+		t.Error("test_tool_with_task without an answer must be a tool error")
+	}
+}

@@ -1,0 +1,170 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/countersign/countersign/audit"
+	"github.com/countersign/countersign/internal/app"
+	"github.com/countersign/countersign/tasks"
+)
+
+// exportAudit fetches GET /admin/v1/audit as JSON Lines.
+func (s *stack) exportAudit(token string) (int, [][]byte) {
+	s.t.Helper()
+	req, _ := http.NewRequest("GET", s.base+"/admin/v1/audit", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return resp.StatusCode, nil
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/x-ndjson" {
+		s.t.Errorf("export content type %q", ct)
+	}
+	return resp.StatusCode, bytes.Split(bytes.TrimSpace(b), []byte("\n"))
+}
+
+func TestAuditExportVerifiesOfflineAndTamperingFails(t *testing.T) {
+	s := startStack(t, "", 0)
+	alice := s.enroll("alice", "approvers")
+	bob := s.enroll("bob", "approvers")
+
+	// One executed task (with a rejected decision on the way), one denied,
+	// one cancelled.
+	executed := s.createTask(s.agentToken, "transfer_funds", transferArgs)
+	ref := s.refOf(executed.TaskID)
+	c := s.challenge(ref, "approve")
+	if r := s.decide(ref, c, "approve", flipSignature(t, alice.sign(t, c))); r.Accepted {
+		t.Fatalf("forged assertion accepted: %+v", r)
+	}
+	if r := s.approve(alice, ref, "approve"); !r.Accepted {
+		t.Fatalf("approval rejected: %+v", r)
+	}
+	d := s.waitTerminal(s.agentToken, executed.TaskID)
+	if disposition(d) != tasks.ApprovedExecuted {
+		t.Fatalf("disposition %s", disposition(d))
+	}
+	var receipt audit.Receipt
+	raw, _ := json.Marshal(metaOf(t, d.Result)[audit.MetaKey])
+	if err := json.Unmarshal(raw, &receipt); err != nil || receipt.Hash == "" || receipt.Signature == "" || receipt.KeyID == "" ||
+		!strings.HasPrefix(receipt.RecordRef, executed.TaskID+"/") {
+		t.Fatalf("result _meta[%s] = %s", audit.MetaKey, raw)
+	}
+
+	denied := s.createTask(s.agentToken, "transfer_funds", transferArgs2())
+	if r := s.approve(bob, s.refOf(denied.TaskID), "deny"); !r.Accepted {
+		t.Fatalf("deny rejected: %+v", r)
+	}
+	if d := s.waitTerminal(s.agentToken, denied.TaskID); disposition(d) != tasks.DeniedNotExecuted {
+		t.Fatalf("denied task: %s", disposition(d))
+	}
+
+	// The admin API needs the admin token.
+	if code, _ := s.exportAudit(s.agentToken); code != http.StatusUnauthorized {
+		t.Fatalf("export with the agent token: HTTP %d", code)
+	}
+	var show struct {
+		Records []json.RawMessage `json:"records"`
+	}
+	if code := s.httpJSON("GET", "/admin/v1/audit/"+executed.TaskID, s.adminToken, nil, &show); code != 200 || len(show.Records) < 6 {
+		t.Fatalf("show: HTTP %d, %d records", code, len(show.Records))
+	}
+	if code := s.httpJSON("GET", "/admin/v1/audit/tsk_nosuchtask", s.adminToken, nil, nil); code != http.StatusNotFound {
+		t.Fatalf("show unknown task: HTTP %d", code)
+	}
+	if code := s.httpJSON("GET", "/admin/v1/audit?since=yesterday", s.adminToken, nil, nil); code != http.StatusBadRequest {
+		t.Fatalf("export with a bad since: HTTP %d", code)
+	}
+
+	code, lines := s.exportAudit(s.adminToken)
+	if code != http.StatusOK {
+		t.Fatalf("export: HTTP %d", code)
+	}
+	keys, err := audit.ParsePublicKeys([]byte(readFile(t, filepath.Join(s.dir, app.AuditPubKeyFile))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := audit.Verify(lines, keys, audit.VerifyOptions{})
+	if !rep.OK || len(rep.Tasks) != 2 {
+		b, _ := json.MarshalIndent(rep, "", "  ")
+		t.Fatalf("export does not verify offline:\n%s", b)
+	}
+	byTask := map[string]audit.TaskVerdict{}
+	for _, v := range rep.Tasks {
+		byTask[v.TaskID] = v
+	}
+	if v := byTask[executed.TaskID]; v.Disposition != "approved-executed" || v.Approvals != 1 || !v.Complete {
+		t.Fatalf("executed task verdict: %+v", v)
+	}
+	if v := byTask[denied.TaskID]; v.Disposition != "denied-not-executed" {
+		t.Fatalf("denied task verdict: %+v", v)
+	}
+	// The receipt is the outcome record of the export.
+	found := false
+	var kinds []string
+	for _, l := range lines {
+		var r audit.Record
+		json.Unmarshal(l, &r)
+		if r.TaskID == executed.TaskID && r.Kind != audit.KindNotified {
+			kinds = append(kinds, r.Kind) // notified races the decisions
+		}
+		if audit.Hash(l) == receipt.Hash && r.Kind == audit.KindOutcome && r.Sig == receipt.Signature {
+			found = true
+		}
+	}
+	if !found {
+		t.Error("the result's receipt is not the outcome record in the export")
+	}
+	want := "requested decision decision reevaluated claimed executed outcome"
+	if got := strings.Join(kinds, " "); got != want {
+		t.Errorf("steps of the executed task:\n got %s\nwant %s", got, want)
+	}
+
+	// Tampering: raise the amount in the recorded arguments; drop the
+	// approval; both fail verification.
+	tampered := make([][]byte, len(lines))
+	copy(tampered, lines)
+	for i, l := range tampered {
+		if bytes.Contains(l, []byte(`"amount":50000`)) {
+			tampered[i] = bytes.Replace(l, []byte(`"amount":50000`), []byte(`"amount":90000`), 1)
+			break
+		}
+	}
+	if audit.Verify(tampered, keys, audit.VerifyOptions{}).OK {
+		t.Fatal("export with a changed amount verifies")
+	}
+	var dropped [][]byte
+	for _, l := range lines {
+		if !bytes.Contains(l, []byte(`"accepted":true`)) || !bytes.Contains(l, []byte(executed.TaskID)) {
+			dropped = append(dropped, l)
+		}
+	}
+	if len(dropped) != len(lines)-1 || audit.Verify(dropped, keys, audit.VerifyOptions{}).OK {
+		t.Fatal("export without the approval verifies")
+	}
+	// Written to a file, as an auditor gets it, it verifies the same way.
+	f := filepath.Join(t.TempDir(), "audit.jsonl")
+	if err := os.WriteFile(f, append(bytes.Join(lines, []byte("\n")), '\n'), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fh, _ := os.Open(f)
+	defer fh.Close()
+	if rep, err := audit.VerifyReader(fh, keys, audit.VerifyOptions{}); err != nil || !rep.OK {
+		t.Fatalf("file verify: %v %+v", err, rep)
+	}
+}
+
+func transferArgs2() map[string]any {
+	return map[string]any{"to": "acct-2", "amount": 7777, "currency": "USD"}
+}

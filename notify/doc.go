@@ -1,0 +1,39 @@
+// Package notify is Countersign's outbound and inbound messaging beside the
+// approver site.
+//
+// Outbound, each type implements activities.Notifier (requested, then each
+// accepted approval, then the end, in that order, from the workflow's
+// notification queue):
+//
+//   - [Slack] posts one Block Kit message per task to the channel the policy
+//     names (tasks.Requirement.SlackChannel) or the default one, and updates
+//     that same message (chat.update) as approvals arrive and when the task
+//     ends. The message links to the approval page; approving never happens
+//     in Slack. Channel and ts are kept per task in NATS KV, so an activity
+//     retry updates instead of posting twice.
+//   - [Events] publishes JSON events (v:1, no arguments, no task ID, no
+//     secrets) to the JetStream stream COUNTERSIGN_APPROVALS on
+//     countersign.approvals.requested.<tool> and
+//     countersign.approvals.resolved.<tool>, with Nats-Msg-Id
+//     "<ref>.<type>" so retries are stored once.
+//
+// Inbound:
+//
+//   - [Interactions] is the Slack interactivity endpoint. It verifies every
+//     request's signature (bad or stale: 401), refuses replays (409, NATS KV
+//     create on a digest of timestamp and body), maps the Slack user to an
+//     approver ([SlackUsers]) and delivers an unsigned deny
+//     (tasks.UpdateDenyUnsigned). A deny needs no passkey because it can only
+//     stop a call; the workflow records who denied, via Slack, and when.
+//     Unknown users and non-eligible approvers get an ephemeral error and
+//     nothing changes.
+//   - [DecisionService] mirrors the approver API over NATS request/reply
+//     (countersign.approver.v1.approval, .challenge, .decision). It hands
+//     each request to the approver API's own http.Handler in-process, so
+//     parsing, limits and passkey verification are the same code as over
+//     HTTP; the reply is the HTTP body with the status in a header.
+//
+// Nothing here blocks or fails a task: Slack and NATS failures are returned
+// to the activity, which retries with backoff and then gives up, while the
+// approval page keeps working.
+package notify

@@ -1,0 +1,170 @@
+package notify
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/countersign/countersign/tasks"
+)
+
+// The JetStream stream of approval events and its subjects.
+const (
+	EventsStream       = "COUNTERSIGN_APPROVALS"
+	SubjectRequested   = "countersign.approvals.requested" // + "." + tool
+	SubjectResolved    = "countersign.approvals.resolved"  // + "." + tool
+	EventVersion       = 1
+	EventTypeRequested = "requested"
+	EventTypeResolved  = "resolved"
+)
+
+// eventsDedupWindow is how long JetStream remembers a Nats-Msg-Id: longer
+// than any run of notification retries.
+const eventsDedupWindow = time.Hour
+
+// Event is the JSON payload of every approval event, version [EventVersion].
+// It carries no secrets: no arguments (the display text summarizes them),
+// no task ID (the agent's handle), no tokens or assertions.
+type Event struct {
+	V           int                 `json:"v"`
+	Type        string              `json:"type"` // requested | resolved
+	Ref         string              `json:"ref"`
+	Tool        string              `json:"tool"`
+	DisplayText string              `json:"displayText"`
+	Requester   string              `json:"requester"`
+	Reason      string              `json:"reason"`
+	Group       string              `json:"group"`
+	Quorum      int                 `json:"quorum"`
+	ActionHash  string              `json:"actionHash"`
+	ExpiresAt   time.Time           `json:"expiresAt"`
+	ApproveURL  string              `json:"approveUrl"`
+	At          time.Time           `json:"at"`
+	Status      tasks.Status        `json:"status"`
+	State       tasks.ApprovalState `json:"approvalState"`
+	// Resolved only.
+	Disposition tasks.Disposition `json:"disposition,omitempty"`
+	Message     string            `json:"message,omitempty"`
+	Approvals   []EventApproval   `json:"approvals,omitempty"`
+}
+
+// EventApproval is one accepted decision in a resolved event.
+type EventApproval struct {
+	ApproverID   string    `json:"approverId"`
+	ApproverName string    `json:"approverName"`
+	Decision     string    `json:"decision"`
+	At           time.Time `json:"at"`
+}
+
+// EventsOptions configures [NewEvents].
+type EventsOptions struct {
+	// Replicas of the stream (1 in dev; 3 in a cluster). Zero means 1.
+	Replicas int
+	// MaxAge of events in the stream. Zero means 30 days.
+	MaxAge time.Duration
+}
+
+// Events publishes approval events to JetStream. It implements
+// activities.Notifier. Each event carries Nats-Msg-Id "<ref>.<type>", so a
+// retried publish within the stream's duplicate window is stored once.
+type Events struct {
+	js jetstream.JetStream
+}
+
+// NewEvents creates or updates the [EventsStream] stream.
+func NewEvents(ctx context.Context, js jetstream.JetStream, opts EventsOptions) (*Events, error) {
+	if js == nil {
+		return nil, errors.New("notify: JetStream is required")
+	}
+	if opts.Replicas == 0 {
+		opts.Replicas = 1
+	}
+	if opts.MaxAge == 0 {
+		opts.MaxAge = 30 * 24 * time.Hour
+	}
+	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        EventsStream,
+		Description: "Countersign approval events (JSON, v1)",
+		Subjects:    []string{SubjectRequested + ".>", SubjectResolved + ".>"},
+		Storage:     jetstream.FileStorage,
+		Replicas:    opts.Replicas,
+		MaxAge:      opts.MaxAge,
+		Duplicates:  eventsDedupWindow,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("notify: events stream: %w", err)
+	}
+	return &Events{js: js}, nil
+}
+
+// ToolToken turns a tool name into one subject token: characters that NATS
+// subjects reserve ('.', '*', '>', whitespace) and anything outside
+// printable ASCII become '_'.
+func ToolToken(tool string) string {
+	if tool == "" {
+		return "_"
+	}
+	var b strings.Builder
+	for _, r := range tool {
+		if r <= ' ' || r > '~' || r == '.' || r == '*' || r == '>' {
+			b.WriteByte('_')
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func newEvent(typ string, r tasks.Record, approveURL string) Event {
+	e := Event{
+		V: EventVersion, Type: typ, Ref: r.ApprovalRef, Tool: r.Tool,
+		DisplayText: r.DisplayText, Requester: r.Owner, Reason: r.Requirement.Reason,
+		Group: r.Requirement.Group, Quorum: r.Requirement.Quorum, ActionHash: r.ActionHash,
+		ExpiresAt: r.ExpiresAt, ApproveURL: approveURL, At: r.LastUpdatedAt,
+		Status: r.Status, State: r.ApprovalState,
+	}
+	if e.At.IsZero() {
+		e.At = r.CreatedAt
+	}
+	if typ == EventTypeResolved {
+		e.Disposition = r.Disposition
+		e.Message = r.StatusMessage
+		for _, a := range r.Approvals {
+			e.Approvals = append(e.Approvals, EventApproval{ApproverID: a.ApproverID, ApproverName: a.ApproverName, Decision: a.Decision, At: a.At})
+		}
+	}
+	return e
+}
+
+func (ev *Events) publish(ctx context.Context, subject string, e Event) error {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return fmt.Errorf("notify: encode event: %w", err)
+	}
+	msg := nats.NewMsg(subject + "." + ToolToken(e.Tool))
+	msg.Data = b
+	msg.Header.Set(jetstream.MsgIDHeader, e.Ref+"."+e.Type)
+	if _, err := ev.js.PublishMsg(ctx, msg); err != nil {
+		return fmt.Errorf("notify: publish %s event: %w", e.Type, err)
+	}
+	return nil
+}
+
+// ApprovalRequested implements activities.Notifier.
+func (ev *Events) ApprovalRequested(ctx context.Context, r tasks.Record, approveURL string) error {
+	return ev.publish(ctx, SubjectRequested, newEvent(EventTypeRequested, r, approveURL))
+}
+
+// ApprovalUpdated implements activities.Notifier: it publishes the resolved
+// event when the task has ended and nothing for progress.
+func (ev *Events) ApprovalUpdated(ctx context.Context, r tasks.Record, approveURL string) error {
+	if !r.Status.Terminal() {
+		return nil
+	}
+	return ev.publish(ctx, SubjectResolved, newEvent(EventTypeResolved, r, approveURL))
+}

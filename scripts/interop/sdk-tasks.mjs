@@ -1,0 +1,125 @@
+// The TypeScript SDK (@modelcontextprotocol/sdk 1.32.2) as a 2025-11-25 tasks
+// client against a REAL gated tool on an authenticated `countersign dev`:
+// callToolStream to a task, an approval through the approver API with a
+// software passkey, the result read back, tasks/get, tasks/list,
+// tasks/cancel, the error codes for unknown and foreign tasks, and a client
+// that never declared tasks getting the degraded isError result with no
+// execution.
+//
+// Usage: node sdk-tasks.mjs BASE_URL DATA_DIR   (NODE_PATH has the SDK)
+// Prints one line per check; exits non-zero on any failure.
+import fs from 'node:fs';
+import path from 'node:path';
+import { createRequire } from 'node:module';
+import { SoftwarePasskey, http } from './webauthn.mjs';
+
+const require = createRequire(path.join(process.env.INTEROP_SDK_DIR, 'package.json'));
+const { Client } = require('@modelcontextprotocol/sdk/client/index.js');
+const { StreamableHTTPClientTransport } = require('@modelcontextprotocol/sdk/client/streamableHttp.js');
+const { CallToolResultSchema } = require('@modelcontextprotocol/sdk/types.js');
+
+const [base, dataDir] = process.argv.slice(2);
+const read = (f) => fs.readFileSync(path.join(dataDir, f), 'utf8').trim();
+const agentToken = read('agent-token');
+const adminToken = read('admin-token');
+
+let failed = 0;
+const check = (name, ok, detail = '') => {
+  console.log(`${ok ? 'ok  ' : 'FAIL'} ${name}${detail ? ': ' + detail : ''}`);
+  if (!ok) failed++;
+};
+const text = (r) => (r?.content ?? []).map((c) => c.text ?? '').join('\n');
+
+async function connect(token, name) {
+  const client = new Client({ name, version: '1.0.0' }, { capabilities: {} });
+  const transport = new StreamableHTTPClientTransport(new URL(`${base}/mcp`), {
+    requestInit: { headers: { Authorization: `Bearer ${token}` } },
+  });
+  await client.connect(transport);
+  return client;
+}
+
+async function transfers(client) {
+  const r = await client.callTool({ name: 'list_transfers', arguments: {} });
+  return r.structuredContent?.transfers ?? [];
+}
+
+async function rpcCode(p) {
+  try { await p; return 'no error'; } catch (e) { return e.code; }
+}
+
+try {
+  const passkey = new SoftwarePasskey(base);
+  await passkey.enroll(adminToken, `sdk-approver-${Date.now()}`, ['approvers']);
+  const client = await connect(agentToken, 'countersign-interop-sdk');
+  check('initialize negotiated 2025-11-25', client.getServerCapabilities()?.tasks?.requests?.tools?.call !== undefined,
+    JSON.stringify(client.getServerCapabilities()?.tasks));
+  const tools = await client.listTools();
+  const tf = tools.tools.find((t) => t.name === 'transfer_funds');
+  check('tools/list has transfer_funds with execution.taskSupport', !!tf?.execution?.taskSupport, tf?.execution?.taskSupport);
+  const before = (await transfers(client)).length;
+
+  // 1. callToolStream to a task, approved while the stream polls.
+  const amount = 5000 + Math.floor(Math.random() * 1000);
+  const stream = client.experimental.tasks.callToolStream(
+    { name: 'transfer_funds', arguments: { to: 'acct-interop', amount, currency: 'USD' } },
+    CallToolResultSchema, { task: { ttl: 600000 } });
+  let taskId, result, approving;
+  for await (const msg of stream) {
+    if (msg.type === 'taskCreated') {
+      taskId = msg.task.taskId;
+      check('callToolStream: taskCreated', msg.task.status === 'working', `${taskId} ${msg.task.status}`);
+      approving = passkey.approveNext(adminToken, { taskId });
+    } else if (msg.type === 'result') {
+      result = msg.result;
+    } else if (msg.type === 'error') {
+      throw msg.error;
+    }
+  }
+  await approving;
+  check('result read back after passkey approval', /approved-executed/.test(text(result)) && !result.isError, text(result).slice(0, 120));
+  check('the transfer ran exactly once', (await transfers(client)).length === before + 1);
+
+  // 2. tasks/get, tasks/result, tasks/list.
+  const got = await client.experimental.tasks.getTask(taskId);
+  check('tasks/get: completed', got.status === 'completed', got.status);
+  const res2 = await client.experimental.tasks.getTaskResult(taskId, CallToolResultSchema);
+  check('tasks/result: the same result', text(res2) === text(result));
+  const list = await client.experimental.tasks.listTasks();
+  check('tasks/list: contains the task', list.tasks.some((t) => t.taskId === taskId), `${list.tasks.length} tasks`);
+
+  // 3. tasks/cancel on a pending task; the tool never runs.
+  const stream2 = client.experimental.tasks.callToolStream(
+    { name: 'transfer_funds', arguments: { to: 'acct-cancel', amount: amount + 1, currency: 'USD' } },
+    CallToolResultSchema, { task: { ttl: 600000 } });
+  const first = (await stream2.next()).value;
+  const pendingId = first?.task?.taskId;
+  check('second call: a task', first?.type === 'taskCreated', first?.type);
+  await stream2.return();
+  const cancelled = await client.experimental.tasks.cancelTask(pendingId);
+  check('tasks/cancel: cancelled', cancelled.status === 'cancelled', cancelled.status);
+  check('tasks/get after cancel: cancelled', (await client.experimental.tasks.getTask(pendingId)).status === 'cancelled');
+  check('tasks/cancel on a terminal task: -32602', (await rpcCode(client.experimental.tasks.cancelTask(taskId))) === -32602);
+
+  // 4. Unknown and foreign tasks answer alike: -32602.
+  check('tasks/get unknown task: -32602', (await rpcCode(client.experimental.tasks.getTask('tsk_doesnotexist0000'))) === -32602);
+  const other = await http('POST', `${base}/admin/v1/agents`, { name: `other-agent-${Date.now()}` }, adminToken);
+  const foreign = await connect(other.token, 'countersign-interop-foreign');
+  check('tasks/get foreign task: -32602', (await rpcCode(foreign.experimental.tasks.getTask(taskId))) === -32602);
+  check('tasks/result foreign task: -32602', (await rpcCode(foreign.experimental.tasks.getTaskResult(taskId, CallToolResultSchema))) === -32602);
+  check('tasks/cancel foreign task: -32602', (await rpcCode(foreign.experimental.tasks.cancelTask(taskId))) === -32602);
+  const foreignList = await foreign.experimental.tasks.listTasks();
+  check('tasks/list foreign: none of ours', !foreignList.tasks.some((t) => t.taskId === taskId));
+  await foreign.close();
+
+  // 5. A client that never declared tasks: degraded isError, no execution.
+  const n = (await transfers(client)).length;
+  const plain = await client.callTool({ name: 'transfer_funds', arguments: { to: 'acct-plain', amount: amount + 2, currency: 'USD' } });
+  check('no tasks declared: degraded isError result', plain.isError === true && /denied-not-executed/.test(text(plain)), text(plain).slice(0, 120));
+  check('no tasks declared: nothing executed, no approval pending',
+    (await transfers(client)).length === n && !(await passkey.pending(adminToken)).some?.((a) => a.tool === 'transfer_funds' && a.taskId !== pendingId));
+  await client.close();
+} catch (e) {
+  check('sdk run', false, e?.stack ?? String(e));
+}
+process.exit(failed ? 1 : 0);

@@ -1,0 +1,159 @@
+package web
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/countersign/countersign/tasks"
+)
+
+// inboxChallengeOut decodes inbox and approval challenges alike.
+type inboxChallengeOut struct {
+	ChallengeID    string          `json:"challengeId"`
+	Decision       string          `json:"decision"`
+	DisplayText    string          `json:"displayText"`
+	ExpiresAt      time.Time       `json:"expiresAt"`
+	RequestOptions json.RawMessage `json:"requestOptions"`
+}
+
+func (e *env) inboxChallenge(t *testing.T, approverID string) inboxChallengeOut {
+	t.Helper()
+	r := e.do(t, "POST", "/approver/v1/inbox/"+approverID+"/challenge", nil, "Origin", testPublicURL)
+	wantStatus(t, r, http.StatusOK)
+	return decodeAs[inboxChallengeOut](t, r)
+}
+
+func TestInbox(t *testing.T) {
+	e := newEnv(t)
+	ann := e.enroll(t, "Ann", "finance")
+	bob := e.enroll(t, "Bob", "finance", "ops")
+	cat := e.enroll(t, "Cat", "ops")
+	self := e.enroll(t, testRequester, "finance") // the requester is an approver too
+
+	mine := e.newTask(t, taskSpec{display: "Transfer 100 EUR to acct-42"})
+	ops := e.newTask(t, taskSpec{group: "ops", tool: "deploy_service", args: `{"service":"api"}`, display: "Deploy api"})
+	decided := e.newTask(t, taskSpec{display: "Transfer already approved by Ann", quorum: 2})
+	if _, err := e.store.Update(t.Context(), decided.TaskID, func(r *tasks.Record) error {
+		r.Approvals = append(r.Approvals, tasks.ApprovalEntry{ApproverID: ann.id, ApproverName: "Ann", Decision: tasks.DecisionApprove})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	list := func(t *testing.T, linkOwner string, d approverDevice) inboxListResponse {
+		t.Helper()
+		ch := e.inboxChallenge(t, linkOwner)
+		body := `{"challengeId":"` + ch.ChallengeID + `","response":` + e.assert(t, d, ch.RequestOptions) + `}`
+		r := e.do(t, "POST", "/approver/v1/inbox/"+linkOwner+"/list", body, "Origin", testPublicURL)
+		wantStatus(t, r, http.StatusOK)
+		return decodeAs[inboxListResponse](t, r)
+	}
+	refs := func(out inboxListResponse) string {
+		var s []string
+		for _, a := range out.Approvals {
+			s = append(s, a.DisplayText)
+		}
+		return strings.Join(s, "|")
+	}
+
+	for _, tc := range []struct {
+		name string
+		link string
+		dev  approverDevice
+		who  string
+		want string
+	}{
+		{"only my groups, not what I decided", ann.id, ann, "Ann", mine.DisplayText},
+		{"every group I am in", bob.id, bob, "Bob", mine.DisplayText + "|" + ops.DisplayText + "|" + decided.DisplayText},
+		{"other group only", cat.id, cat, "Cat", ops.DisplayText},
+		{"never my own requests", self.id, self, testRequester, ""},
+		{"the signer's list, whoever's link", ann.id, bob, "Bob", mine.DisplayText + "|" + ops.DisplayText + "|" + decided.DisplayText},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := list(t, tc.link, tc.dev)
+			if out.Approver != tc.who {
+				t.Errorf("approver = %q, want %q", out.Approver, tc.who)
+			}
+			if got := refs(out); got != tc.want {
+				t.Errorf("listed %q, want %q", got, tc.want)
+			}
+			for _, a := range out.Approvals {
+				if a.URL != "/approve/"+a.Ref || !tasks.ValidID(a.Ref) {
+					t.Errorf("item %+v has a bad link", a)
+				}
+			}
+		})
+	}
+
+	t.Run("page", func(t *testing.T) {
+		r := e.do(t, "GET", "/inbox/"+ann.id, nil)
+		wantStatus(t, r, http.StatusOK)
+		body := checkPage(t, r)
+		for _, s := range []string{`data-page="inbox"`, "Approvals for Ann", `id="inbox-open"`} {
+			if !strings.Contains(body, s) {
+				t.Errorf("inbox page lacks %q", s)
+			}
+		}
+		if strings.Contains(body, mine.DisplayText) {
+			t.Error("the inbox page lists approvals without a passkey")
+		}
+	})
+
+	t.Run("bad input", func(t *testing.T) {
+		ch := e.inboxChallenge(t, ann.id)
+		assertion := e.assert(t, ann, ch.RequestOptions)
+		// An approval challenge's assertion is not an inbox assertion.
+		r := e.do(t, "POST", "/approver/v1/approvals/"+mine.ApprovalRef+"/challenge", `{"decision":"approve"}`, "Origin", testPublicURL)
+		wantStatus(t, r, http.StatusOK)
+		approval := decodeAs[inboxChallengeOut](t, r)
+		wrongTask := `{"challengeId":"` + approval.ChallengeID + `","response":` + e.assert(t, ann, approval.RequestOptions) + `}`
+
+		for _, tc := range []struct {
+			name, method, path, body string
+			hdr                      []string
+			status                   int
+			code                     string
+		}{
+			{"unknown approver page", "GET", "/inbox/0123456789abcdef0123456789abcdef", "", nil, 404, ""},
+			{"malformed approver page", "GET", "/inbox/not-an-id", "", nil, 404, ""},
+			{"unknown approver", "POST", "/approver/v1/inbox/0123456789abcdef0123456789abcdef/challenge", "", nil, 404, "not_found"},
+			{"empty list body", "POST", "/approver/v1/inbox/" + ann.id + "/list", "", nil, 400, "invalid_request"},
+			{"no challenge", "POST", "/approver/v1/inbox/" + ann.id + "/list", `{"response":{}}`, nil, 400, "invalid_request"},
+			{"malformed challenge", "POST", "/approver/v1/inbox/" + ann.id + "/list", `{"challengeId":"a/b","response":{}}`, nil, 400, "invalid_request"},
+			{"unknown field", "POST", "/approver/v1/inbox/" + ann.id + "/list", `{"challengeId":"x","response":{},"as":"admin"}`, nil, 400, "invalid_request"},
+			{"cross origin", "POST", "/approver/v1/inbox/" + ann.id + "/list", `{"challengeId":"` + ch.ChallengeID + `","response":` + assertion + `}`, []string{"Origin", "https://evil.example"}, 403, "cross_origin_request"},
+			{"approval challenge", "POST", "/approver/v1/inbox/" + ann.id + "/list", wrongTask, nil, 422, "challenge_wrong_task"},
+			{"garbage assertion", "POST", "/approver/v1/inbox/" + ann.id + "/list", `{"challengeId":"` + ch.ChallengeID + `","response":{"id":"x"}}`, nil, 422, "missing_evidence"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				var body any
+				if tc.body != "" {
+					body = tc.body
+				}
+				hdr := tc.hdr
+				if hdr == nil {
+					hdr = []string{"Origin", testPublicURL}
+				}
+				r := e.do(t, tc.method, tc.path, body, hdr...)
+				wantStatus(t, r, tc.status)
+				if tc.code != "" {
+					if got := decodeAs[errorBody](t, r).Error; got != tc.code {
+						t.Errorf("error = %q, want %q", got, tc.code)
+					}
+				}
+			})
+		}
+		// The refused attempts left the inbox challenge usable once, then never again.
+		body := `{"challengeId":"` + ch.ChallengeID + `","response":` + assertion + `}`
+		r = e.do(t, "POST", "/approver/v1/inbox/"+ann.id+"/list", body, "Origin", testPublicURL)
+		wantStatus(t, r, http.StatusOK)
+		r = e.do(t, "POST", "/approver/v1/inbox/"+ann.id+"/list", body, "Origin", testPublicURL)
+		wantStatus(t, r, http.StatusUnprocessableEntity)
+		if got := decodeAs[errorBody](t, r).Error; got != "challenge_consumed" {
+			t.Errorf("replayed inbox assertion: %q, want challenge_consumed", got)
+		}
+	})
+}

@@ -1,0 +1,143 @@
+package workflows_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/mock"
+	"github.com/stretchr/testify/require"
+
+	"github.com/countersign/countersign/activities"
+	"github.com/countersign/countersign/tasks"
+	"github.com/countersign/countersign/workflows"
+)
+
+// notes records the NotifyUpdate calls, and whether the terminal record was
+// written when the resolved notification was sent.
+type notes struct {
+	h              *harness
+	kinds          []activities.NotifyKind
+	completeBefore bool
+	fail           error
+}
+
+func (h *harness) captureNotes() *notes {
+	n := &notes{h: h}
+	h.env.OnActivity(acts.NotifyUpdate, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in activities.NotifyUpdateInput) error {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if in.Version != activities.Version || in.TaskID != h.in.Envelope.TaskID {
+				h.t.Errorf("NotifyUpdate input = %+v", in)
+			}
+			n.kinds = append(n.kinds, in.Kind)
+			if in.Kind == activities.NotifyResolved {
+				n.completeBefore = len(h.completes) == 1
+			}
+			return n.fail
+		})
+	return n
+}
+
+func (h *harness) denyUnsignedAt(at time.Duration, updateID string, d tasks.UnsignedDenial) *updateOutcome {
+	u := &updateOutcome{}
+	h.env.RegisterDelayedCallback(func() {
+		h.env.UpdateWorkflow(tasks.UpdateDenyUnsigned, updateID, u.callbacks(), d)
+	}, at)
+	return u
+}
+
+func TestNotifiesEachApprovalAndTheEnd(t *testing.T) {
+	h := newHarness(t, 2)
+	n := h.captureNotes()
+	h.decideAt(time.Hour, "u1", approve("alice"))
+	h.decideAt(2*time.Hour, "u2", approve("bob"))
+	out, err := h.run()
+	require.NoError(t, err)
+	require.Equal(t, tasks.ApprovedExecuted, out.Disposition)
+	require.Equal(t, []activities.NotifyKind{activities.NotifyProgress, activities.NotifyProgress, activities.NotifyResolved}, n.kinds)
+	require.True(t, n.completeBefore, "the end must be notified after the terminal record is written")
+	h.env.AssertActivityNumberOfCalls(t, "Notify", 1)
+}
+
+func TestNotifiesExpiry(t *testing.T) {
+	h := newHarness(t, 1)
+	n := h.captureNotes()
+	out, err := h.run()
+	require.NoError(t, err)
+	require.Equal(t, tasks.DeniedNotExecuted, out.Disposition)
+	require.Equal(t, []activities.NotifyKind{activities.NotifyResolved}, n.kinds)
+}
+
+// Slack and NATS down for good: the task still ends normally; the
+// notifications are retried, then given up on.
+func TestNotifyUpdateFailureDoesNotFailTheTask(t *testing.T) {
+	h := newHarness(t, 1)
+	h.notifyErr = errors.New("slack down")
+	n := h.captureNotes()
+	n.fail = errors.New("slack down")
+	h.decideAt(time.Hour, "u1", approve("alice"))
+	out, err := h.run()
+	require.NoError(t, err)
+	require.Equal(t, tasks.ApprovedExecuted, out.Disposition)
+	require.Equal(t, 1, h.executeCalls())
+	require.Equal(t, activities.NotifyResolved, n.kinds[len(n.kinds)-1])
+	h.env.AssertActivityNumberOfCalls(t, "NotifyUpdate", 10) // 2 notifications × 5 attempts
+}
+
+func TestUnsignedDenyEndsWithoutExecuting(t *testing.T) {
+	h := newHarness(t, 2)
+	n := h.captureNotes()
+	h.decideAt(time.Hour, "u1", approve("alice"))
+	u := h.denyUnsignedAt(2*time.Hour, "d1", tasks.UnsignedDenial{ApproverID: "id-bob", ApproverName: "bob", Via: "slack", At: t0})
+	out, err := h.run()
+	require.NoError(t, err)
+	require.Equal(t, tasks.StatusCompleted, out.Status)
+	require.Equal(t, tasks.DeniedNotExecuted, out.Disposition)
+	require.Equal(t, 0, h.executeCalls())
+	res := decisionResult(t, u)
+	require.True(t, res.Accepted)
+	require.Equal(t, tasks.ApprovalDenied, res.Status)
+
+	c := h.complete()
+	require.Equal(t, tasks.ApprovalDenied, c.ApprovalState)
+	require.Contains(t, c.Detail, "Denied by bob via slack (without a passkey)")
+	require.Len(t, c.Approvals, 2)
+	last := c.Approvals[1]
+	require.Equal(t, "id-bob", last.ApproverID)
+	require.Equal(t, tasks.DecisionDeny, last.Decision)
+	require.Empty(t, last.CredentialID)
+	require.Equal(t, t0.Add(2*time.Hour), last.At)
+	require.Equal(t, activities.NotifyResolved, n.kinds[len(n.kinds)-1])
+}
+
+func TestUnsignedDenyValidator(t *testing.T) {
+	h := newHarness(t, 1)
+	h.captureNotes()
+	ok := tasks.UnsignedDenial{ApproverID: "id-bob", ApproverName: "bob", Via: "slack"}
+	noApprover := ok
+	noApprover.ApproverID = ""
+	noVia := ok
+	noVia.Via = ""
+	long := ok
+	long.Comment = string(make([]byte, workflows.MaxCommentLen+1))
+	bad := []*updateOutcome{
+		h.denyUnsignedAt(time.Minute, "b1", noApprover),
+		h.denyUnsignedAt(2*time.Minute, "b2", noVia),
+		h.denyUnsignedAt(3*time.Minute, "b3", long),
+	}
+	h.decideAt(time.Hour, "u1", approve("alice"))
+	h.completeAfter = 2 * time.Hour // the workflow is still open, its outcome decided
+	late := h.denyUnsignedAt(90*time.Minute, "late", ok)
+	out, err := h.run()
+	require.NoError(t, err)
+	require.Equal(t, tasks.ApprovedExecuted, out.Disposition, "malformed unsigned denials changed nothing")
+	for _, u := range bad {
+		require.True(t, u.done)
+		requireAppErrType(t, u.rejected, workflows.ErrTypeMalformedDecision)
+	}
+	require.True(t, late.done)
+	requireAppErrType(t, late.rejected, workflows.ErrTypeTaskNotPending)
+}

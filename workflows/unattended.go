@@ -1,0 +1,183 @@
+package workflows
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"time"
+
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/countersign/countersign/tasks"
+)
+
+// ChangeUnattended is the workflow.GetVersion change ID of unattended tasks:
+// a call that policy allowed on an asynchronous tool (gateway.Tool.Async)
+// runs in this workflow without approval. Its requirement has no approver
+// group and quorum 0 (policy can never ask for quorum 0: pdp rejects it),
+// and ExpiresAt is when it starts. Until then tasks/cancel ends it
+// cancelled; then policy is re-evaluated and the tool runs once, exactly as
+// after an approval. Before this change such input failed validation.
+const ChangeUnattended = "unattended-async"
+
+// unattended reports a requirement without approvers: quorum 0 and no
+// group. A quorum 0 with a group stays invalid.
+func unattended(r tasks.Requirement) bool {
+	return r.Quorum == 0 && r.Group == ""
+}
+
+// awaitStart waits, cancellably, until the unattended task's start time,
+// then moves it on as if approved.
+func (w *approval) awaitStart(ctx workflow.Context) {
+	if workflow.GetVersion(ctx, ChangeUnattended, workflow.DefaultVersion, 1) == workflow.DefaultVersion {
+		w.awaitDecision(ctx) // unreachable: such input did not validate before
+		return
+	}
+	left := func() bool { return w.phase != phasePending }
+	start := w.in.ExpiresAt
+	if w.input != nil {
+		// First the client's answers (tasks/update), then the wait.
+		answered := func() bool { return len(w.input.pending) == 0 || left() }
+		ok, err := workflow.AwaitWithTimeout(ctx, InputWaitTimeout, answered)
+		switch {
+		case err != nil && !ok:
+			w.log.Warn("workflow cancelled while waiting for input", "error", err)
+			w.endAs(cancelledEnding())
+			return
+		case left():
+			return // cancelled
+		case !ok:
+			w.endAs(&ending{status: tasks.StatusFailed, approvalState: tasks.ApprovalExpired, event: "expired",
+				detail: "The client did not answer the task's input requests in time.", message: "Failed: input not provided in time"})
+			return
+		}
+		b, err := json.Marshal(w.input.answers) // keys sorted: deterministic
+		if err != nil {
+			w.endAs(&ending{status: tasks.StatusFailed, approvalState: tasks.ApprovalFailed, event: "failed",
+				detail: "The answers could not be encoded.", message: "Failed: invalid input"})
+			return
+		}
+		w.in.Envelope.InputResponses = b
+		start = workflow.Now(ctx).Add(w.in.Requirement.TTL)
+	}
+	if remaining := start.Sub(workflow.Now(ctx)); remaining > 0 {
+		ok, err := workflow.AwaitWithTimeout(ctx, remaining, left)
+		if err != nil && !ok {
+			w.log.Warn("workflow cancelled while waiting to start", "error", err)
+			w.endAs(cancelledEnding())
+			return
+		}
+	}
+	if w.phase == phasePending {
+		w.phase = phaseApproved
+	}
+}
+
+// unattendedStatus is the status message of an unattended task before it
+// ends.
+func (w *approval) unattendedStatus() string {
+	if w.input != nil && len(w.input.pending) > 0 {
+		return fmt.Sprintf("Waiting for the client's input (%d request(s))", len(w.input.pending))
+	}
+	if w.phase == phasePending {
+		return "Scheduled: " + w.in.Envelope.Tool + " runs without approval when its wait ends"
+	}
+	return "Running " + w.in.Envelope.Tool
+}
+
+// protocolErrorEnding is the end of a tool that failed with a protocol
+// error: the task is failed (SEP-2663: "failed" is for JSON-RPC errors), the
+// tool did not act.
+func protocolErrorEnding(tool string, appErr *temporal.ApplicationError) *ending {
+	return &ending{status: tasks.StatusFailed, approvalState: tasks.ApprovalFailed,
+		event: "failed", detail: appErr.Message(), message: "Failed: " + tool + " reported a protocol error"}
+}
+
+// unattendedEnding is the end of an unattended task whose tool ran: no
+// disposition, because nothing was approved, so the task's result is the
+// tool's own result, exactly as a synchronous allowed call returns it.
+func unattendedEnding(tool string, res tasks.CallToolResult) *ending {
+	message := tool + " ran once"
+	if res.IsError {
+		message = tool + " ran and returned an error"
+	}
+	return &ending{status: tasks.StatusCompleted, approvalState: tasks.ApprovalExecuted,
+		event: "executed", message: message, toolResult: &res}
+}
+
+// InputWaitTimeout bounds how long an unattended task waits for its client's
+// answers; then it fails.
+const InputWaitTimeout = 24 * time.Hour
+
+// ErrTypeNotWaitingForInput rejects (without history) answers for a task that
+// is not waiting for any.
+const ErrTypeNotWaitingForInput = "not_waiting_for_input"
+
+// inputWait is an unattended task's input requests (SEP-2322) and the
+// answers so far.
+type inputWait struct {
+	pending map[string]json.RawMessage // unanswered requests, by ID
+	answers map[string]json.RawMessage
+}
+
+// registerInput sets up the input requests of an unattended task that has
+// any, and the update that answers them (tasks/update).
+func (w *approval) registerInput(ctx workflow.Context) error {
+	if !unattended(w.in.Requirement) || len(w.in.InputRequests) == 0 {
+		return nil
+	}
+	w.input = &inputWait{pending: maps.Clone(w.in.InputRequests), answers: map[string]json.RawMessage{}}
+	return workflow.SetUpdateHandlerWithOptions(ctx, tasks.UpdateInput, w.provideInput,
+		workflow.UpdateHandlerOptions{Validator: w.validateInputUpdate})
+}
+
+func (w *approval) validateInputUpdate(_ workflow.Context, u tasks.InputUpdate) error {
+	if w.phase != phasePending || len(w.input.pending) == 0 {
+		return temporal.NewApplicationError("the task is not waiting for input", ErrTypeNotWaitingForInput)
+	}
+	return nil
+}
+
+// provideInput records the answers to pending requests (others are
+// ignored) and answers once the read model shows what is still pending.
+func (w *approval) provideInput(ctx workflow.Context, u tasks.InputUpdate) (tasks.InputResult, error) {
+	if err := w.mu.Lock(ctx); err != nil {
+		return tasks.InputResult{}, err
+	}
+	defer w.mu.Unlock()
+	n := 0
+	for id, answer := range u.Responses {
+		if _, ok := w.input.pending[id]; ok && w.phase == phasePending {
+			w.input.answers[id] = answer
+			delete(w.input.pending, id)
+			n++
+		}
+	}
+	if n > 0 {
+		w.recordLocked(ctx, "input", fmt.Sprintf("%d input request(s) answered, %d pending", n, len(w.input.pending)))
+	}
+	return tasks.InputResult{Pending: len(w.input.pending)}, nil
+}
+
+// inputStatus is the read model status of an unattended task that asks for
+// input: input_required while requests are pending, then working; "" (no
+// change) for every other task.
+func (w *approval) inputStatus() tasks.Status {
+	switch {
+	case w.input == nil || w.end != nil:
+		return ""
+	case len(w.input.pending) > 0:
+		return tasks.StatusInputRequired
+	default:
+		return tasks.StatusWorking
+	}
+}
+
+// pendingInputs are the unanswered input requests, for the read model.
+func (w *approval) pendingInputs() map[string]json.RawMessage {
+	if w.input == nil || w.end != nil || len(w.input.pending) == 0 {
+		return nil
+	}
+	return maps.Clone(w.input.pending)
+}
