@@ -31,7 +31,7 @@ func (o *Orchestrator) Running(ctx context.Context, taskID string) (bool, error)
 // Only records older than grace are considered, so a creation in flight is
 // never touched. It returns how many records it failed.
 func Reconcile(ctx context.Context, s *Store, o *Orchestrator, grace time.Duration, log *slog.Logger) (int, error) {
-	pending, err := s.Pending(ctx)
+	pending, err := s.nonTerminal(ctx, func(r Record) bool { return !r.Status.Terminal() })
 	if err != nil {
 		return 0, err
 	}

@@ -370,9 +370,15 @@ func (s *Store) List(ctx context.Context, owner, cursor string, limit int) (page
 	return page, next, nil
 }
 
-// Pending returns every task whose approval is still pending, for the admin
-// API. It scans the pending index.
+// Pending returns every task that awaits approvers, oldest first, for the
+// admin API.
 func (s *Store) Pending(ctx context.Context) ([]Record, error) {
+	return s.nonTerminal(ctx, Record.AwaitsApproval)
+}
+
+// nonTerminal returns the records of the pending index that keep says to
+// keep, oldest first.
+func (s *Store) nonTerminal(ctx context.Context, keep func(Record) bool) ([]Record, error) {
 	keys, err := s.keys(ctx, "p.>")
 	if err != nil {
 		return nil, err
@@ -386,7 +392,7 @@ func (s *Store) Pending(ctx context.Context) ([]Record, error) {
 		if err != nil {
 			return nil, err
 		}
-		if r.ApprovalState == ApprovalPending {
+		if keep(r) {
 			out = append(out, r)
 		}
 	}

@@ -91,6 +91,13 @@ func (r Record) Legacy() LegacyTask {
 	}
 }
 
+// AwaitsApproval reports whether the task waits for approvers. A task run
+// without approval (an allowed call on an asynchronous tool, quorum 0) never
+// does, whatever its status.
+func (r Record) AwaitsApproval() bool {
+	return r.ApprovalState == ApprovalPending && r.Requirement.Quorum > 0 && !r.Status.Terminal()
+}
+
 // Expired reports whether the task outlived its TTL at now.
 func (r Record) Expired(now time.Time) bool {
 	return r.TTL > 0 && now.After(r.CreatedAt.Add(r.TTL))

@@ -159,12 +159,14 @@ func (h *Handler) lookupRef(ctx context.Context, ref string) (tasks.Record, erro
 	return rec, err
 }
 
-// getApproval: GET /approver/v1/approvals/{ref} → 200 approvalView.
+// getApproval: GET /approver/v1/approvals/{ref} → 200 approvalView. Its
+// timeline is read from the task's audit chain when there is one.
 func (h *Handler) getApproval(w http.ResponseWriter, r *http.Request) error {
 	rec, err := h.lookupRef(r.Context(), r.PathValue("ref"))
 	if err != nil {
 		return err
 	}
+	rec = h.withAuditTimeline(r.Context(), rec) // see timeline.go
 	writeJSON(w, http.StatusOK, newApprovalView(rec))
 	return nil
 }
@@ -172,7 +174,7 @@ func (h *Handler) getApproval(w http.ResponseWriter, r *http.Request) error {
 // pending reports whether an approval can still take a decision, as far as
 // the read model knows; the workflow has the last word.
 func (h *Handler) pending(rec tasks.Record) bool {
-	return rec.ApprovalState == tasks.ApprovalPending && !rec.Status.Terminal() && h.now().Before(rec.ExpiresAt)
+	return rec.AwaitsApproval() && h.now().Before(rec.ExpiresAt)
 }
 
 type challengeRequest struct {

@@ -209,6 +209,7 @@ func (h *Handler) approvePage(w http.ResponseWriter, r *http.Request) {
 		h.renderError(w, r, http.StatusInternalServerError)
 		return
 	}
+	rec = h.withAuditTimeline(r.Context(), rec) // see timeline.go
 	now := h.now()
 	state := rec.ApprovalState
 	if state == tasks.ApprovalPending && !now.Before(rec.ExpiresAt) {

@@ -10,11 +10,6 @@ import (
 	"github.com/countersign/countersign/tasks"
 )
 
-// ChangeAuditRecords is the workflow.GetVersion change ID under which the
-// workflow writes its audit chain: one RecordAudit local activity per step,
-// and the seal in Complete. Workflows started before it replay without them.
-const ChangeAuditRecords = "audit-records"
-
 // auditCtx runs RecordAudit as a local activity: in the worker, without a
 // round trip through the Temporal server per step (measured on 2 shared
 // cores, approval to execution p50: ~54 ms with regular activities,
@@ -37,9 +32,6 @@ func auditCtx(ctx workflow.Context) workflow.Context {
 // audit appends one step to the task's audit chain, in order with every
 // other step (under w.mu).
 func (w *approval) audit(ctx workflow.Context, in activities.RecordAuditInput) {
-	if !w.auditOn {
-		return
-	}
 	if err := w.mu.Lock(ctx); err != nil {
 		return
 	}
@@ -51,7 +43,7 @@ func (w *approval) audit(ctx workflow.Context, in activities.RecordAuditInput) {
 // written: the chain is sealed. A step that cannot be written is logged; the
 // offline verifier reports the gap.
 func (w *approval) auditLocked(ctx workflow.Context, in activities.RecordAuditInput) {
-	if !w.auditOn || w.written {
+	if w.written {
 		return
 	}
 	in.Version = activities.Version

@@ -12,15 +12,13 @@ import (
 	"github.com/countersign/countersign/tasks"
 )
 
-// ChangeUnattended is the workflow.GetVersion change ID of unattended tasks:
-// a call that policy allowed on an asynchronous tool (gateway.Tool.Async)
+// Unattended tasks: a call that policy allowed on an asynchronous tool (gateway.Tool.Async)
 // runs in this workflow without approval. Its requirement has no approver
 // group and quorum 0 (policy can never ask for quorum 0: pdp rejects it),
 // and ExpiresAt is when it starts. Until then tasks/cancel ends it
 // cancelled; then policy is re-evaluated and the tool runs once, exactly as
-// after an approval. Before this change such input failed validation.
-const ChangeUnattended = "unattended-async"
-
+// after an approval.
+//
 // unattended reports a requirement without approvers: quorum 0 and no
 // group. A quorum 0 with a group stays invalid.
 func unattended(r tasks.Requirement) bool {
@@ -30,10 +28,6 @@ func unattended(r tasks.Requirement) bool {
 // awaitStart waits, cancellably, until the unattended task's start time,
 // then moves it on as if approved.
 func (w *approval) awaitStart(ctx workflow.Context) {
-	if workflow.GetVersion(ctx, ChangeUnattended, workflow.DefaultVersion, 1) == workflow.DefaultVersion {
-		w.awaitDecision(ctx) // unreachable: such input did not validate before
-		return
-	}
 	left := func() bool { return w.phase != phasePending }
 	start := w.in.ExpiresAt
 	if w.input != nil {

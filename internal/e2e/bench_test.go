@@ -2,12 +2,14 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/countersign/countersign/internal/app"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -18,6 +20,11 @@ import (
 //	go test ./internal/e2e -run '^$' -bench . -benchtime 200x
 //
 // Each reports p50/p99 latencies or a rate as custom metrics.
+
+// benchStack runs countersign dev with its defaults (SQLite synchronous=FULL).
+func benchStack(b *testing.B) *stack {
+	return startStackConfig(b, app.Config{SQLiteSync: benchSync()}, 0)
+}
 
 func percentile(d []time.Duration, p float64) time.Duration {
 	if len(d) == 0 {
@@ -35,13 +42,30 @@ func reportLatency(b *testing.B, prefix string, d []time.Duration) {
 
 // BenchmarkGatedCall measures a requestable tools/call to its
 // CreateTaskResult: policy, action hash, dedup slot, read model write and a
-// durable workflow start.
+// durable workflow start. Calls follow each other back to back, so each
+// one competes with the previous task's first workflow steps for the
+// embedded SQLite file.
 func BenchmarkGatedCall(b *testing.B) {
-	s := startStack(b, "", 0)
+	benchGatedCall(b, 0)
+}
+
+// BenchmarkGatedCallSpaced is BenchmarkGatedCall with 100 ms of quiet
+// between calls (not timed): the latency one agent sees on an idle server.
+func BenchmarkGatedCallSpaced(b *testing.B) {
+	benchGatedCall(b, 100*time.Millisecond)
+}
+
+func benchGatedCall(b *testing.B, pause time.Duration) {
+	s := benchStack(b)
 	var lat []time.Duration
 	i := 0
 	for b.Loop() {
 		i++
+		if pause > 0 {
+			b.StopTimer()
+			time.Sleep(pause)
+			b.StartTimer()
+		}
 		args := map[string]any{"to": fmt.Sprintf("acct-%d", i), "amount": 5000, "currency": "USD"}
 		start := time.Now()
 		task := s.createTask(s.agentToken, "transfer_funds", args)
@@ -56,7 +80,7 @@ func BenchmarkGatedCall(b *testing.B) {
 // BenchmarkTasksGet measures tasks/get throughput with 8 concurrent pollers
 // over a set of pending tasks.
 func BenchmarkTasksGet(b *testing.B) {
-	s := startStack(b, "", 0)
+	s := benchStack(b)
 	var ids []string
 	for i := range 20 {
 		ids = append(ids, s.createTask(s.agentToken, "transfer_funds", map[string]any{"to": fmt.Sprintf("acct-g%d", i), "amount": 5000, "currency": "USD"}).TaskID)
@@ -86,7 +110,7 @@ func BenchmarkTasksGet(b *testing.B) {
 // approver's POST returning accepted) to the task being observed completed
 // with approved-executed by a poller.
 func BenchmarkApprovalToExecuted(b *testing.B) {
-	s := startStack(b, "", 0)
+	s := benchStack(b)
 	alice := s.enroll("alice", "approvers")
 	var decide, toExec []time.Duration
 	i := 0
@@ -118,4 +142,14 @@ func BenchmarkApprovalToExecuted(b *testing.B) {
 	}
 	reportLatency(b, "decision", decide)
 	reportLatency(b, "accepted-to-executed", toExec)
+}
+
+// benchSync is the SQLite synchronous mode of the benchmark stack: FULL (the
+// default of countersign dev) unless COUNTERSIGN_BENCH_SQLITE_SYNC says
+// NORMAL.
+func benchSync() string {
+	if v := os.Getenv("COUNTERSIGN_BENCH_SQLITE_SYNC"); v != "" {
+		return v
+	}
+	return "FULL"
 }

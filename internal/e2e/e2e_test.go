@@ -397,8 +397,9 @@ func TestOrphanedRecordIsFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	live := s.createTask(s.agentToken, "transfer_funds", map[string]any{"to": "acct-live", "amount": 2000, "currency": "USD"})
-	n, err := tasks.Reconcile(ctx, s.app.Store, s.app.Orchestrator, time.Minute, nil)
-	if err != nil || n != 1 {
+	// The app's own reconciler may get there first; either way the orphan
+	// ends failed and the live task is untouched.
+	if n, err := tasks.Reconcile(ctx, s.app.Store, s.app.Orchestrator, time.Minute, nil); err != nil || n > 1 {
 		t.Fatalf("reconcile: %d %v", n, err)
 	}
 	if d, _ := s.getTask(s.agentToken, orphan.TaskID); d.Status != tasks.StatusFailed || d.Error == nil {

@@ -73,7 +73,9 @@ func startStackConfig(t testing.TB, cfg app.Config, port int) *stack {
 	s.cancel = cancel
 	cfg.DataDir = dir
 	cfg.Addr = fmt.Sprintf("127.0.0.1:%d", port)
-	cfg.SQLiteSync = "NORMAL"
+	if cfg.SQLiteSync == "" {
+		cfg.SQLiteSync = "NORMAL" // tests: durable against a process crash, faster
+	}
 	// The suite makes many approval requests as one agent; the limits have
 	// tests of their own in mcpserver.
 	if cfg.RatePerMinute == 0 {

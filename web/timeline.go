@@ -1,0 +1,227 @@
+package web
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gowebpki/jcs"
+
+	"github.com/countersign/countersign/audit"
+	"github.com/countersign/countersign/tasks"
+)
+
+// auditTimelineTimeout bounds reading one task's audit chain for its
+// timeline; past it the page shows the read model's timeline.
+const auditTimelineTimeout = 3 * time.Second
+
+// withAuditTimeline returns rec with its timeline read from the task's
+// audit chain, the signed records auditors check, in the read model's event
+// kinds and details, so the page and the API show the same steps whichever
+// source they come from. Without an audit log, or when the chain is missing
+// (a task whose workflow has not written its first record yet, or started
+// before audit records) or does not hold together, rec keeps the read
+// model's timeline and the reason is logged.
+func (h *Handler) withAuditTimeline(ctx context.Context, rec tasks.Record) tasks.Record {
+	if h.audit == nil {
+		return rec
+	}
+	ctx, cancel := context.WithTimeout(ctx, auditTimelineTimeout)
+	defer cancel()
+	events, err := h.auditTimeline(ctx, rec)
+	switch {
+	case errors.Is(err, audit.ErrNotFound):
+		h.log.DebugContext(ctx, "web: no audit records yet; timeline from the read model", "approval_ref", rec.ApprovalRef)
+	case err != nil:
+		h.log.WarnContext(ctx, "web: audit chain unusable; timeline from the read model",
+			"approval_ref", rec.ApprovalRef, "task_id", rec.TaskID, "error", err)
+	default:
+		rec.Timeline = events
+	}
+	return rec
+}
+
+// errChain reports a chain that does not hold together for this task.
+var errChain = errors.New("web: audit chain")
+
+func chainErr(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errChain, fmt.Sprintf(format, args...))
+}
+
+// auditTimeline reads and checks the task's chain and maps it to timeline
+// events.
+func (h *Handler) auditTimeline(ctx context.Context, rec tasks.Record) ([]tasks.Event, error) {
+	if !audit.ValidTaskID(rec.TaskID) {
+		return nil, audit.ErrInvalidTaskID
+	}
+	lines, err := h.audit.Chain(ctx, rec.TaskID)
+	if err != nil {
+		return nil, err
+	}
+	recs, req, err := checkChain(rec, lines)
+	if err != nil {
+		return nil, err
+	}
+	return chainEvents(recs, req)
+}
+
+// checkChain checks what the web server can check without the public keys
+// (an HTTP-only server holds none; `countersign audit verify` checks the
+// signatures): every record is canonical, signed, of this task, in sequence
+// and linked to the previous one by its hash; the chain starts with the
+// request of this very approval (reference, tool, action hash) and nothing
+// follows its outcome.
+func checkChain(rec tasks.Record, lines [][]byte) ([]audit.Record, audit.Requested, error) {
+	var req audit.Requested
+	recs := make([]audit.Record, 0, len(lines))
+	ended := false
+	for i, line := range lines {
+		c, err := jcs.Transform(line)
+		if err != nil || !bytes.Equal(c, line) {
+			return nil, req, chainErr("record %d is not canonical JSON", i)
+		}
+		var r audit.Record
+		dec := json.NewDecoder(bytes.NewReader(line))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&r); err != nil {
+			return nil, req, chainErr("record %d: %v", i, err)
+		}
+		switch {
+		case r.Version != audit.RecordVersion:
+			return nil, req, chainErr("record %d has version %d", i, r.Version)
+		case r.TaskID != rec.TaskID:
+			return nil, req, chainErr("record %d belongs to another task", i)
+		case r.Seq != i:
+			return nil, req, chainErr("record %d has seq %d", i, r.Seq)
+		case r.Sig == "" || r.KeyID == "":
+			return nil, req, chainErr("record %d is not signed", i)
+		case i == 0 && r.Prev != "":
+			return nil, req, chainErr("record 0 links to a previous record")
+		case i > 0 && r.Prev != audit.Hash(lines[i-1]):
+			return nil, req, chainErr("record %d does not link to record %d", i, i-1)
+		case i == 0 && r.Kind != audit.KindRequested:
+			return nil, req, chainErr("the chain starts with %q", r.Kind)
+		case i > 0 && r.Kind == audit.KindRequested:
+			return nil, req, chainErr("record %d is a second request", i)
+		case ended && r.Kind != audit.KindOutcome:
+			return nil, req, chainErr("record %d follows the task's end", i)
+		case r.Kind == audit.KindOutcome && (!ended || i != len(lines)-1):
+			return nil, req, chainErr("misplaced outcome record %d", i)
+		}
+		if audit.IsTerminalKind(r.Kind) {
+			ended = true
+		}
+		if i == 0 {
+			if err := json.Unmarshal(r.Body, &req); err != nil {
+				return nil, req, chainErr("requested body: %v", err)
+			}
+			if req.ApprovalRef != rec.ApprovalRef || req.Envelope.Tool != rec.Tool || req.Envelope.ActionHash != rec.ActionHash {
+				return nil, req, chainErr("the chain records another call than this approval's")
+			}
+		}
+		recs = append(recs, r)
+	}
+	if len(recs) == 0 {
+		return nil, req, audit.ErrNotFound
+	}
+	return recs, req, nil
+}
+
+// chainEvents maps records to the read model's timeline events. Only what
+// the read model's timeline says is taken from the records: who approved,
+// why a decision was refused, the policy version of the claim and the end;
+// never the assertions, keys, arguments or task ID.
+func chainEvents(recs []audit.Record, req audit.Requested) ([]tasks.Event, error) {
+	tool := req.Envelope.Tool
+	quorum := req.Requirement.Quorum
+	approvers := map[string]bool{}
+	claimed := false
+	out := make([]tasks.Event, 0, len(recs))
+	add := func(r audit.Record, kind, detail string) {
+		out = append(out, tasks.Event{At: r.At, Kind: kind, Detail: detail})
+	}
+	for _, r := range recs {
+		switch r.Kind {
+		case audit.KindRequested:
+			add(r, "requested", req.Requirement.Reason)
+		case audit.KindNotified:
+			add(r, "notified", "")
+		case audit.KindNotifyFail:
+			add(r, "notify-failed", "approvers could not be notified")
+		case audit.KindDecision:
+			var d audit.Decision
+			if err := json.Unmarshal(r.Body, &d); err != nil {
+				return nil, chainErr("decision %d: %v", r.Seq, err)
+			}
+			switch {
+			case !d.Accepted:
+				add(r, "rejected-decision", "rejected decision: "+d.Reason)
+			case d.Decision == tasks.DecisionApprove && d.Approval != nil:
+				approvers[d.Approval.ApproverID] = true
+				add(r, "approval", fmt.Sprintf("approved by %s (%d of %d)", d.Approval.ApproverName, len(approvers), quorum))
+			}
+			// An accepted deny, with a passkey or unsigned through another
+			// channel, ends the task: the "denied" step that follows names
+			// who denied, as in the read model.
+		case audit.KindReevaluated:
+			// Policy's answer shows in the step that follows: "claimed"
+			// when it allowed, "denied" with its reason when it did not.
+		case audit.KindClaimed:
+			var p audit.Policy
+			if err := json.Unmarshal(r.Body, &p); err != nil {
+				return nil, chainErr("claimed %d: %v", r.Seq, err)
+			}
+			claimed = true
+			add(r, "claimed", "policy allowed ("+p.PolicyVersion+")")
+		case audit.KindOutcome:
+			// The summary of the steps above: nothing new to show.
+		default:
+			if !audit.IsTerminalKind(r.Kind) {
+				continue // a kind this server does not know: not shown
+			}
+			var e audit.Ended
+			if err := json.Unmarshal(r.Body, &e); err != nil {
+				return nil, chainErr("%s %d: %v", r.Kind, r.Seq, err)
+			}
+			add(r, r.Kind, endDetail(r.Kind, e, tool, quorum, claimed))
+		}
+	}
+	return out, nil
+}
+
+// endDetail is the detail of a terminal step, in the read model's words.
+// Only a denial's recorded detail is shown as is (who denied and their
+// comment, or policy's reason); a failure's detail may hold a tool's error
+// text, which approvers never see.
+func endDetail(kind string, e audit.Ended, tool string, quorum int, claimed bool) string {
+	approved := "Approved; "
+	if quorum == 0 {
+		approved = "" // unattended: nothing was approved
+	}
+	switch kind {
+	case audit.KindExecuted:
+		return approved + tool + " ran once"
+	case audit.KindExecutionError:
+		return approved + tool + " ran and returned an error"
+	case audit.KindOutcomeUnknown:
+		return "Outcome unknown: " + tool + " was started but did not report back"
+	case audit.KindDenied:
+		if e.Detail != "" {
+			return e.Detail
+		}
+		return "Denied"
+	case audit.KindExpired:
+		return "Approval expired"
+	case audit.KindCancelled:
+		return "Cancelled before execution"
+	case audit.KindFailed:
+		if claimed {
+			return "Failed: " + tool + " reported a protocol error"
+		}
+		return "Failed"
+	}
+	return ""
+}

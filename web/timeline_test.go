@@ -1,0 +1,304 @@
+package web
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gowebpki/jcs"
+
+	"github.com/countersign/countersign/audit"
+	"github.com/countersign/countersign/tasks"
+)
+
+// syncBuffer is a log sink the handler may write from any goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// withAudit opens a real audit log, with signing keys, on the env's
+// embedded NATS and hands it to the handler; logs go to logs.
+func withAudit(t *testing.T, out **audit.Log, logs *syncBuffer) envOption {
+	return func(e *env, opts *Options) {
+		keys, err := audit.OpenKeyring(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := audit.Open(context.Background(), e.js, audit.Options{Keys: keys})
+		if err != nil {
+			t.Fatal(err)
+		}
+		*out = l
+		opts.Audit = l
+		opts.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+}
+
+// requestedStep is the first record of rec's chain, as the workflow writes
+// it; ref overrides the approval reference when not empty.
+func requestedStep(t *testing.T, rec tasks.Record, ref string, at time.Time) audit.Step {
+	t.Helper()
+	if ref == "" {
+		ref = rec.ApprovalRef
+	}
+	env, err := audit.NewEnvelope(rec.Tool, rec.Arguments, rec.ActionHash, rec.Owner, "tool:"+rec.Tool, testServerID, at, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rec.Requirement
+	return audit.Step{ID: audit.StepRequested, Kind: audit.KindRequested, At: at, Body: audit.Requested{
+		Envelope: env, PolicyVersion: "pv-1", ApprovalRef: ref, DisplayText: rec.DisplayText, ExpiresAt: rec.ExpiresAt,
+		Requirement: audit.Requirement{Group: r.Group, Quorum: r.Quorum, TTLSeconds: int64(r.TTL / time.Second),
+			AuthenticatorClass: r.AuthenticatorClass, Reason: "Payments over 50 need two people"},
+	}}
+}
+
+func appendSteps(t *testing.T, l *audit.Log, taskID string, steps ...audit.Step) {
+	t.Helper()
+	for _, s := range steps {
+		if _, err := l.Append(context.Background(), taskID, s); err != nil {
+			t.Fatalf("append %s: %v", s.Kind, err)
+		}
+	}
+}
+
+// Secrets an accepted approval records that approvers must never see.
+const (
+	secretComment = "comment-kept-for-auditors-only"
+	secretCredID  = "cred-id-never-shown"
+	secretChallID = "challenge-id-never-shown"
+)
+
+func approvalStep(id, approverID, name string, at time.Time) audit.Step {
+	return audit.Step{ID: id, Kind: audit.KindDecision, At: at, Body: audit.Decision{
+		Decision: tasks.DecisionApprove, Accepted: true, ChallengeID: secretChallID,
+		Approval: &audit.Approval{Decision: tasks.DecisionApprove, ApproverID: approverID, ApproverName: name,
+			CredentialID: secretCredID, PublicKey: []byte("cose-key"), ChallengeID: secretChallID, Challenge: "Y2hhbGxlbmdl",
+			AuthenticatorData: []byte("authdata"), ClientDataJSON: []byte(`{"challenge":"Y2hhbGxlbmdl"}`),
+			Signature: []byte("assertion-signature"), SignCount: 3, Comment: secretComment, At: at},
+	}}
+}
+
+type viewTimeline struct {
+	Timeline []timelineEvent `json:"timeline"`
+}
+
+func (e *env) timeline(t *testing.T, ref string) ([]timelineEvent, string) {
+	t.Helper()
+	r := e.do(t, "GET", "/approver/v1/approvals/"+ref, nil)
+	wantStatus(t, r, http.StatusOK)
+	var v viewTimeline
+	if err := json.Unmarshal(r.body, &v); err != nil {
+		t.Fatal(err)
+	}
+	return v.Timeline, string(r.body)
+}
+
+// wantInOrder fails unless each of wants occurs in s, each after the last.
+func wantInOrder(t *testing.T, s string, wants ...string) {
+	t.Helper()
+	at := 0
+	for _, w := range wants {
+		i := strings.Index(s[at:], w)
+		if i < 0 {
+			t.Fatalf("%q missing (or out of order) after offset %d in:\n%s", w, at, s)
+		}
+		at += i + len(w)
+	}
+}
+
+func TestTimelineFromAuditChain(t *testing.T) {
+	var l *audit.Log
+	var logs syncBuffer
+	e := newEnv(t, withAudit(t, &l, &logs))
+	rec := e.newTask(t, taskSpec{quorum: 2})
+
+	// No record yet (the workflow has not written its first): the read
+	// model's timeline.
+	got, _ := e.timeline(t, rec.ApprovalRef)
+	if len(got) != 1 || got[0].Kind != "requested" || got[0].Detail != "held for approval" {
+		t.Fatalf("timeline before any record = %+v, want the read model's", got)
+	}
+
+	t0 := time.Now().UTC().Truncate(time.Millisecond)
+	at := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Second) }
+	appendSteps(t, l, rec.TaskID,
+		requestedStep(t, rec, "", at(0)),
+		audit.Step{ID: "notify", Kind: audit.KindNotified, At: at(1), Body: struct{}{}},
+		audit.Step{ID: "decision/u1", Kind: audit.KindDecision, At: at(2), Body: audit.Decision{
+			Decision: tasks.DecisionApprove, Reason: "challenge_consumed", ChallengeID: secretChallID}},
+		approvalStep("decision/u2", "apv_ann", "Ann Lee", at(3)),
+		approvalStep("decision/u3", "apv_bob", "Bob Ortiz", at(4)),
+		audit.Step{ID: "reevaluated", Kind: audit.KindReevaluated, At: at(5), Body: audit.Policy{Allow: true, Effect: "allow", PolicyVersion: "pv-7"}},
+		audit.Step{ID: "claimed", Kind: audit.KindClaimed, At: at(6), Body: audit.Policy{Allow: true, Effect: "allow", PolicyVersion: "pv-7"}},
+	)
+	if _, err := l.Seal(context.Background(), rec.TaskID, audit.End{Kind: audit.KindExecuted, At: at(7),
+		Status: "completed", Disposition: "approved-executed", ResultDigest: strings.Repeat("ab", 32)}); err != nil {
+		t.Fatal(err)
+	}
+
+	got, body := e.timeline(t, rec.ApprovalRef)
+	want := []timelineEvent{
+		{At: at(0), Kind: "requested", Detail: "Payments over 50 need two people"},
+		{At: at(1), Kind: "notified"},
+		{At: at(2), Kind: "rejected-decision", Detail: "rejected decision: challenge_consumed"},
+		{At: at(3), Kind: "approval", Detail: "approved by Ann Lee (1 of 2)"},
+		{At: at(4), Kind: "approval", Detail: "approved by Bob Ortiz (2 of 2)"},
+		{At: at(6), Kind: "claimed", Detail: "policy allowed (pv-7)"},
+		{At: at(7), Kind: "executed", Detail: "Approved; transfer_funds ran once"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("timeline = %+v\nwant %+v", got, want)
+	}
+	for i := range want {
+		if !got[i].At.Equal(want[i].At) || got[i].Kind != want[i].Kind || got[i].Detail != want[i].Detail {
+			t.Errorf("event %d = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	for _, secret := range []string{rec.TaskID, secretComment, secretCredID, secretChallID, "held for approval",
+		"YXNzZXJ0aW9uLXNpZ25hdHVyZQ", "pv-1", strings.Repeat("ab", 32)} {
+		if strings.Contains(body, secret) {
+			t.Errorf("approval JSON shows %q:\n%s", secret, body)
+		}
+	}
+
+	r := e.do(t, "GET", "/approve/"+rec.ApprovalRef, nil)
+	wantStatus(t, r, http.StatusOK)
+	page := checkPage(t, r)
+	_, stepper, _ := strings.Cut(page, `id="timeline"`)
+	wantInOrder(t, stepper, "Requested by "+testRequester, "Payments over 50 need two people", "Approvers notified",
+		"A decision was refused", "A confirmation was replayed; nothing changed.",
+		"Approved by Ann Lee (1 of 2)", "Approved by Bob Ortiz (2 of 2)", "Policy re-checked: allowed", "Executed",
+		"Approved; transfer_funds ran once")
+	for _, secret := range []string{rec.TaskID, secretComment, secretCredID, secretChallID, "held for approval"} {
+		if strings.Contains(page, secret) {
+			t.Errorf("approval page shows %q", secret)
+		}
+	}
+	if strings.Contains(logs.String(), "audit chain unusable") {
+		t.Errorf("a sound chain was logged as unusable:\n%s", logs.String())
+	}
+}
+
+func TestTimelineUnsignedDenyFromAuditChain(t *testing.T) {
+	var l *audit.Log
+	var logs syncBuffer
+	e := newEnv(t, withAudit(t, &l, &logs))
+	rec := e.newTask(t, taskSpec{})
+	t0 := time.Now().UTC().Truncate(time.Millisecond)
+	const detail = "Denied by Ann Lee via slack (without a passkey): call me first"
+	appendSteps(t, l, rec.TaskID,
+		requestedStep(t, rec, "", t0),
+		audit.Step{ID: "decision/u1", Kind: audit.KindDecision, At: t0.Add(time.Second), Body: audit.Decision{
+			Decision: tasks.DecisionDeny, Accepted: true,
+			Unsigned: &audit.Unsigned{ApproverID: "apv_ann", ApproverName: "Ann Lee", Via: "slack", Comment: "call me first"}}},
+	)
+	if _, err := l.Seal(context.Background(), rec.TaskID, audit.End{Kind: audit.KindDenied, At: t0.Add(2 * time.Second),
+		Status: "completed", Disposition: "denied-not-executed", Detail: detail}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := e.timeline(t, rec.ApprovalRef)
+	if len(got) != 2 || got[0].Kind != "requested" || got[1].Kind != "denied" || got[1].Detail != detail {
+		t.Fatalf("timeline = %+v, want requested then denied with %q", got, detail)
+	}
+	r := e.do(t, "GET", "/approve/"+rec.ApprovalRef, nil)
+	wantStatus(t, r, http.StatusOK)
+	_, stepper, _ := strings.Cut(checkPage(t, r), `id="timeline"`)
+	wantInOrder(t, stepper, "Requested by "+testRequester, "Denied", "Denied by Ann Lee via slack (without a passkey): call me first")
+}
+
+// forgedLine is a well-formed record that links to nothing in the chain.
+func forgedLine(t *testing.T, taskID string, seq int) []byte {
+	t.Helper()
+	b, err := json.Marshal(audit.Record{Version: audit.RecordVersion, TaskID: taskID, Seq: seq, Kind: audit.KindClaimed,
+		StepID: "claimed", At: time.Now().UTC(), Prev: strings.Repeat("0", 64), KeyID: "ed25519-forged",
+		Body: json.RawMessage(`{"allow":true,"policyVersion":"forged"}`), Sig: "Zm9yZ2Vk"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err := jcs.Transform(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return line
+}
+
+func TestTimelineFallsBackOnForgedChain(t *testing.T) {
+	var l *audit.Log
+	var logs syncBuffer
+	e := newEnv(t, withAudit(t, &l, &logs))
+	ctx := context.Background()
+	t0 := time.Now().UTC()
+
+	wantReadModel := func(t *testing.T, rec tasks.Record) {
+		t.Helper()
+		got, _ := e.timeline(t, rec.ApprovalRef)
+		if len(got) != 1 || got[0].Kind != "requested" || got[0].Detail != "held for approval" {
+			t.Fatalf("timeline = %+v, want the read model's", got)
+		}
+		r := e.do(t, "GET", "/approve/"+rec.ApprovalRef, nil)
+		wantStatus(t, r, http.StatusOK)
+		page := checkPage(t, r)
+		if !strings.Contains(page, "held for approval") || strings.Contains(page, "Policy re-checked: allowed") {
+			t.Fatalf("page timeline is not the read model's:\n%s", page)
+		}
+	}
+
+	t.Run("record linked to nothing", func(t *testing.T) {
+		rec := e.newTask(t, taskSpec{})
+		appendSteps(t, l, rec.TaskID, requestedStep(t, rec, "", t0),
+			audit.Step{ID: "notify", Kind: audit.KindNotified, At: t0, Body: struct{}{}})
+		// Someone with write access to the stream slips a record in.
+		if _, err := e.js.Publish(ctx, audit.SubjectPrefix+rec.TaskID, forgedLine(t, rec.TaskID, 2)); err != nil {
+			t.Fatal(err)
+		}
+		wantReadModel(t, rec)
+		if !strings.Contains(logs.String(), "does not link to record 1") {
+			t.Errorf("the fallback is not logged with its reason:\n%s", logs.String())
+		}
+	})
+	t.Run("chain of another approval", func(t *testing.T) {
+		rec := e.newTask(t, taskSpec{})
+		appendSteps(t, l, rec.TaskID, requestedStep(t, rec, tasks.NewID("apr_"), t0))
+		wantReadModel(t, rec)
+		if !strings.Contains(logs.String(), "another call than this approval") {
+			t.Errorf("the fallback is not logged with its reason:\n%s", logs.String())
+		}
+	})
+	t.Run("forged first record", func(t *testing.T) {
+		rec := e.newTask(t, taskSpec{})
+		if _, err := e.js.Publish(ctx, audit.SubjectPrefix+rec.TaskID, forgedLine(t, rec.TaskID, 0)); err != nil {
+			t.Fatal(err)
+		}
+		wantReadModel(t, rec)
+	})
+	t.Run("not canonical", func(t *testing.T) {
+		rec := e.newTask(t, taskSpec{})
+		if _, err := e.js.Publish(ctx, audit.SubjectPrefix+rec.TaskID, append([]byte(" "), forgedLine(t, rec.TaskID, 0)...)); err != nil {
+			t.Fatal(err)
+		}
+		wantReadModel(t, rec)
+	})
+	t.Run("missing chain", func(t *testing.T) {
+		wantReadModel(t, e.newTask(t, taskSpec{}))
+	})
+}
