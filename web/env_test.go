@@ -18,6 +18,7 @@ import (
 	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/internal/canon"
 	"github.com/countersign/countersign/internal/testnats"
+	"github.com/countersign/countersign/internal/testpasskey"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
 )
@@ -204,7 +205,7 @@ func (e *env) enrollDevice(t *testing.T, approverID, token string) approverDevic
 	d := approverDevice{
 		id:   approverID,
 		auth: virtualwebauthn.NewAuthenticatorWithOptions(virtualwebauthn.AuthenticatorOptions{UserHandle: []byte(approverID)}),
-		cred: virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2),
+		cred: testpasskey.NewEC2Credential(), // virtualwebauthn.NewCredential fails 1 in 64 registrations
 	}
 	att := virtualwebauthn.CreateAttestationResponse(e.rp, d.auth, d.cred, *opts)
 	r = e.do(t, "POST", "/approver/v1/enrollments/"+token+"/finish",

@@ -2,35 +2,17 @@ package main
 
 import (
 	"bytes"
-	"context"
-	"fmt"
-	"io"
-	"net"
 	"strings"
 	"testing"
 
-	"github.com/countersign/countersign/internal/app"
+	"github.com/countersign/countersign/internal/devtest"
 )
 
+// startDev starts countersign dev (with its own rate limits) and returns
+// its data dir.
 func startDev(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	dir := t.TempDir()
-	ctx, cancel := context.WithCancel(context.Background())
-	a, err := app.New(ctx, app.Config{DataDir: dir, Addr: fmt.Sprintf("127.0.0.1:%d", port), SQLiteSync: "NORMAL"}, app.ModeDev, nil, io.Discard)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return dir
+	return devtest.Start(t, devtest.Options{AppLimits: true}).Dir
 }
 
 func runCLI(args ...string) (int, string, string) {

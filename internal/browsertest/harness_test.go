@@ -1,19 +1,14 @@
 package browsertest
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +16,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/countersign/countersign/internal/app"
+	"github.com/countersign/countersign/internal/devtest"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -253,102 +249,26 @@ func repoRoot(t testing.TB) string {
 	return filepath.Dir(strings.TrimSpace(string(out)))
 }
 
-// ---- countersign dev -------------------------------------------------------
+// ---- countersign dev (internal/devtest) ------------------------------------
 
 // stack is a running `countersign dev` on a temporary data dir.
-type stack struct {
-	t          testing.TB
-	base       string
-	agentToken string
-	adminToken string
-	app        *app.App
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+type stack struct{ *devtest.Stack }
 
 // startStack starts countersign dev, with the policy in policyDir when it
-// is not empty.
+// is not empty, and the app's own rate limits.
 func startStack(t testing.TB, policyDir string) *stack {
 	t.Helper()
-	dir := t.TempDir()
-	port := freePort(t)
-	cfg := app.Config{DataDir: dir, Addr: fmt.Sprintf("127.0.0.1:%d", port), PolicyDir: policyDir, SQLiteSync: "NORMAL"}
-	ctx, cancel := context.WithCancel(context.Background())
-	a, err := app.New(ctx, cfg, app.ModeDev, nil, io.Discard)
-	if err != nil {
-		cancel()
-		t.Fatalf("start countersign dev: %v", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("shutdown: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("countersign did not stop within 30s")
-		}
-	})
-	s := &stack{t: t, base: fmt.Sprintf("http://localhost:%d", port), app: a}
-	s.agentToken = readFile(t, filepath.Join(dir, app.AgentTokenFile))
-	s.adminToken = readFile(t, filepath.Join(dir, app.AdminTokenFile))
-	return s
-}
-
-func readFile(t testing.TB, p string) string {
-	t.Helper()
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.TrimSpace(string(b))
-}
-
-func (s *stack) httpJSON(method, path, token string, body, out any) int {
-	s.t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, _ := http.NewRequest(method, s.base+path, rd)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		s.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if out != nil && len(b) > 0 {
-		if err := json.Unmarshal(b, out); err != nil {
-			s.t.Fatalf("%s %s: HTTP %d, undecodable %q: %v", method, path, resp.StatusCode, b, err)
-		}
-	}
-	return resp.StatusCode
+	return &stack{devtest.Start(t, devtest.Options{Config: app.Config{PolicyDir: policyDir}, AppLimits: true, ClientName: "browsertest"})}
 }
 
 // addApprover creates an approver and returns the enrollment URL.
 func (s *stack) addApprover(name string) string {
-	s.t.Helper()
+	s.T.Helper()
 	var added struct {
 		EnrollURL string `json:"enrollUrl"`
 	}
-	if code := s.httpJSON("POST", "/admin/v1/approvers", s.adminToken, map[string]any{"name": name, "groups": []string{"approvers"}}, &added); code != http.StatusCreated {
-		s.t.Fatalf("add approver %s: HTTP %d", name, code)
+	if code := s.HTTPJSON("POST", "/admin/v1/approvers", s.AdminToken, map[string]any{"name": name, "groups": []string{"approvers"}}, &added); code != http.StatusCreated {
+		s.T.Fatalf("add approver %s: HTTP %d", name, code)
 	}
 	return added.EnrollURL
 }
@@ -364,93 +284,23 @@ type approvalView struct {
 }
 
 func (s *stack) approval(ref string) approvalView {
-	s.t.Helper()
+	s.T.Helper()
 	var v approvalView
-	if code := s.httpJSON("GET", "/approver/v1/approvals/"+ref, "", nil, &v); code != http.StatusOK {
-		s.t.Fatalf("GET approval %s: HTTP %d", ref, code)
+	if code := s.HTTPJSON("GET", "/approver/v1/approvals/"+ref, "", nil, &v); code != http.StatusOK {
+		s.T.Fatalf("GET approval %s: HTTP %d", ref, code)
 	}
 	return v
 }
 
-func (s *stack) transfers() int {
-	s.t.Helper()
-	ts, err := s.app.Ledger.Transfers(context.Background())
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	return len(ts)
-}
-
-// ---- MCP over raw HTTP (2026-07-28) ----------------------------------------
-
-var rpcID atomic.Int64
-
-func (s *stack) mcp(method, name string, params map[string]any) json.RawMessage {
-	s.t.Helper()
-	params["_meta"] = map[string]any{
-		"io.modelcontextprotocol/protocolVersion":    "2026-07-28",
-		"io.modelcontextprotocol/clientCapabilities": map[string]any{"extensions": map[string]any{tasks.ExtTasks: map[string]any{}}},
-		"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "browsertest", "version": "1"},
-	}
-	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": rpcID.Add(1), "method": method, "params": params})
-	req, _ := http.NewRequest("POST", s.base+"/mcp", bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set("MCP-Protocol-Version", "2026-07-28")
-	req.Header.Set("Mcp-Method", method)
-	req.Header.Set("Mcp-Name", name)
-	req.Header.Set("Authorization", "Bearer "+s.agentToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		s.t.Fatalf("%s: %v", method, err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		sc := bufio.NewScanner(bytes.NewReader(raw))
-		sc.Buffer(make([]byte, 1<<20), 16<<20)
-		for sc.Scan() {
-			if d, ok := bytes.CutPrefix(sc.Bytes(), []byte("data:")); ok {
-				raw = append([]byte(nil), bytes.TrimSpace(d)...)
-			}
-		}
-	}
-	var r struct {
-		Result json.RawMessage `json:"result"`
-		Error  *struct {
-			Code    int    `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(raw, &r); err != nil {
-		s.t.Fatalf("%s: HTTP %d, undecodable %q", method, resp.StatusCode, raw)
-	}
-	if r.Error != nil {
-		s.t.Fatalf("%s: error %d %s", method, r.Error.Code, r.Error.Message)
-	}
-	return r.Result
-}
-
 // createTask makes the agent call a gated tool and returns the task ID.
 func (s *stack) createTask(tool string, args map[string]any) string {
-	s.t.Helper()
-	var ct struct {
-		ResultType string `json:"resultType"`
-		TaskID     string `json:"taskId"`
-	}
-	res := s.mcp("tools/call", tool, map[string]any{"name": tool, "arguments": args})
-	if err := json.Unmarshal(res, &ct); err != nil || ct.ResultType != "task" || ct.TaskID == "" {
-		s.t.Fatalf("tools/call %s: want a task, got %s", tool, res)
-	}
-	return ct.TaskID
+	s.T.Helper()
+	return s.CreateTask(s.AgentToken, tool, args).TaskID
 }
 
-type taskResult struct {
-	Status string          `json:"status"`
-	Result json.RawMessage `json:"result"`
-}
+type taskResult struct{ devtest.DetailedTask }
 
-func (r taskResult) disposition() tasks.Disposition { return tasks.DispositionOf(r.Result) }
+func (r taskResult) disposition() tasks.Disposition { return devtest.Disposition(r.DetailedTask) }
 
 func (r taskResult) text() string {
 	var res struct {
@@ -466,46 +316,18 @@ func (r taskResult) text() string {
 	return strings.Join(parts, "\n")
 }
 
+// getTask gets the agent's task; an error answer fails the test.
 func (s *stack) getTask(taskID string) taskResult {
-	s.t.Helper()
-	var tr taskResult
-	if err := json.Unmarshal(s.mcp("tasks/get", taskID, map[string]any{"taskId": taskID}), &tr); err != nil {
-		s.t.Fatal(err)
+	s.T.Helper()
+	d, r := s.GetTask(s.AgentToken, taskID)
+	if r.Error != nil {
+		s.T.Fatalf("tasks/get: error %d %s", r.Error.Code, r.Error.Message)
 	}
-	return tr
+	return taskResult{d}
 }
 
+// waitTerminal polls the agent's task until it is terminal.
 func (s *stack) waitTerminal(taskID string) taskResult {
-	s.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		tr := s.getTask(taskID)
-		if tasks.Status(tr.Status).Terminal() {
-			return tr
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-	s.t.Fatalf("task %s not terminal after 30s", taskID)
-	return taskResult{}
-}
-
-// refOf finds a task's approval reference, as the notification carries it.
-func (s *stack) refOf(taskID string) string {
-	s.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		var list []struct {
-			Ref    string `json:"ref"`
-			TaskID string `json:"taskId"`
-		}
-		s.httpJSON("GET", "/admin/v1/approvals?status=pending", s.adminToken, nil, &list)
-		for _, a := range list {
-			if a.TaskID == taskID {
-				return a.Ref
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	s.t.Fatalf("no pending approval for task %s", taskID)
-	return ""
+	s.T.Helper()
+	return taskResult{s.WaitTerminal(s.AgentToken, taskID)}
 }

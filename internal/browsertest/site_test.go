@@ -2,14 +2,13 @@ package browsertest
 
 import (
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/countersign/countersign/internal/devtest"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -40,7 +39,7 @@ func enroll(t *testing.T, s *stack, dev *device, name, shot string) string {
 // approve decides "approve" on the approval page with the device's passkey.
 func approve(t *testing.T, s *stack, dev *device, ref string) {
 	t.Helper()
-	dev.open(s.base + "/approve/" + ref)
+	dev.open(s.Base + "/approve/" + ref)
 	dev.click("#approve")
 	dev.waitText("#status", "You approved")
 }
@@ -58,7 +57,7 @@ func TestApproverSite(t *testing.T) {
 		var added struct {
 			EnrollURL string `json:"enrollUrl"`
 		}
-		s.httpJSON("POST", "/admin/v1/approvers", s.adminToken, map[string]any{"name": "Once", "groups": []string{"approvers"}}, &added)
+		s.HTTPJSON("POST", "/admin/v1/approvers", s.AdminToken, map[string]any{"name": "Once", "groups": []string{"approvers"}}, &added)
 		dev.open(added.EnrollURL)
 		dev.click("#enroll")
 		dev.waitText("#status", "Your passkey is set up")
@@ -71,10 +70,10 @@ func TestApproverSite(t *testing.T) {
 
 	t.Run("approve a transfer on a phone", func(t *testing.T) {
 		annPhone := annPhone.in(t)
-		before := s.transfers()
+		before := s.Transfers()
 		task := s.createTask("transfer_funds", transferArgs)
-		ref := s.refOf(task)
-		annPhone.open(s.base + "/approve/" + ref)
+		ref := s.RefOf(task)
+		annPhone.open(s.Base + "/approve/" + ref)
 		annPhone.waitText("h1", "Transfer 50,000.00 USD to acct-991")
 		for sel, want := range map[string]string{"#count": "0 of 1", "#state": "Waiting for approval", "#timeline": "Requested by dev-agent"} {
 			if got := annPhone.text(sel); !strings.Contains(got, want) {
@@ -96,7 +95,7 @@ func TestApproverSite(t *testing.T) {
 			t.Fatalf("disposition %s: %s", res.disposition(), res.text())
 		}
 		time.Sleep(500 * time.Millisecond)
-		if got := s.transfers(); got != before+1 {
+		if got := s.Transfers(); got != before+1 {
 			t.Fatalf("ledger has %d new transfers, want exactly 1", got-before)
 		}
 		if annPhone.present("#approve") {
@@ -106,10 +105,10 @@ func TestApproverSite(t *testing.T) {
 
 	t.Run("deny with a comment", func(t *testing.T) {
 		annPhone := annPhone.in(t)
-		before := s.transfers()
+		before := s.Transfers()
 		task := s.createTask("transfer_funds", map[string]any{"to": "acct-666", "amount": 9000, "currency": "EUR"})
-		ref := s.refOf(task)
-		annPhone.open(s.base + "/approve/" + ref)
+		ref := s.RefOf(task)
+		annPhone.open(s.Base + "/approve/" + ref)
 		annPhone.click("#deny")
 		if !annPhone.present("#deny-panel") || annPhone.present("#actions") {
 			t.Fatal("Deny did not open the comment panel")
@@ -123,7 +122,7 @@ func TestApproverSite(t *testing.T) {
 		if res.disposition() != tasks.DeniedNotExecuted || !strings.Contains(res.text(), "Unknown payee, call me first") {
 			t.Fatalf("want a denial carrying the comment, got %s: %s", res.disposition(), res.text())
 		}
-		if s.transfers() != before {
+		if s.Transfers() != before {
 			t.Fatal("a denied transfer ran")
 		}
 	})
@@ -137,7 +136,7 @@ func TestApproverSite(t *testing.T) {
 	t.Run("quorum of two, with the inbox", func(t *testing.T) {
 		annPhone, bobDesk := annPhone.in(t), bobDesk.in(t)
 		task := s.createTask("delete_records", map[string]any{"table": "customers", "filter": "last_order < '2019-01-01' AND region = 'EU'"})
-		ref := s.refOf(task)
+		ref := s.RefOf(task)
 
 		// Ann's inbox lists it.
 		annPhone.open(annInbox)
@@ -163,7 +162,7 @@ func TestApproverSite(t *testing.T) {
 		bobDesk.click("#inbox-open")
 		bobDesk.waitText("#inbox-list", "delete_records")
 
-		bobDesk.open(s.base + "/approve/" + ref)
+		bobDesk.open(s.Base + "/approve/" + ref)
 		bobDesk.waitText("#count", "1 of 2")
 		bobDesk.screenshot("approve-desktop", "")
 		bobDesk.click("#approve")
@@ -185,8 +184,8 @@ func TestApproverSite(t *testing.T) {
 	t.Run("replayed decision", func(t *testing.T) {
 		annPhone := annPhone.in(t)
 		task := s.createTask("delete_records", map[string]any{"table": "audit_log", "filter": "true"})
-		ref := s.refOf(task)
-		annPhone.open(s.base + "/approve/" + ref)
+		ref := s.RefOf(task)
+		annPhone.open(s.Base + "/approve/" + ref)
 		// Capture the decision the page posts.
 		annPhone.do(chromedp.Evaluate[chromedp.Void](`window.__decisions = []; (function(f){ window.fetch = function(u, o){ if (String(u).endsWith("/decision")) window.__decisions.push(o.body); return f.apply(this, arguments); }; })(window.fetch);`))
 		annPhone.click("#approve")
@@ -211,10 +210,10 @@ func TestApproverSite(t *testing.T) {
 		if v := s.approval(ref); v.Status != "pending" || v.Approved != 1 {
 			t.Fatalf("the replay changed the approval: %+v", v)
 		}
-		if s.getTask(task).Status != string(tasks.StatusWorking) {
+		if s.getTask(task).Status != tasks.StatusWorking {
 			t.Fatal("the replay moved the task")
 		}
-		annPhone.open(s.base + "/approve/" + ref)
+		annPhone.open(s.Base + "/approve/" + ref)
 		annPhone.waitText("#timeline", "A confirmation was replayed; nothing changed.")
 		annPhone.waitText("#count", "1 of 2")
 	})
@@ -222,25 +221,14 @@ func TestApproverSite(t *testing.T) {
 
 func TestExpiredApproval(t *testing.T) {
 	browser := newBrowser(t)
-	policy := t.TempDir()
-	rego := `package countersign.authz
-
-decision := {"effect": "requestable", "reason": "short-lived approval", "approver_group": "approvers",
-	"quorum": 1, "approval_ttl_seconds": 1, "authenticator_class": "platform"} if {
-	input.resource.id == "transfer_funds"
-	count(object.get(input.context, "approvals", [])) == 0
-}
-`
-	if err := os.WriteFile(filepath.Join(policy, "short.rego"), []byte(rego), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	policy := devtest.ShortApprovalPolicy(t)
 	s := startStack(t, policy)
 	phone := newDevice(t, browser, true)
 	enroll(t, s, phone, "Ann Lee", "")
 
 	task := s.createTask("transfer_funds", map[string]any{"to": "acct-991", "amount": 50000, "currency": "USD"})
-	ref := s.refOf(task)
-	phone.open(s.base + "/approve/" + ref)
+	ref := s.RefOf(task)
+	phone.open(s.Base + "/approve/" + ref)
 	// Whether the page opened before or after the second ran out, it ends
 	// up saying so and offers no buttons.
 	phone.waitText("#state", "Expired")
@@ -248,7 +236,7 @@ decision := {"effect": "requestable", "reason": "short-lived approval", "approve
 	if res.disposition() != tasks.DeniedNotExecuted {
 		t.Fatalf("disposition %s: %s", res.disposition(), res.text())
 	}
-	phone.open(s.base + "/approve/" + ref)
+	phone.open(s.Base + "/approve/" + ref)
 	phone.waitText("#outcome", "Not enough approvers decided in time")
 	phone.waitText("#timeline", "Expired")
 	if phone.present("#approve") {
@@ -261,7 +249,7 @@ decision := {"effect": "requestable", "reason": "short-lived approval", "approve
 	if !strings.Contains(string(out), `"status":409`) || !strings.Contains(string(out), "task_not_pending") {
 		t.Fatalf("challenge on an expired approval: %s", out)
 	}
-	if s.transfers() != 0 {
+	if s.Transfers() != 0 {
 		t.Fatal("an expired transfer ran")
 	}
 }

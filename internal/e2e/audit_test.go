@@ -17,12 +17,12 @@ import (
 
 // exportAudit fetches GET /admin/v1/audit as JSON Lines.
 func (s *stack) exportAudit(token string) (int, [][]byte) {
-	s.t.Helper()
-	req, _ := http.NewRequest("GET", s.base+"/admin/v1/audit", nil)
+	s.T.Helper()
+	req, _ := http.NewRequest("GET", s.Base+"/admin/v1/audit", nil)
 	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		s.t.Fatal(err)
+		s.T.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
@@ -30,28 +30,28 @@ func (s *stack) exportAudit(token string) (int, [][]byte) {
 		return resp.StatusCode, nil
 	}
 	if ct := resp.Header.Get("Content-Type"); ct != "application/x-ndjson" {
-		s.t.Errorf("export content type %q", ct)
+		s.T.Errorf("export content type %q", ct)
 	}
 	return resp.StatusCode, bytes.Split(bytes.TrimSpace(b), []byte("\n"))
 }
 
 func TestAuditExportVerifiesOfflineAndTamperingFails(t *testing.T) {
 	s := startStack(t, "", 0)
-	alice := s.enroll("alice", "approvers")
-	bob := s.enroll("bob", "approvers")
+	alice := s.Enroll("alice", "approvers")
+	bob := s.Enroll("bob", "approvers")
 
 	// One executed task (with a rejected decision on the way), one denied,
 	// one cancelled.
-	executed := s.createTask(s.agentToken, "transfer_funds", transferArgs)
-	ref := s.refOf(executed.TaskID)
-	c := s.challenge(ref, "approve")
-	if r := s.decide(ref, c, "approve", flipSignature(t, alice.sign(t, c))); r.Accepted {
+	executed := s.CreateTask(s.AgentToken, "transfer_funds", transferArgs)
+	ref := s.RefOf(executed.TaskID)
+	c := s.Challenge(ref, "approve")
+	if r := s.Decide(ref, c, "approve", flipSignature(t, alice.Sign(t, c))); r.Accepted {
 		t.Fatalf("forged assertion accepted: %+v", r)
 	}
-	if r := s.approve(alice, ref, "approve"); !r.Accepted {
+	if r := s.Approve(alice, ref, "approve"); !r.Accepted {
 		t.Fatalf("approval rejected: %+v", r)
 	}
-	d := s.waitTerminal(s.agentToken, executed.TaskID)
+	d := s.WaitTerminal(s.AgentToken, executed.TaskID)
 	if disposition(d) != tasks.ApprovedExecuted {
 		t.Fatalf("disposition %s", disposition(d))
 	}
@@ -62,36 +62,36 @@ func TestAuditExportVerifiesOfflineAndTamperingFails(t *testing.T) {
 		t.Fatalf("result _meta[%s] = %s", audit.MetaKey, raw)
 	}
 
-	denied := s.createTask(s.agentToken, "transfer_funds", transferArgs2())
-	if r := s.approve(bob, s.refOf(denied.TaskID), "deny"); !r.Accepted {
+	denied := s.CreateTask(s.AgentToken, "transfer_funds", transferArgs2())
+	if r := s.Approve(bob, s.RefOf(denied.TaskID), "deny"); !r.Accepted {
 		t.Fatalf("deny rejected: %+v", r)
 	}
-	if d := s.waitTerminal(s.agentToken, denied.TaskID); disposition(d) != tasks.DeniedNotExecuted {
+	if d := s.WaitTerminal(s.AgentToken, denied.TaskID); disposition(d) != tasks.DeniedNotExecuted {
 		t.Fatalf("denied task: %s", disposition(d))
 	}
 
 	// The admin API needs the admin token.
-	if code, _ := s.exportAudit(s.agentToken); code != http.StatusUnauthorized {
+	if code, _ := s.exportAudit(s.AgentToken); code != http.StatusUnauthorized {
 		t.Fatalf("export with the agent token: HTTP %d", code)
 	}
 	var show struct {
 		Records []json.RawMessage `json:"records"`
 	}
-	if code := s.httpJSON("GET", "/admin/v1/audit/"+executed.TaskID, s.adminToken, nil, &show); code != 200 || len(show.Records) < 6 {
+	if code := s.HTTPJSON("GET", "/admin/v1/audit/"+executed.TaskID, s.AdminToken, nil, &show); code != 200 || len(show.Records) < 6 {
 		t.Fatalf("show: HTTP %d, %d records", code, len(show.Records))
 	}
-	if code := s.httpJSON("GET", "/admin/v1/audit/tsk_nosuchtask", s.adminToken, nil, nil); code != http.StatusNotFound {
+	if code := s.HTTPJSON("GET", "/admin/v1/audit/tsk_nosuchtask", s.AdminToken, nil, nil); code != http.StatusNotFound {
 		t.Fatalf("show unknown task: HTTP %d", code)
 	}
-	if code := s.httpJSON("GET", "/admin/v1/audit?since=yesterday", s.adminToken, nil, nil); code != http.StatusBadRequest {
+	if code := s.HTTPJSON("GET", "/admin/v1/audit?since=yesterday", s.AdminToken, nil, nil); code != http.StatusBadRequest {
 		t.Fatalf("export with a bad since: HTTP %d", code)
 	}
 
-	code, lines := s.exportAudit(s.adminToken)
+	code, lines := s.exportAudit(s.AdminToken)
 	if code != http.StatusOK {
 		t.Fatalf("export: HTTP %d", code)
 	}
-	keys, err := audit.ParsePublicKeys([]byte(readFile(t, filepath.Join(s.dir, app.AuditPubKeyFile))))
+	keys, err := audit.ParsePublicKeys([]byte(readFile(t, filepath.Join(s.Dir, app.AuditPubKeyFile))))
 	if err != nil {
 		t.Fatal(err)
 	}

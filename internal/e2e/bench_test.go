@@ -68,7 +68,7 @@ func benchGatedCall(b *testing.B, pause time.Duration) {
 		}
 		args := map[string]any{"to": fmt.Sprintf("acct-%d", i), "amount": 5000, "currency": "USD"}
 		start := time.Now()
-		task := s.createTask(s.agentToken, "transfer_funds", args)
+		task := s.CreateTask(s.AgentToken, "transfer_funds", args)
 		lat = append(lat, time.Since(start))
 		if task.Status != tasks.StatusWorking {
 			b.Fatalf("status %s", task.Status)
@@ -83,7 +83,7 @@ func BenchmarkTasksGet(b *testing.B) {
 	s := benchStack(b)
 	var ids []string
 	for i := range 20 {
-		ids = append(ids, s.createTask(s.agentToken, "transfer_funds", map[string]any{"to": fmt.Sprintf("acct-g%d", i), "amount": 5000, "currency": "USD"}).TaskID)
+		ids = append(ids, s.CreateTask(s.AgentToken, "transfer_funds", map[string]any{"to": fmt.Sprintf("acct-g%d", i), "amount": 5000, "currency": "USD"}).TaskID)
 	}
 	var n atomic.Int64
 	b.ResetTimer()
@@ -94,7 +94,7 @@ func BenchmarkTasksGet(b *testing.B) {
 		wg.Go(func() {
 			for j := range per {
 				id := ids[(w*per+j)%len(ids)]
-				if _, r := s.getTask(s.agentToken, id); r.Error != nil {
+				if _, r := s.GetTask(s.AgentToken, id); r.Error != nil {
 					b.Errorf("tasks/get: %+v", r.Error)
 					return
 				}
@@ -111,24 +111,24 @@ func BenchmarkTasksGet(b *testing.B) {
 // with approved-executed by a poller.
 func BenchmarkApprovalToExecuted(b *testing.B) {
 	s := benchStack(b)
-	alice := s.enroll("alice", "approvers")
+	alice := s.Enroll("alice", "approvers")
 	var decide, toExec []time.Duration
 	i := 0
 	for b.Loop() {
 		i++
 		b.StopTimer()
-		task := s.createTask(s.agentToken, "transfer_funds", map[string]any{"to": fmt.Sprintf("acct-a%d", i), "amount": 5000, "currency": "USD"})
-		ref := s.refOf(task.TaskID)
-		c := s.challenge(ref, "approve")
-		sig := alice.sign(s.t, c)
+		task := s.CreateTask(s.AgentToken, "transfer_funds", map[string]any{"to": fmt.Sprintf("acct-a%d", i), "amount": 5000, "currency": "USD"})
+		ref := s.RefOf(task.TaskID)
+		c := s.Challenge(ref, "approve")
+		sig := alice.Sign(s.T, c)
 		b.StartTimer()
 		t0 := time.Now()
-		if r := s.decide(ref, c, "approve", sig); !r.Accepted {
+		if r := s.Decide(ref, c, "approve", sig); !r.Accepted {
 			b.Fatalf("rejected: %+v", r)
 		}
 		t1 := time.Now()
 		for {
-			d, _ := s.getTask(s.agentToken, task.TaskID)
+			d, _ := s.GetTask(s.AgentToken, task.TaskID)
 			if d.Status.Terminal() {
 				if disposition(d) != tasks.ApprovedExecuted {
 					b.Fatalf("disposition %s", disposition(d))

@@ -106,18 +106,18 @@ func TestSlackAndNATS(t *testing.T) {
 		SlackToken: "xoxb-e2e", SlackChannel: "#approvals", SlackSigningSecret: e2eSigningSecret,
 		SlackAPIURL: fake.GetAPIURL(),
 	}, 0)
-	nc, err := nats.Connect(s.app.NATSURL())
+	nc, err := nats.Connect(s.App.NATSURL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	alice := s.enroll("alice", "approvers")
+	alice := s.Enroll("alice", "approvers")
 
 	// 1. A gated transfer: one Slack message with the link.
-	task := s.createTask(s.agentToken, "transfer_funds", map[string]any{"to": "acct-991", "amount": 50000, "currency": "USD"})
-	ref := s.refOf(task.TaskID)
+	task := s.CreateTask(s.AgentToken, "transfer_funds", map[string]any{"to": "acct-991", "amount": 50000, "currency": "USD"})
+	ref := s.RefOf(task.TaskID)
 	post := calls.waitFor(t, "chat.postMessage", ref)
-	if !strings.Contains(post.Get("blocks"), s.base+"/approve/"+ref) || !strings.Contains(post.Get("blocks"), "Transfer 50,000.00 USD to acct-991") {
+	if !strings.Contains(post.Get("blocks"), s.Base+"/approve/"+ref) || !strings.Contains(post.Get("blocks"), "Transfer 50,000.00 USD to acct-991") {
 		t.Errorf("message lacks the link or the display text: %s", post.Get("blocks"))
 	}
 
@@ -140,15 +140,15 @@ func TestSlackAndNATS(t *testing.T) {
 	if err := json.Unmarshal(raw, &c); err != nil {
 		t.Fatal(err)
 	}
-	before := s.transfers()
-	st, raw = natsReq(notify.SubjectDecision, map[string]any{"ref": ref, "challengeId": c.ChallengeID, "decision": "approve", "response": alice.sign(t, c)})
+	before := s.Transfers()
+	st, raw = natsReq(notify.SubjectDecision, map[string]any{"ref": ref, "challengeId": c.ChallengeID, "decision": "approve", "response": alice.Sign(t, c)})
 	if st != 200 || !bytes.Contains(raw, []byte(`"accepted":true`)) {
 		t.Fatalf("decision over NATS: %d %s", st, raw)
 	}
-	if d := s.waitTerminal(s.agentToken, task.TaskID); disposition(d) != tasks.ApprovedExecuted {
+	if d := s.WaitTerminal(s.AgentToken, task.TaskID); disposition(d) != tasks.ApprovedExecuted {
 		t.Fatalf("disposition %s", disposition(d))
 	}
-	if s.transfers() != before+1 {
+	if s.Transfers() != before+1 {
 		t.Errorf("the transfer did not run exactly once")
 	}
 	final := calls.waitFor(t, "chat.update", "Approved and executed")
@@ -159,7 +159,7 @@ func TestSlackAndNATS(t *testing.T) {
 		t.Errorf("%d messages posted for one task", n)
 	}
 	// A decision for the finished task: refused, nothing changes.
-	st, raw = natsReq(notify.SubjectDecision, map[string]any{"ref": ref, "challengeId": c.ChallengeID, "decision": "approve", "response": alice.sign(t, c)})
+	st, raw = natsReq(notify.SubjectDecision, map[string]any{"ref": ref, "challengeId": c.ChallengeID, "decision": "approve", "response": alice.Sign(t, c)})
 	if st != http.StatusConflict || !bytes.Contains(raw, []byte("task_not_pending")) {
 		t.Errorf("decision on a finished task: %d %s", st, raw)
 	}
@@ -189,11 +189,11 @@ func TestSlackAndNATS(t *testing.T) {
 	}
 
 	// 4. Deny from Slack: link alice's Slack account, press Deny.
-	task2 := s.createTask(s.agentToken, "transfer_funds", map[string]any{"to": "acct-992", "amount": 60000, "currency": "USD"})
-	ref2 := s.refOf(task2.TaskID)
+	task2 := s.CreateTask(s.AgentToken, "transfer_funds", map[string]any{"to": "acct-992", "amount": 60000, "currency": "USD"})
+	ref2 := s.RefOf(task2.TaskID)
 	calls.waitFor(t, "chat.postMessage", ref2)
 	var linked map[string]string
-	if code := s.httpJSON("POST", "/admin/v1/approvers/"+alice.id+"/slack", s.adminToken, map[string]string{"slackUserId": "U0ALICE"}, &linked); code != 200 {
+	if code := s.HTTPJSON("POST", "/admin/v1/approvers/"+alice.ID+"/slack", s.AdminToken, map[string]string{"slackUserId": "U0ALICE"}, &linked); code != 200 {
 		t.Fatalf("link slack user: %d %v", code, linked)
 	}
 	payload, _ := json.Marshal(map[string]any{
@@ -206,7 +206,7 @@ func TestSlackAndNATS(t *testing.T) {
 	mac.Write([]byte("v0:" + ts + ":"))
 	mac.Write(body)
 	send := func(sig string) int {
-		req, _ := http.NewRequest("POST", s.base+"/slack/interactivity", bytes.NewReader(body))
+		req, _ := http.NewRequest("POST", s.Base+"/slack/interactivity", bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		req.Header.Set("X-Slack-Request-Timestamp", ts)
 		req.Header.Set("X-Slack-Signature", sig)
@@ -220,18 +220,18 @@ func TestSlackAndNATS(t *testing.T) {
 	if code := send("v0=" + strings.Repeat("0", 64)); code != http.StatusUnauthorized {
 		t.Errorf("forged signature: %d", code)
 	}
-	if d, _ := s.getTask(s.agentToken, task2.TaskID); d.Status.Terminal() {
+	if d, _ := s.GetTask(s.AgentToken, task2.TaskID); d.Status.Terminal() {
 		t.Fatalf("a forged callback ended the task")
 	}
 	if code := send("v0=" + hex.EncodeToString(mac.Sum(nil))); code != http.StatusOK {
 		t.Fatalf("signed deny: %d", code)
 	}
 	calls.waitFor(t, "chat.postEphemeral", "Denied.")
-	d := s.waitTerminal(s.agentToken, task2.TaskID)
+	d := s.WaitTerminal(s.AgentToken, task2.TaskID)
 	if disposition(d) != tasks.DeniedNotExecuted {
 		t.Fatalf("slack deny: disposition %s", disposition(d))
 	}
-	if s.transfers() != before+1 {
+	if s.Transfers() != before+1 {
 		t.Errorf("a denied transfer ran")
 	}
 	calls.waitFor(t, "chat.update", "Denied by alice via slack")
