@@ -106,7 +106,7 @@ func (s *Server) callTool(ctx context.Context, info *callInfo, p *mcp.CallToolPa
 	// A 2025-11-25 client that asked for a task gets one even for a call
 	// decided at once: TypeScript SDK 1.x rejects anything but a
 	// CreateTaskResult once it has sent params.task.
-	if c.legacyTaskAugmented() && !s.limiter.allow(info.principal, now) {
+	if c.legacyTaskAugmented() && !s.limiter.Allow(info.principal, now) {
 		s.log.WarnContext(ctx, "mcpserver: task creation rate limit reached", "principal", info.principal)
 		return newToolResult(info.era, tasks.Outcome(tasks.DeniedNotExecuted, tool.Name, reasonTaskRate, nil)), nil
 	}
@@ -395,7 +395,7 @@ func (s *Server) admit(ctx context.Context, principal string, now time.Time) (st
 		s.log.WarnContext(ctx, "mcpserver: pending task cap reached", "principal", principal, "pending", n)
 		return reasonPendingCap, false
 	}
-	if !s.limiter.allow(principal, now) {
+	if !s.limiter.Allow(principal, now) {
 		s.log.WarnContext(ctx, "mcpserver: task creation rate limit reached", "principal", principal)
 		return reasonRateLimited, false
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/internal/ratelimit"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
 )
@@ -93,7 +94,7 @@ type Server struct {
 	opts    Options
 	log     *slog.Logger
 	now     func() time.Time
-	limiter *limiter
+	limiter *ratelimit.Limiter
 	// pageSize is the tasks/list page size (tests shrink it).
 	pageSize int
 	mcp      *mcp.Server
@@ -150,7 +151,7 @@ func New(opts Options) (*Server, error) {
 		opts:     opts,
 		log:      log,
 		now:      time.Now,
-		limiter:  newLimiter(opts.RatePerMinute, opts.Burst),
+		limiter:  ratelimit.New(opts.RatePerMinute, opts.Burst),
 		pageSize: listPageSize,
 	}
 	// The SDK logs every stateless request at info; keep its warnings.

@@ -486,3 +486,18 @@ func TestPanicIsAFixed500(t *testing.T) {
 		t.Errorf("page panic response: %v %s", r.hdr, r.body)
 	}
 }
+
+func TestChallengesAreRateLimitedPerApproval(t *testing.T) {
+	e := newEnv(t)
+	e.enroll(t, "Ann", "finance")
+	rec := e.newTask(t, taskSpec{})
+	other := e.newTask(t, taskSpec{})
+	for range challengeBurst {
+		r := e.do(t, "POST", "/approver/v1/approvals/"+rec.ApprovalRef+"/challenge", `{"decision":"approve"}`, "Origin", testPublicURL)
+		wantStatus(t, r, http.StatusOK)
+	}
+	wantError(t, e.do(t, "POST", "/approver/v1/approvals/"+rec.ApprovalRef+"/challenge", `{"decision":"approve"}`, "Origin", testPublicURL),
+		http.StatusTooManyRequests, "rate_limited")
+	// The limit is per approval: another one is unaffected.
+	wantStatus(t, e.do(t, "POST", "/approver/v1/approvals/"+other.ApprovalRef+"/challenge", `{"decision":"approve"}`, "Origin", testPublicURL), http.StatusOK)
+}

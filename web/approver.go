@@ -209,6 +209,9 @@ func (h *Handler) challenge(w http.ResponseWriter, r *http.Request) error {
 	if !h.pending(rec) {
 		return errTaskNotPending
 	}
+	if !h.challenges.Allow("ref:"+rec.ApprovalRef, h.now()) {
+		return errTooManyChallenges
+	}
 	hash, err := canon.ParseActionHash(rec.ActionHash)
 	if err != nil {
 		return fmt.Errorf("web: record of approval %s: %w", rec.ApprovalRef, err)

@@ -70,6 +70,8 @@ var (
 	errApprovalNotFound = notFound("no such approval")
 	errTaskNotPending   = &apiError{status: http.StatusConflict, code: codeTaskNotPending,
 		message: "the approval is no longer pending"}
+	errTooManyChallenges = &apiError{status: http.StatusTooManyRequests, code: "rate_limited",
+		message: "too many passkey challenges for this approval; wait a few seconds and try again"}
 )
 
 // passkeyStatus maps passkey rejection reasons to HTTP statuses. A reason

@@ -77,6 +77,9 @@ func (h *Handler) inboxChallenge(w http.ResponseWriter, r *http.Request) error {
 	if err := h.decodeJSON(w, r, &struct{}{}, false); err != nil {
 		return err
 	}
+	if !h.challenges.Allow("inbox:"+a.ID, h.now()) {
+		return errTooManyChallenges
+	}
 	ch, err := h.passkeys.IssueChallenge(r.Context(), passkey.ChallengeRequest{
 		TaskID:             inboxTaskID(a.ID),
 		Tool:               inboxTool,

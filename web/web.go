@@ -11,6 +11,7 @@ import (
 
 	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/internal/authn"
+	"github.com/countersign/countersign/internal/ratelimit"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
 )
@@ -60,7 +61,19 @@ type Handler struct {
 
 	pages *pages
 	mux   *http.ServeMux
+	// challenges bounds how many passkey challenges one approval or one
+	// inbox can mint: challenges are stored (NATS KV) and the endpoints need
+	// no authentication, so without it anyone holding a ref or an approver
+	// ID could fill the store.
+	challenges *ratelimit.Limiter
 }
+
+// Challenge issuing limit per approval ref or inbox: a burst enough for a
+// few retries on a flaky phone, then one every five seconds.
+const (
+	challengesPerMinute = 12
+	challengeBurst      = 6
+)
 
 // New validates opts and builds the handler. Templates and static files are
 // parsed here, so a broken asset fails at startup rather than on a request.
@@ -98,6 +111,8 @@ func New(opts Options) (*Handler, error) {
 		log:       opts.Logger,
 		now:       time.Now,
 		pages:     p,
+
+		challenges: ratelimit.New(challengesPerMinute, challengeBurst),
 	}
 	if h.maxBody == 0 {
 		h.maxBody = DefaultMaxBodyBytes

@@ -1,14 +1,15 @@
-package mcpserver
+// Package ratelimit is a per-key token bucket, kept in process memory.
+package ratelimit
 
 import (
 	"sync"
 	"time"
 )
 
-// limiter is a token bucket per principal: rate tokens a minute, at most
-// burst saved up. It lives in one process; with N replicas a principal may
-// create up to N times the rate.
-type limiter struct {
+// Limiter is a token bucket per key: rate tokens a minute, at most burst
+// saved up. It lives in one process; with N replicas a key may spend up to N
+// times the rate.
+type Limiter struct {
 	mu      sync.Mutex
 	perSec  float64
 	burst   float64
@@ -23,12 +24,13 @@ type bucket struct {
 // maxBuckets triggers pruning of idle buckets, bounding memory.
 const maxBuckets = 10_000
 
-func newLimiter(perMinute, burst int) *limiter {
-	return &limiter{perSec: float64(perMinute) / 60, burst: float64(burst), buckets: map[string]*bucket{}}
+// New returns a limiter of perMinute tokens a minute per key, burst at most.
+func New(perMinute, burst int) *Limiter {
+	return &Limiter{perSec: float64(perMinute) / 60, burst: float64(burst), buckets: map[string]*bucket{}}
 }
 
-// allow takes a token for key if one is available at now.
-func (l *limiter) allow(key string, now time.Time) bool {
+// Allow takes a token for key if one is available at now.
+func (l *Limiter) Allow(key string, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	b, ok := l.buckets[key]
@@ -47,7 +49,7 @@ func (l *limiter) allow(key string, now time.Time) bool {
 	return true
 }
 
-func (l *limiter) refillLocked(b *bucket, now time.Time) {
+func (l *Limiter) refillLocked(b *bucket, now time.Time) {
 	if now.After(b.last) {
 		b.tokens = min(l.burst, b.tokens+now.Sub(b.last).Seconds()*l.perSec)
 		b.last = now
@@ -56,7 +58,7 @@ func (l *limiter) refillLocked(b *bucket, now time.Time) {
 
 // pruneLocked drops buckets that have refilled: forgetting them changes
 // nothing.
-func (l *limiter) pruneLocked(now time.Time) {
+func (l *Limiter) pruneLocked(now time.Time) {
 	for k, b := range l.buckets {
 		l.refillLocked(b, now)
 		if b.tokens >= l.burst {

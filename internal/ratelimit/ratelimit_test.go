@@ -1,4 +1,4 @@
-package mcpserver
+package ratelimit
 
 import (
 	"testing"
@@ -6,7 +6,7 @@ import (
 )
 
 func TestLimiter(t *testing.T) {
-	l := newLimiter(60, 2) // one token a second, two saved up
+	l := New(60, 2) // one token a second, two saved up
 	t0 := time.Unix(1_000_000, 0)
 	steps := []struct {
 		at   time.Duration
@@ -26,19 +26,19 @@ func TestLimiter(t *testing.T) {
 		{time.Hour - time.Minute, "a", false}, // clock going back refills nothing
 	}
 	for i, s := range steps {
-		if got := l.allow(s.key, t0.Add(s.at)); got != s.want {
+		if got := l.Allow(s.key, t0.Add(s.at)); got != s.want {
 			t.Fatalf("step %d (%v, %s): allow = %v, want %v", i, s.at, s.key, got, s.want)
 		}
 	}
 }
 
 func TestLimiterPrunesFullBuckets(t *testing.T) {
-	l := newLimiter(60, 1)
+	l := New(60, 1)
 	t0 := time.Unix(1_000_000, 0)
 	for i := range maxBuckets {
-		l.allow(string(rune(i)), t0)
+		l.Allow(string(rune(i)), t0)
 	}
-	if !l.allow("late", t0.Add(time.Minute)) {
+	if !l.Allow("late", t0.Add(time.Minute)) {
 		t.Fatal("a new key was refused")
 	}
 	if len(l.buckets) > 2 {
