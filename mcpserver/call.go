@@ -373,10 +373,15 @@ func (s *Server) createTask(ctx context.Context, c *gatedCall, taskID, dedupKey 
 		InputRequests: c.taskInputs,
 	})
 	if err != nil {
-		if derr := s.opts.Store.Delete(context.WithoutCancel(ctx), rec); derr != nil {
-			s.log.ErrorContext(ctx, "mcpserver: could not undo task record after failed start", "task_id", taskID, "err", derr)
+		switch s.startOutcome(ctx, taskID, err) {
+		case startedNot:
+			if derr := s.opts.Store.Delete(context.WithoutCancel(ctx), rec); derr != nil {
+				s.log.ErrorContext(ctx, "mcpserver: could not undo task record after failed start", "task_id", taskID, "err", derr)
+			}
+			return nil, internal(err)
+		case startedUnknown:
+			return nil, internal(err) // the record stays; see startOutcome
 		}
-		return nil, internal(err)
 	}
 	s.log.InfoContext(ctx, "mcpserver: approval requested", "task_id", taskID, "tool", name, "principal", info.principal,
 		"action_hash", c.hash.String(), "approver_group", req.Group, "quorum", req.Quorum)
@@ -475,4 +480,33 @@ func degraded(tool, reason string, era tasks.Era) tasks.CallToolResult {
 	return tasks.Outcome(tasks.DeniedNotExecuted, tool, fmt.Sprintf(
 		"Human approval is required (%s), and an approval is delivered as an MCP task, which this request did not accept, so no approval was requested. Retry from a client that %s.",
 		reason, how), nil)
+}
+
+// What became of a workflow start that returned an error.
+const (
+	startedNot     = iota // Temporal has never heard of the workflow
+	startedAnyway         // the start took effect (a timeout or lost answer after the commit)
+	startedUnknown        // Temporal cannot tell right now
+)
+
+// startOutcome finds out whether a failed workflow start took effect all the
+// same. Only a workflow Temporal has never heard of may have its record
+// deleted: deleting the record of a running workflow would hide a task that
+// can still run its tool. When Temporal cannot tell, the record stays and
+// the caller gets an error: an identical retry joins the task through the
+// dedup slot, and tasks.Reconcile fails the record later if the workflow
+// really never started.
+func (s *Server) startOutcome(ctx context.Context, taskID string, startErr error) int {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	running, err := s.opts.Orchestrator.Running(cctx, taskID)
+	switch {
+	case err != nil:
+		s.log.ErrorContext(ctx, "mcpserver: workflow start failed and its state is unknown; keeping the task record", "task_id", taskID, "start_err", startErr, "err", err)
+		return startedUnknown
+	case running:
+		s.log.WarnContext(ctx, "mcpserver: workflow start reported an error but the workflow exists", "task_id", taskID, "start_err", startErr)
+		return startedAnyway
+	}
+	return startedNot
 }

@@ -97,9 +97,10 @@ func (o *Orchestrator) Start(ctx context.Context, in ApprovalInput) error {
 		WorkflowIDReusePolicy:    enumspb.WORKFLOW_ID_REUSE_POLICY_REJECT_DUPLICATE,
 		WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_FAIL,
 		EnableEagerStart:         true,
-		// The workflow itself bounds the wait by the approval TTL; this is
-		// a backstop well past it.
-		WorkflowExecutionTimeout: time.Until(in.ExpiresAt) + 24*time.Hour,
+		// No WorkflowExecutionTimeout: the workflow bounds every wait
+		// itself (approval expiry, input wait, one tool attempt), and a
+		// server-side timeout would end it without running any code, leaving
+		// the read model stuck and, mid-execution, an outcome nobody records.
 	}, WorkflowName, in)
 	if err != nil {
 		return fmt.Errorf("tasks: start workflow %s: %w", in.Envelope.TaskID, err)

@@ -281,9 +281,6 @@ func (w *approval) reevaluateAndExecute(ctx workflow.Context) {
 		w.endAs(cancelledEnding()) // the workflow itself was cancelled
 		return
 	}
-	if err == nil {
-		w.audit(ctx, activities.RecordAuditInput{Kind: "reevaluated", StepID: "reevaluated", Policy: &re})
-	}
 	if err != nil {
 		w.log.Error("policy could not be evaluated; denying", "error", err)
 		w.endAs(denied("denied", "The policy could not be evaluated.", "Denied: policy could not be evaluated", tasks.ApprovalDenied))
@@ -292,16 +289,24 @@ func (w *approval) reevaluateAndExecute(ctx workflow.Context) {
 	if !re.Allow {
 		w.log.Info("policy denied on re-evaluation", "decision", re.Effect, "policy_version", re.PolicyVersion)
 		w.endAs(denied("denied", "Denied by policy on re-evaluation: "+re.Reason, "Denied by policy: "+re.Reason, tasks.ApprovalDenied))
+		w.audit(ctx, activities.RecordAuditInput{Kind: "reevaluated", StepID: "reevaluated", Policy: &re})
 		return
 	}
 
-	// The execution claim. From here on cancel is refused and the tool is
-	// called once at most.
+	// The execution claim. It is taken in the same step as the last check
+	// for a cancel, expiry or denial (nothing above yields since the
+	// re-evaluation returned), so claim and cancel exclude each other: from
+	// here on cancel is refused and the tool is called once at most.
 	w.phase = phaseClaimed
 	w.log.Info("execution claimed", "policy_version", re.PolicyVersion)
+	w.audit(ctx, activities.RecordAuditInput{Kind: "reevaluated", StepID: "reevaluated", Policy: &re})
 	w.record(ctx, "claimed", "policy allowed ("+re.PolicyVersion+")")
 	w.audit(ctx, activities.RecordAuditInput{Kind: "claimed", StepID: "claimed", Policy: &re})
 
+	// A claimed call is carried through even if the workflow itself is
+	// cancelled meanwhile (SEP-2848): on a cancelled context the activity
+	// would never be scheduled and the task would wrongly end outcome-unknown.
+	ctx, _ = workflow.NewDisconnectedContext(ctx)
 	var out activities.ExecuteToolOutput
 	err = workflow.ExecuteActivity(executeCtx(ctx), a.ExecuteTool, activities.ExecuteToolInput{
 		Version:  activities.Version,

@@ -60,6 +60,9 @@ type harness struct {
 	executePanic    bool
 	completeAfter   time.Duration
 	notifyErr       error
+	// auditAfter delays the audit record of this kind (workflow clock).
+	auditKind  string
+	auditAfter time.Duration
 }
 
 func newHarness(t *testing.T, quorum int) *harness {
@@ -122,6 +125,13 @@ func (h *harness) installMocks() {
 			return nil
 		})
 	env.OnActivity(acts.Notify, mock.Anything, mock.Anything).Return(h.notifyErr)
+	if h.auditKind != "" {
+		// Registered before any catch-all: the first matching expectation wins.
+		env.OnActivity(acts.RecordAudit, mock.Anything, mock.MatchedBy(func(in activities.RecordAuditInput) bool {
+			return in.Kind == h.auditKind
+		})).Return(nil).After(h.auditAfter)
+		env.OnActivity(acts.RecordAudit, mock.Anything, mock.Anything).Return(nil)
+	}
 	// Challenge IDs script the verdict: "ok:<approver>" verifies as that
 	// approver, "bad:<reason>" is rejected with reason, "down" is an
 	// infrastructure failure.
@@ -376,6 +386,24 @@ func TestCancelWhileReevaluatingWins(t *testing.T) {
 	require.Equal(t, tasks.CancelResult{Cancelled: true, Status: tasks.StatusCancelled}, cancelResult(t, c))
 	require.Equal(t, tasks.ApprovalOutcome{Status: tasks.StatusCancelled}, out)
 	require.Zero(t, h.executeCalls(), "a cancel before the claim means the tool never runs")
+}
+
+// Regression: a cancel that arrives while the step right after the
+// re-evaluation is being written must not slip in between the last cancel
+// check and the claim (it used to be accepted, and the tool ran anyway while
+// the task reported cancelled).
+func TestCancelDuringPostReevaluationStepIsRefused(t *testing.T) {
+	h := newHarness(t, 1)
+	h.auditKind, h.auditAfter = "reevaluated", time.Minute
+	d := h.decideAt(time.Hour, "upd-alice", approve("alice"))
+	c := h.cancelAt(time.Hour+30*time.Second, "upd-cancel")
+
+	out, err := h.run()
+	require.NoError(t, err)
+	require.True(t, decisionResult(t, d).Accepted)
+	require.Equal(t, tasks.CancelResult{Cancelled: false, Status: tasks.StatusWorking}, cancelResult(t, c))
+	require.Equal(t, tasks.ApprovalOutcome{Status: tasks.StatusCompleted, Disposition: tasks.ApprovedExecuted}, out)
+	require.Equal(t, 1, h.executeCalls())
 }
 
 func TestCancelAfterClaimIsRefused(t *testing.T) {
