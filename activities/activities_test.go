@@ -14,7 +14,6 @@ import (
 	"github.com/descope/virtualwebauthn"
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	tlog "go.temporal.io/sdk/log"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
@@ -22,7 +21,7 @@ import (
 	"github.com/countersign/countersign/activities"
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/internal/canon"
-	"github.com/countersign/countersign/internal/natsrv"
+	"github.com/countersign/countersign/internal/testnats"
 	"github.com/countersign/countersign/internal/testpasskey"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/pdp"
@@ -53,20 +52,7 @@ type world struct {
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	ctx := context.Background()
-	srv, err := natsrv.Start(natsrv.Options{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, nc := testnats.Start(t)
 	store, err := tasks.NewStore(ctx, js, tasks.StoreOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -581,6 +581,12 @@ func (w *approval) validateDecision(_ workflow.Context, d tasks.DecisionUpdate) 
 	case len(d.Comment) > MaxCommentLen:
 		return temporal.NewApplicationError(fmt.Sprintf("comment longer than %d bytes", MaxCommentLen), ErrTypeMalformedDecision)
 	}
+	return w.takesDecisions()
+}
+
+// takesDecisions rejects a decision when the task is no longer pending or
+// has verified its quota of decisions.
+func (w *approval) takesDecisions() error {
 	if err := w.pendingErr(); err != nil {
 		return err
 	}
@@ -707,13 +713,7 @@ func (w *approval) validateUnsignedDeny(_ workflow.Context, d tasks.UnsignedDeni
 	case len(d.Comment) > MaxCommentLen:
 		return temporal.NewApplicationError(fmt.Sprintf("comment longer than %d bytes", MaxCommentLen), ErrTypeMalformedDecision)
 	}
-	if err := w.pendingErr(); err != nil {
-		return err
-	}
-	if w.attempts >= MaxDecisionAttempts {
-		return temporal.NewApplicationError("too many decisions for this task", ErrTypeTooManyDecisions)
-	}
-	return nil
+	return w.takesDecisions()
 }
 
 // denyUnsigned ends a pending task as denied on the word of an approver whom
