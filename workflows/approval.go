@@ -187,13 +187,19 @@ func validateInput(in tasks.ApprovalInput, taskID string) error {
 func withRetry(ctx workflow.Context, startToClose, maxInterval time.Duration, attempts int32) workflow.Context {
 	return workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		StartToCloseTimeout: startToClose,
-		RetryPolicy: &temporal.RetryPolicy{
-			InitialInterval:    time.Second,
-			BackoffCoefficient: 2,
-			MaximumInterval:    maxInterval,
-			MaximumAttempts:    attempts,
-		},
+		RetryPolicy:         backoff(maxInterval, attempts),
 	})
+}
+
+// backoff retries after 1 s, doubling up to maxInterval; attempts 0 means
+// until it succeeds.
+func backoff(maxInterval time.Duration, attempts int32) *temporal.RetryPolicy {
+	return &temporal.RetryPolicy{
+		InitialInterval:    time.Second,
+		BackoffCoefficient: 2,
+		MaximumInterval:    maxInterval,
+		MaximumAttempts:    attempts,
+	}
 }
 
 // withLocalRetry is withRetry for local activities: the short steps that
@@ -208,12 +214,7 @@ func withRetry(ctx workflow.Context, startToClose, maxInterval time.Duration, at
 func withLocalRetry(ctx workflow.Context, startToClose, maxInterval time.Duration, attempts int32) workflow.Context {
 	return workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{
 		StartToCloseTimeout: startToClose,
-		RetryPolicy: &temporal.RetryPolicy{
-			InitialInterval:    time.Second,
-			BackoffCoefficient: 2,
-			MaximumInterval:    maxInterval,
-			MaximumAttempts:    attempts,
-		},
+		RetryPolicy:         backoff(maxInterval, attempts),
 	})
 }
 
