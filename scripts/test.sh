@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, vet, unit tests (with the race detector
+# The whole test suite: formatting, vet, staticcheck, unit tests (with the race detector
 # where the package does not link the Temporal server), and the end-to-end
 # tests against the real embedded Temporal and NATS. Run from the repo root:
 #   ./scripts/test.sh
@@ -17,6 +17,9 @@ fi
 
 echo "== go vet"
 go vet ./...
+
+echo "== staticcheck"
+go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 # Packages that link the Temporal server are slow and memory-hungry to build
 # with -race; they run without it. Everything else runs with -race.

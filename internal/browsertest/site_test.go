@@ -36,14 +36,6 @@ func enroll(t *testing.T, s *stack, dev *device, name, shot string) string {
 	return href
 }
 
-// approve decides "approve" on the approval page with the device's passkey.
-func approve(t *testing.T, s *stack, dev *device, ref string) {
-	t.Helper()
-	dev.open(s.Base + "/approve/" + ref)
-	dev.click("#approve")
-	dev.waitText("#status", "You approved")
-}
-
 func TestApproverSite(t *testing.T) {
 	browser := newBrowser(t)
 	s := startStack(t, "")

@@ -15,7 +15,6 @@ type (
 	approver       = devtest.Approver
 	challenge      = devtest.Challenge
 	decisionResult = devtest.DecisionResult
-	detailedTask   = devtest.DetailedTask
 )
 
 var (
