@@ -299,15 +299,16 @@ func (w *approval) reevaluateAndExecute(ctx workflow.Context) {
 	// re-evaluation returned), so claim and cancel exclude each other: from
 	// here on cancel is refused and the tool is called once at most.
 	w.phase = phaseClaimed
+	// A claimed call is carried through, with its records, even if the
+	// workflow itself is cancelled meanwhile (SEP-2848): on a cancelled
+	// context the activity would never be scheduled and the task would
+	// wrongly end outcome-unknown.
+	ctx, _ = workflow.NewDisconnectedContext(ctx)
 	w.log.Info("execution claimed", "policy_version", re.PolicyVersion)
 	w.audit(ctx, activities.RecordAuditInput{Kind: "reevaluated", StepID: "reevaluated", Policy: &re})
 	w.record(ctx, "claimed", "policy allowed ("+re.PolicyVersion+")")
 	w.audit(ctx, activities.RecordAuditInput{Kind: "claimed", StepID: "claimed", Policy: &re})
 
-	// A claimed call is carried through even if the workflow itself is
-	// cancelled meanwhile (SEP-2848): on a cancelled context the activity
-	// would never be scheduled and the task would wrongly end outcome-unknown.
-	ctx, _ = workflow.NewDisconnectedContext(ctx)
 	var out activities.ExecuteToolOutput
 	err = workflow.ExecuteActivity(executeCtx(ctx), a.ExecuteTool, activities.ExecuteToolInput{
 		Version:  activities.Version,
