@@ -351,8 +351,9 @@ func (s *Server) createTask(ctx context.Context, c *gatedCall, taskID, dedupKey 
 		Requirement:   req,
 		ExpiresAt:     c.now.Add(req.TTL),
 		ApprovalState: tasks.ApprovalPending,
-		Timeline:      []tasks.Event{{At: c.now, Kind: "requested", Detail: req.Reason}},
-		DedupKey:      dedupKey,
+		// The timeline starts with the workflow's first step ("requested"),
+		// written with its audit record.
+		DedupKey: dedupKey,
 	}
 	// The record exists before the workflow, so a tasks/get for the ID we
 	// return always resolves (SEP-2663 strong consistency at creation).

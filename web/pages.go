@@ -305,15 +305,8 @@ var refusals = map[string]string{
 // stepper: what happened, then what is still to come.
 func timeline(rec tasks.Record, state tasks.ApprovalState) []step {
 	var out []step
-	claimed, requested := false, false
+	claimed := false
 	for _, e := range rec.Timeline {
-		if e.Kind == "requested" {
-			// Both the MCP endpoint and the workflow write this step.
-			if requested {
-				continue
-			}
-			requested = true
-		}
 		s := step{Kind: "done", At: e.At.UTC().Format(time.RFC3339), AtLabel: e.At.UTC().Format("2 Jan 15:04:05 MST")}
 		switch e.Kind {
 		case "requested":
