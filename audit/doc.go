@@ -30,7 +30,25 @@
 //     outcome-unknown, denied, expired, cancelled) followed by the "outcome"
 //     record, which [BuildOutcome] derives from the chain; nothing is
 //     appended after it.
+//   - A "cancel-refused" record (empty body) says a cancel arrived once the
+//     call was claimed and was refused; it is not a cancel.
 //   - The stream uses file storage and denies delete and purge.
 //   - Only the process holding the [Keyring] (the worker) signs; the private
 //     keys never leave their directory.
+//
+// # Verification
+//
+// [Verify] checks each record (canonical form, signature, links) and then
+// the story the chain tells, naming the rule (Rule* constants) of every
+// problem. Among them: an execution (a "claimed" record, or an end saying
+// the tool ran) needs a quorum of distinct approvers whose approvals were
+// accepted before the claim ([RuleQuorumBeforeClaim],
+// [RuleExecutionWithoutClaim]); no decision is accepted after the claim
+// ([RuleDecisionAfterClaim]), after a deny ([RuleDecisionAfterDeny]) or
+// once the quorum is met ([RuleApprovalBeyondQuorum]), while rejected
+// decisions may stand anywhere before the end; an approver, a credential
+// and a public key count once ([RuleApproverCountedTwice]); after the claim
+// no end says the call was cancelled, expired, or not run while recording
+// its result ([RuleStoppedAfterClaim]); and the outcome lists exactly the
+// chain's accepted decisions ([RuleOutcomeApprovals]).
 package audit

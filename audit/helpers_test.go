@@ -161,3 +161,25 @@ func testKeys(t testing.TB) *Keyring {
 	}
 	return k
 }
+
+// reject records a rejected decision: no evidence, only the reason.
+func (c *memChain) reject(step, decision, reason string) {
+	c.add("decision/"+step, KindDecision, Decision{Decision: decision, Reason: reason, ChallengeID: "ch-" + step})
+}
+
+// claim records the allowing re-evaluation and the execution claim.
+func (c *memChain) claim() {
+	c.add("reevaluated", KindReevaluated, Policy{Allow: true, Effect: "allow", PolicyVersion: "pv2"})
+	c.add("claimed", KindClaimed, Policy{Allow: true, Effect: "allow", PolicyVersion: "pv2"})
+}
+
+// approvedChain is a requested chain with quorum whose listed approvers
+// each approved with their own passkey.
+func approvedChain(t testing.TB, keys *Keyring, taskID string, quorum int, approvers ...string) *memChain {
+	c := newMemChain(t, keys, taskID, quorum)
+	c.add("notify", KindNotified, struct{}{})
+	for _, a := range approvers {
+		c.decide(newPasskey(t, "cred-"+a), a, "approve")
+	}
+	return c
+}

@@ -42,6 +42,11 @@ func TestLogAppendIsIdempotentAndNeverForks(t *testing.T) {
 	at := time.Now().UTC()
 	const task = "tsk_log1"
 	req, h := requestedStep(t, at)
+	// Ten approvers race below; all ten are needed, so every approval
+	// counts (the verifier rejects approvals accepted past the quorum).
+	body := req.Body.(Requested)
+	body.Requirement.Quorum = 10
+	req.Body = body
 	if _, err := l.Append(ctx, task, Step{ID: "notify", Kind: KindNotified, At: at, Body: struct{}{}}); err == nil {
 		t.Fatal("a chain may not start without its requested record")
 	}

@@ -28,6 +28,10 @@ const (
 	KindDecision    = "decision"
 	KindReevaluated = "reevaluated"
 	KindClaimed     = "claimed"
+	// KindCancelRefused records a cancel that arrived once the call was
+	// claimed and was refused: the call goes on. Its body is empty. It is
+	// not a cancel, and may stand anywhere between "requested" and the end.
+	KindCancelRefused = "cancel-refused"
 	// Terminal kinds: exactly one per sealed chain, right before the outcome.
 	KindExecuted       = "executed"
 	KindExecutionError = "execution-error"

@@ -12,25 +12,131 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/go-webauthn/webauthn/protocol/webauthncose"
+	"github.com/gowebpki/jcs"
 
 	"github.com/countersign/countersign/internal/canon"
 )
+
+// Rules the verifier checks. Every problem it reports names one, so an
+// auditor (and `countersign audit verify`) can tell which promise a chain
+// broke.
+const (
+	// RuleRecordIntegrity: each line is a canonical record with the known
+	// fields only, signed by one of the given keys.
+	RuleRecordIntegrity = "record-integrity"
+	// RuleChainLinks: seqs 0, 1, 2, …; prev is the hash of the previous
+	// record; no step is recorded twice.
+	RuleChainLinks = "chain-links"
+	// RuleRequested: the chain starts with a well-formed "requested" record
+	// whose arguments match its action hash and whose quorum is at least 1
+	// (quorum 0 only without a group: an unattended task).
+	RuleRequested = "requested"
+	// RuleRecordBody: a record's body has its kind's shape.
+	RuleRecordBody = "record-body"
+	// RuleUnknownKind: every record is of a known kind.
+	RuleUnknownKind = "unknown-kind"
+	// RuleAfterEnd: nothing but the outcome follows the terminal record.
+	RuleAfterEnd = "after-end"
+	// RuleApprovalEvidence: an accepted decision carries a WebAuthn
+	// assertion over this task's call that verifies offline; a rejected
+	// one carries none; a decision without a passkey can only deny.
+	RuleApprovalEvidence = "approval-evidence"
+	// RuleApproverIdentity: an accepted decision names its approver (and,
+	// with a passkey, its credential).
+	RuleApproverIdentity = "approver-identity"
+	// RuleApproverCountedTwice: an approver counts once toward the quorum;
+	// a credential or a public key belongs to one approver.
+	RuleApproverCountedTwice = "approver-counted-twice"
+	// RuleDecisionAfterDeny: no decision is accepted once the task is
+	// denied (rejected ones may still be recorded).
+	RuleDecisionAfterDeny = "decision-after-deny"
+	// RuleApprovalBeyondQuorum: no approval is accepted once the quorum is
+	// met; the workflow stops taking decisions there, so an approval past
+	// the quorum is one it never counted.
+	RuleApprovalBeyondQuorum = "approval-beyond-quorum"
+	// RuleDecisionAfterClaim: no decision is accepted once the call is
+	// claimed (rejected ones may still be recorded).
+	RuleDecisionAfterClaim = "decision-after-claim"
+	// RuleClaim: one claim, after a re-evaluation that allowed the call,
+	// under a policy that allowed it; no re-evaluation after it.
+	RuleClaim = "claim"
+	// RuleClaimAfterDeny: no claim after an accepted deny.
+	RuleClaimAfterDeny = "claim-after-deny"
+	// RuleQuorumBeforeClaim: the distinct approvers of the approvals
+	// accepted before the claim meet the requested quorum.
+	RuleQuorumBeforeClaim = "quorum-before-claim"
+	// RuleExecutionWithoutClaim: an end saying the tool ran
+	// (approved-executed, execution-error, outcome-unknown) follows a claim.
+	RuleExecutionWithoutClaim = "execution-without-claim"
+	// RuleEndDisposition: the terminal record's status and disposition are
+	// those of its kind; an executed end carries the result's digest and an
+	// end where the tool did not run carries none.
+	RuleEndDisposition = "end-disposition"
+	// RuleStoppedAfterClaim: after the claim, no end says the call was
+	// stopped (cancelled, expired) or did not run while recording its
+	// result.
+	RuleStoppedAfterClaim = "stopped-after-claim"
+	// RuleEndAfterDeny: a task with an accepted deny ends denied.
+	RuleEndAfterDeny = "end-after-deny"
+	// RuleOutcomeApprovals: the outcome lists exactly the chain's accepted
+	// decisions, in order.
+	RuleOutcomeApprovals = "outcome-approvals"
+	// RuleOutcome: the rest of the outcome is what the chain says.
+	RuleOutcome = "outcome-mismatch"
+	// RuleNotSealed: the chain ends with its outcome (unless
+	// [VerifyOptions.AllowIncomplete]).
+	RuleNotSealed = "not-sealed"
+)
+
+// Failure is one broken rule in a task's chain.
+type Failure struct {
+	Rule string `json:"rule"`
+	// Record is the seq of the record that breaks the rule, -1 when no
+	// single record does (an unreadable line, a chain not sealed).
+	Record  int    `json:"record"`
+	Kind    string `json:"kind,omitempty"`
+	Message string `json:"message"`
+}
+
+// String is the failure as one line: "[rule] record 5 (claimed): message".
+func (f Failure) String() string {
+	if f.Record < 0 {
+		return fmt.Sprintf("[%s] %s", f.Rule, f.Message)
+	}
+	return fmt.Sprintf("[%s] record %d (%s): %s", f.Rule, f.Record, f.Kind, f.Message)
+}
 
 // TaskVerdict is the verifier's answer for one task's chain.
 type TaskVerdict struct {
 	TaskID string `json:"taskId"`
 	OK     bool   `json:"ok"`
 	// Complete is true when the chain is sealed by its outcome.
-	Complete    bool     `json:"complete"`
-	Status      string   `json:"status,omitempty"`
-	Disposition string   `json:"disposition,omitempty"`
-	Records     int      `json:"records"`
-	Approvals   int      `json:"approvals"`
-	Problems    []string `json:"problems,omitempty"`
-	Notes       []string `json:"notes,omitempty"`
+	Complete    bool   `json:"complete"`
+	Status      string `json:"status,omitempty"`
+	Disposition string `json:"disposition,omitempty"`
+	Records     int    `json:"records"`
+	// Approvals is the number of distinct approvers whose approvals the
+	// chain accepted.
+	Approvals int `json:"approvals"`
+	// Problems are Failures as lines ([Failure.String]).
+	Problems []string  `json:"problems,omitempty"`
+	Failures []Failure `json:"failures,omitempty"`
+	Notes    []string  `json:"notes,omitempty"`
+}
+
+// Rules lists the distinct rules the chain breaks, in the order found.
+func (v TaskVerdict) Rules() []string {
+	var out []string
+	for _, f := range v.Failures {
+		if !slices.Contains(out, f.Rule) {
+			out = append(out, f.Rule)
+		}
+	}
+	return out
 }
 
 // Report is the verifier's answer for an export.
@@ -83,7 +189,7 @@ func Verify(lines [][]byte, pubkeys []ed25519.PublicKey, opts VerifyOptions) Rep
 	type chainAcc struct {
 		recs   []Record
 		hashes []string
-		bad    []string
+		bad    []Failure
 	}
 	chains := map[string]*chainAcc{}
 	var order []string
@@ -101,10 +207,10 @@ func Verify(lines [][]byte, pubkeys []ed25519.PublicKey, opts VerifyOptions) Rep
 					chains[probe.TaskID] = acc
 					order = append(order, probe.TaskID)
 				}
-				acc.bad = append(acc.bad, fmt.Sprintf("line %d: %v", i+1, err))
+				acc.bad = append(acc.bad, Failure{Rule: RuleRecordIntegrity, Record: -1, Message: fmt.Sprintf("line %d: %v", i+1, err)})
 				continue
 			}
-			rep.Problems = append(rep.Problems, fmt.Sprintf("line %d: %v", i+1, err))
+			rep.Problems = append(rep.Problems, Failure{Rule: RuleRecordIntegrity, Record: -1, Message: fmt.Sprintf("line %d: %v", i+1, err)}.String())
 			rep.OK = false
 			continue
 		}
@@ -121,9 +227,13 @@ func Verify(lines [][]byte, pubkeys []ed25519.PublicKey, opts VerifyOptions) Rep
 		acc := chains[id]
 		v := verifyChain(id, acc.recs, acc.hashes, opts)
 		if len(acc.bad) > 0 {
-			v.Problems = append(acc.bad, v.Problems...)
-			v.OK = false
+			v.Failures = append(acc.bad, v.Failures...)
 		}
+		v.Problems = nil
+		for _, f := range v.Failures {
+			v.Problems = append(v.Problems, f.String())
+		}
+		v.OK = len(v.Failures) == 0
 		if !v.OK {
 			rep.OK = false
 		}
@@ -131,7 +241,7 @@ func Verify(lines [][]byte, pubkeys []ed25519.PublicKey, opts VerifyOptions) Rep
 	}
 	if len(lines) == 0 {
 		rep.OK = false
-		rep.Problems = append(rep.Problems, "the export holds no records")
+		rep.Problems = append(rep.Problems, Failure{Rule: RuleRecordIntegrity, Record: -1, Message: "the export holds no records"}.String())
 	}
 	return rep
 }
@@ -139,13 +249,20 @@ func Verify(lines [][]byte, pubkeys []ed25519.PublicKey, opts VerifyOptions) Rep
 // verifyChain checks one task's records, given in file order.
 func verifyChain(taskID string, recs []Record, hashes []string, opts VerifyOptions) (v TaskVerdict) {
 	v = TaskVerdict{TaskID: taskID, Records: len(recs)}
-	fail := func(format string, args ...any) { v.Problems = append(v.Problems, fmt.Sprintf(format, args...)) }
-	defer func() { v.OK = len(v.Problems) == 0 }()
+	// fail records that record at (-1: none) breaks rule.
+	fail := func(rule string, at int, format string, args ...any) {
+		f := Failure{Rule: rule, Record: at, Message: fmt.Sprintf(format, args...)}
+		if at >= 0 && at < len(recs) {
+			f.Kind = recs[at].Kind
+		}
+		v.Failures = append(v.Failures, f)
+	}
+	defer func() { v.OK = len(v.Failures) == 0 }()
 
 	// Links.
 	for i, r := range recs {
 		if r.Seq != i {
-			fail("record %d: seq %d: records missing, duplicated or out of order", i, r.Seq)
+			fail(RuleChainLinks, i, "seq %d: records missing, duplicated or out of order", r.Seq)
 			return v
 		}
 		want := ""
@@ -153,48 +270,51 @@ func verifyChain(taskID string, recs []Record, hashes []string, opts VerifyOptio
 			want = hashes[i-1]
 		}
 		if r.Prev != want {
-			fail("record %d (%s): prev does not match the hash of record %d", i, r.Kind, i-1)
+			fail(RuleChainLinks, i, "prev does not match the hash of record %d", i-1)
 			return v
 		}
 	}
 	seenStep := map[string]bool{}
 	for i, r := range recs {
 		if seenStep[r.StepID] {
-			fail("record %d: step %q recorded twice", i, r.StepID)
+			fail(RuleChainLinks, i, "step %q recorded twice", r.StepID)
 		}
 		seenStep[r.StepID] = true
 	}
 	if len(recs) == 0 {
-		fail("no valid records")
+		fail(RuleChainLinks, -1, "no valid records")
 		return v
 	}
 	if recs[0].Kind != KindRequested {
-		fail("record 0 is %q, want %q", recs[0].Kind, KindRequested)
+		fail(RuleRequested, 0, "the first record is %q, want %q", recs[0].Kind, KindRequested)
 		return v
 	}
 	var req Requested
 	if err := strictUnmarshal(recs[0].Body, &req); err != nil {
-		fail("requested body: %v", err)
+		fail(RuleRequested, 0, "requested body: %v", err)
 		return v
 	}
 	actionHash, err := canon.ParseActionHash(req.Envelope.ActionHash)
 	if err != nil {
-		fail("requested: %v", err)
+		fail(RuleRequested, 0, "%v", err)
 		return v
 	}
-	checkEnvelope(req.Envelope, actionHash, fail, &v)
+	checkEnvelope(req.Envelope, actionHash, func(format string, args ...any) { fail(RuleRequested, 0, format, args...) }, &v)
+	quorum := req.Requirement.Quorum
 	switch {
-	case req.Requirement.Quorum == 0 && req.Requirement.Group == "":
+	case quorum == 0 && req.Requirement.Group == "":
 		v.Notes = append(v.Notes, "unattended: policy allowed the call without approval")
-	case req.Requirement.Quorum < 1:
-		fail("requested: quorum %d", req.Requirement.Quorum)
+	case quorum < 1:
+		fail(RuleRequested, 0, "quorum %d", quorum)
 	}
 
 	// Steps in order.
-	approvers := map[string]bool{}
-	creds := map[string]string{}
 	var (
-		denied      bool
+		approvers   = map[string]int{} // approver ID → record of their counted approval
+		creds       = map[string]string{}
+		keyCreds    = map[string]string{} // COSE public key → credential ID
+		deniedAt    = -1                  // the first accepted deny
+		quorumAt    = -1                  // the approval that met the quorum
 		reevalAllow bool
 		claimedAt   = -1
 		terminalAt  = -1
@@ -203,119 +323,168 @@ func verifyChain(taskID string, recs []Record, hashes []string, opts VerifyOptio
 	for i, r := range recs[1:] {
 		i++
 		if terminalAt >= 0 && !(r.Kind == KindOutcome && i == terminalAt+1) {
-			fail("record %d (%s) after the terminal record %q", i, r.Kind, recs[terminalAt].Kind)
+			fail(RuleAfterEnd, i, "%s after the terminal record %q (record %d)", r.Kind, recs[terminalAt].Kind, terminalAt)
 			continue
 		}
 		switch r.Kind {
 		case KindNotified, KindNotifyFail:
+		case KindCancelRefused:
+			// A cancel refused because the call was claimed: the call goes
+			// on, so it changes nothing the rules look at.
+			if err := strictUnmarshal(r.Body, &struct{}{}); err != nil {
+				fail(RuleRecordBody, i, "%s body: %v", r.Kind, err)
+			}
 		case KindDecision:
 			var d Decision
 			if err := strictUnmarshal(r.Body, &d); err != nil {
-				fail("record %d: decision body: %v", i, err)
+				fail(RuleRecordBody, i, "decision body: %v", err)
 				continue
-			}
-			if claimedAt >= 0 || denied {
-				fail("record %d: decision after the task stopped taking decisions", i)
 			}
 			if !d.Accepted {
+				// A rejected decision is a true statement wherever it falls
+				// before the end, after the claim or a deny too.
 				if d.Approval != nil || d.Unsigned != nil {
-					fail("record %d: rejected decision carries an approval", i)
+					fail(RuleApprovalEvidence, i, "rejected decision carries an approval")
 				}
 				continue
+			}
+			switch {
+			case claimedAt >= 0:
+				fail(RuleDecisionAfterClaim, i, "accepted %s after the execution claim (record %d): no decision counts once the call is claimed", d.Decision, claimedAt)
+			case deniedAt >= 0:
+				fail(RuleDecisionAfterDeny, i, "accepted %s after the accepted deny (record %d): the task takes no decision once denied", d.Decision, deniedAt)
 			}
 			if d.Unsigned != nil {
 				if d.Decision != "deny" || d.Approval != nil {
-					fail("record %d: an unsigned decision can only be a deny", i)
+					fail(RuleApprovalEvidence, i, "an unsigned decision can only be a deny")
 					continue
 				}
-				denied = true
+				if d.Unsigned.ApproverID == "" {
+					fail(RuleApproverIdentity, i, "unsigned deny names no approver")
+				}
+				if deniedAt < 0 {
+					deniedAt = i
+				}
 				v.Notes = append(v.Notes, fmt.Sprintf("denied without a passkey by %s via %s", d.Unsigned.ApproverName, d.Unsigned.Via))
 				continue
 			}
 			if d.Approval == nil || d.Approval.Decision != d.Decision {
-				fail("record %d: accepted decision without its assertion", i)
+				fail(RuleApprovalEvidence, i, "accepted decision without its assertion")
 				continue
 			}
-			if err := VerifyAssertion(*d.Approval, actionHash); err != nil {
-				fail("record %d: %s's %s: %v", i, d.Approval.ApproverName, d.Decision, err)
+			a := d.Approval
+			if err := VerifyAssertion(*a, actionHash); err != nil {
+				fail(RuleApprovalEvidence, i, "%s's %s: %v", a.ApproverName, d.Decision, err)
 				continue
 			}
-			if other, ok := creds[d.Approval.CredentialID]; ok && other != d.Approval.ApproverID {
-				fail("record %d: credential used by two approvers", i)
+			if a.ApproverID == "" || a.CredentialID == "" {
+				fail(RuleApproverIdentity, i, "accepted %s names no approver or no credential (approver %q, credential %q)", d.Decision, a.ApproverID, a.CredentialID)
+				continue
 			}
-			creds[d.Approval.CredentialID] = d.Approval.ApproverID
+			if other, ok := creds[a.CredentialID]; ok && other != a.ApproverID {
+				fail(RuleApproverCountedTwice, i, "credential %s used by two approvers, %s and %s", a.CredentialID, other, a.ApproverID)
+			}
+			creds[a.CredentialID] = a.ApproverID
+			if other, ok := keyCreds[string(a.PublicKey)]; ok && other != a.CredentialID {
+				fail(RuleApproverCountedTwice, i, "credential %s of %s has the same public key as credential %s of %s: one authenticator, counted for two", a.CredentialID, a.ApproverID, other, creds[other])
+			}
+			keyCreds[string(a.PublicKey)] = a.CredentialID
 			switch d.Decision {
 			case "approve":
-				if approvers[d.Approval.ApproverID] {
-					fail("record %d: approver %s approved twice", i, d.Approval.ApproverID)
+				if first, ok := approvers[a.ApproverID]; ok {
+					fail(RuleApproverCountedTwice, i, "approver %s approved twice (first at record %d); an approver counts once toward the quorum", a.ApproverID, first)
+					continue
 				}
-				approvers[d.Approval.ApproverID] = true
+				if quorum >= 1 && quorumAt >= 0 && claimedAt < 0 && deniedAt < 0 {
+					fail(RuleApprovalBeyondQuorum, i, "approval by %s (%s) accepted after the quorum of %d was met (record %d): an approval the workflow could not count",
+						a.ApproverID, a.ApproverName, quorum, quorumAt)
+				}
+				approvers[a.ApproverID] = i
+				if len(approvers) == quorum && quorumAt < 0 {
+					quorumAt = i
+				}
 			case "deny":
-				denied = true
+				if deniedAt < 0 {
+					deniedAt = i
+				}
 			default:
-				fail("record %d: decision %q", i, d.Decision)
+				fail(RuleApprovalEvidence, i, "decision %q", d.Decision)
 			}
 		case KindReevaluated:
 			var p Policy
 			if err := strictUnmarshal(r.Body, &p); err != nil {
-				fail("record %d: reevaluated body: %v", i, err)
+				fail(RuleRecordBody, i, "reevaluated body: %v", err)
 				continue
 			}
 			if claimedAt >= 0 {
-				fail("record %d: re-evaluation after the claim", i)
+				fail(RuleClaim, i, "re-evaluation after the claim (record %d)", claimedAt)
 			}
 			reevalAllow = p.Allow
 		case KindClaimed:
 			var p Policy
 			if err := strictUnmarshal(r.Body, &p); err != nil {
-				fail("record %d: claimed body: %v", i, err)
+				fail(RuleRecordBody, i, "claimed body: %v", err)
 				continue
 			}
 			if claimedAt >= 0 {
-				fail("record %d: second execution claim", i)
+				fail(RuleClaim, i, "second execution claim (the first is record %d)", claimedAt)
+				continue
 			}
 			claimedAt = i
+			if !p.Allow {
+				fail(RuleClaim, i, "execution claimed under a policy that did not allow the call (effect %q)", p.Effect)
+			}
 			if !reevalAllow {
-				fail("record %d: execution claimed without a re-evaluation that allowed it", i)
+				fail(RuleClaim, i, "execution claimed without a re-evaluation that allowed it")
 			}
-			if denied {
-				fail("record %d: execution claimed after a denial", i)
+			if deniedAt >= 0 {
+				fail(RuleClaimAfterDeny, i, "execution claimed after the accepted deny (record %d)", deniedAt)
 			}
-			if len(approvers) < req.Requirement.Quorum {
-				fail("record %d: execution claimed with %d valid approvals, quorum is %d", i, len(approvers), req.Requirement.Quorum)
+			if n := len(approvers); n < quorum {
+				fail(RuleQuorumBeforeClaim, i, "execution claimed with %d distinct approver(s) accepted before it, quorum is %d", n, quorum)
 			}
 		case KindOutcome:
 			if terminalAt < 0 {
-				fail("record %d: outcome without a terminal record before it", i)
+				fail(RuleRecordBody, i, "outcome without a terminal record before it")
 				continue
 			}
 			outcomeAt = i
 		default:
 			if !IsTerminalKind(r.Kind) {
-				fail("record %d: unknown kind %q", i, r.Kind)
+				fail(RuleUnknownKind, i, "unknown kind %q", r.Kind)
 				continue
 			}
 			terminalAt = i
 			var e Ended
 			if err := strictUnmarshal(r.Body, &e); err != nil {
-				fail("record %d: terminal body: %v", i, err)
+				fail(RuleRecordBody, i, "terminal body: %v", err)
 				continue
 			}
 			tk := terminalKinds[r.Kind]
 			if e.Status != tk.status || e.Disposition != tk.disposition {
-				fail("record %d: %s with status %q and disposition %q", i, r.Kind, e.Status, e.Disposition)
+				fail(RuleEndDisposition, i, "%s with status %q and disposition %q, want %q and %q", r.Kind, e.Status, e.Disposition, tk.status, tk.disposition)
 			}
-			if tk.executed && claimedAt < 0 {
-				fail("record %d: %s without an execution claim", i, r.Kind)
+			switch {
+			case tk.executed && claimedAt < 0:
+				fail(RuleExecutionWithoutClaim, i, "%s without an execution claim: the tool ran with no claim and no quorum committed before one", r.Kind)
+			case !tk.executed && claimedAt >= 0 && e.ResultDigest != "":
+				fail(RuleStoppedAfterClaim, i, "%s (%s) after the execution claim (record %d) records the tool's result: the tool ran", r.Kind, e.Disposition+e.Status, claimedAt)
+			case (r.Kind == KindCancelled || r.Kind == KindExpired) && claimedAt >= 0:
+				fail(RuleStoppedAfterClaim, i, "%s after the execution claim (record %d): a claimed call cannot be stopped", r.Kind, claimedAt)
+			case !tk.executed && e.ResultDigest != "":
+				fail(RuleEndDisposition, i, "%s records a tool result, but the call was never claimed", r.Kind)
+			case r.Kind == KindDenied && claimedAt >= 0:
+				note := "denied after the execution claim: the call was refused before the tool ran"
+				if e.Detail != "" {
+					note += " (" + e.Detail + ")"
+				}
+				v.Notes = append(v.Notes, note)
 			}
-			if (r.Kind == KindCancelled || r.Kind == KindExpired) && claimedAt >= 0 {
-				fail("record %d: %s after the execution claim", i, r.Kind)
-			}
-			if denied && r.Kind != KindDenied {
-				fail("record %d: %s after an approver denied", i, r.Kind)
+			if deniedAt >= 0 && r.Kind != KindDenied {
+				fail(RuleEndAfterDeny, i, "%s after the accepted deny (record %d)", r.Kind, deniedAt)
 			}
 			if r.Kind == KindExecuted && e.ResultDigest == "" {
-				fail("record %d: executed without a result digest", i)
+				fail(RuleEndDisposition, i, "executed without a result digest")
 			}
 			v.Status, v.Disposition = e.Status, e.Disposition
 		}
@@ -326,30 +495,69 @@ func verifyChain(taskID string, recs []Record, hashes []string, opts VerifyOptio
 		if opts.AllowIncomplete {
 			v.Notes = append(v.Notes, "not sealed: the task had not ended when exported")
 		} else {
-			fail("chain not sealed by an outcome record (task pending, or records dropped)")
+			fail(RuleNotSealed, -1, "chain not sealed by an outcome record (task pending, or records dropped)")
 		}
 		return v
 	}
 	v.Complete = true
 	want, err := BuildOutcome(recs[:outcomeAt], hashes[:outcomeAt])
 	if err != nil {
-		fail("outcome: %v", err)
+		fail(RuleOutcome, outcomeAt, "%v", err)
 		return v
 	}
-	wantC, err1 := canonical(want)
-	gotC, err2 := canonicalRaw(recs[outcomeAt].Body)
-	if err1 != nil || err2 != nil || !bytes.Equal(wantC, gotC) {
-		fail("outcome record does not match the chain it seals")
+	var got Outcome
+	if err := strictUnmarshal(recs[outcomeAt].Body, &got); err != nil {
+		fail(RuleRecordBody, outcomeAt, "outcome body: %v", err)
+		return v
 	}
+	checkOutcome(got, want, func(rule, format string, args ...any) { fail(rule, outcomeAt, format, args...) })
 	return v
 }
 
-func canonicalRaw(b []byte) ([]byte, error) {
-	var o Outcome
-	if err := strictUnmarshal(b, &o); err != nil {
-		return nil, err
+// checkOutcome compares the outcome record with the one the chain implies:
+// first its approvals, then every other member.
+func checkOutcome(got, want Outcome, fail func(rule, format string, args ...any)) {
+	if len(got.Approvals) != len(want.Approvals) {
+		fail(RuleOutcomeApprovals, "outcome lists %d approvals; the chain accepted %d decision(s) with an assertion", len(got.Approvals), len(want.Approvals))
+	} else {
+		for j := range got.Approvals {
+			g, err1 := canonical(got.Approvals[j])
+			w, err2 := canonical(want.Approvals[j])
+			if err1 != nil || err2 != nil || !bytes.Equal(g, w) {
+				fail(RuleOutcomeApprovals, "outcome approval %d (%s) is not the chain's accepted decision (%s)", j, got.Approvals[j].ApproverID, want.Approvals[j].ApproverID)
+			}
+		}
 	}
-	return canonical(o)
+	got.Approvals, want.Approvals = nil, nil
+	var gm, wm map[string]json.RawMessage
+	gb, err1 := json.Marshal(got)
+	wb, err2 := json.Marshal(want)
+	if err1 != nil || err2 != nil || json.Unmarshal(gb, &gm) != nil || json.Unmarshal(wb, &wm) != nil {
+		fail(RuleOutcome, "outcome record cannot be compared with the chain it seals")
+		return
+	}
+	var diff []string
+	for k := range gm {
+		if _, ok := wm[k]; !ok {
+			diff = append(diff, k)
+		}
+	}
+	for k, w := range wm {
+		g, ok := gm[k]
+		if !ok {
+			diff = append(diff, k)
+			continue
+		}
+		gc, err1 := jcs.Transform(g)
+		wc, err2 := jcs.Transform(w)
+		if err1 != nil || err2 != nil || !bytes.Equal(gc, wc) {
+			diff = append(diff, k)
+		}
+	}
+	if len(diff) > 0 {
+		slices.Sort(diff)
+		fail(RuleOutcome, "outcome record does not match the chain it seals (%s)", strings.Join(diff, ", "))
+	}
 }
 
 // checkEnvelope recomputes the action hash from the recorded arguments.

@@ -269,6 +269,273 @@ func TestVerifyDetectsInconsistentSteps(t *testing.T) {
 	}
 }
 
+// The rules of issue 8: an execution needs a quorum committed before the
+// claim; no decision counts once the call is claimed or denied; nothing
+// after the claim says the call was stopped; the outcome lists exactly the
+// decisions the chain counted; an approver counts once. Every chain here is
+// signed by the server's key, so only the rules can catch it. The report
+// must name the rule (rule) and say what broke it (want).
+func TestVerifyExecutionRules(t *testing.T) {
+	k := testKeys(t)
+	keys := k.PublicKeys()
+	for _, tc := range []struct {
+		name  string
+		build func() *memChain
+		rule  string
+		want  string
+	}{
+		// (a) No execution without a committed quorum before the claim.
+		{"claim below quorum", func() *memChain {
+			c := approvedChain(t, k, "tsk_a1", 2, "alice")
+			c.claim()
+			c.seal(KindExecuted, "completed", "approved-executed")
+			return c
+		}, RuleQuorumBeforeClaim, "1 distinct approver(s) accepted before it, quorum is 2"},
+		{"quorum completed only after the claim", func() *memChain {
+			c := approvedChain(t, k, "tsk_a2", 2, "alice")
+			c.claim()
+			c.decide(newPasskey(t, "cred-bob"), "bob", "approve")
+			c.seal(KindExecuted, "completed", "approved-executed")
+			return c
+		}, RuleQuorumBeforeClaim, "quorum is 2"},
+		{"outcome-unknown without a claim", func() *memChain {
+			c := approvedChain(t, k, "tsk_a3", 1, "alice")
+			c.add("reevaluated", KindReevaluated, Policy{Allow: true, PolicyVersion: "p"})
+			c.seal(KindOutcomeUnknown, "completed", "outcome-unknown")
+			return c
+		}, RuleExecutionWithoutClaim, "outcome-unknown without an execution claim"},
+		{"claim under a policy that did not allow", func() *memChain {
+			c := approvedChain(t, k, "tsk_a4", 1, "alice")
+			c.add("reevaluated", KindReevaluated, Policy{Allow: true, PolicyVersion: "p"})
+			c.add("claimed", KindClaimed, Policy{Allow: false, Effect: "deny", PolicyVersion: "p"})
+			c.seal(KindExecuted, "completed", "approved-executed")
+			return c
+		}, RuleClaim, "policy that did not allow"},
+		{"approval with no approver identity", func() *memChain {
+			c := newMemChain(t, k, "tsk_a5", 1)
+			a := newPasskey(t, "cred-x").approve(t, "", "approve", c.hash, c.at)
+			c.add("decision/x", KindDecision, Decision{Decision: "approve", Accepted: true, ChallengeID: a.ChallengeID, Approval: &a})
+			c.claim()
+			c.seal(KindExecuted, "completed", "approved-executed")
+			return c
+		}, RuleApproverIdentity, "names no approver"},
+
+		// (b) No accepted decision once the call is claimed.
+		{"accepted approval after the claim", func() *memChain {
+			c := approvedChain(t, k, "tsk_b1", 1, "alice")
+			c.claim()
+			c.decide(newPasskey(t, "cred-bob"), "bob", "approve")
+			c.seal(KindExecuted, "completed", "approved-executed")
+			return c
+		}, RuleDecisionAfterClaim, "accepted approve after the execution claim"},
+		{"accepted deny after the claim, ending denied", func() *memChain {
+			c := approvedChain(t, k, "tsk_b2", 1, "alice")
+			c.claim()
+			c.decide(newPasskey(t, "cred-bob"), "bob", "deny")
+			c.seal(KindDenied, "completed", "denied-not-executed")
+			return c
+		}, RuleDecisionAfterClaim, "accepted deny after the execution claim"},
+
+		// (c) Nothing after the claim says the call was stopped; the
+		// outcome lists exactly the decisions the chain counted.
+		{"claimed then cancelled", func() *memChain {
+			c := approvedChain(t, k, "tsk_c1", 1, "alice")
+			c.claim()
+			c.seal(KindCancelled, "cancelled", "")
+			return c
+		}, RuleStoppedAfterClaim, "cancelled after the execution claim"},
+		{"claimed then expired", func() *memChain {
+			c := approvedChain(t, k, "tsk_c2", 1, "alice")
+			c.claim()
+			c.seal(KindExpired, "completed", "denied-not-executed")
+			return c
+		}, RuleStoppedAfterClaim, "expired after the execution claim"},
+		{"denied-not-executed after a claim whose tool ran", func() *memChain {
+			c := approvedChain(t, k, "tsk_c3", 1, "alice")
+			c.claim()
+			c.add(StepEnd, KindDenied, Ended{Status: "completed", Disposition: "denied-not-executed", ResultDigest: "ab"})
+			o, _ := BuildOutcome(c.recs, c.hashes)
+			c.add(StepOutcome, KindOutcome, o)
+			return c
+		}, RuleStoppedAfterClaim, "records the tool's result"},
+		{"outcome lists an approval the chain does not hold", func() *memChain {
+			c := approvedChain(t, k, "tsk_c4", 1, "alice")
+			c.claim()
+			c.add(StepEnd, KindExecuted, Ended{Status: "completed", Disposition: "approved-executed", ResultDigest: "ab"})
+			o, _ := BuildOutcome(c.recs, c.hashes)
+			o.Approvals = append(o.Approvals, newPasskey(t, "cred-bob").approve(t, "bob", "approve", c.hash, c.at))
+			c.add(StepOutcome, KindOutcome, o)
+			return c
+		}, RuleOutcomeApprovals, "outcome lists 2 approvals; the chain accepted 1"},
+		{"outcome swaps an approval", func() *memChain {
+			c := approvedChain(t, k, "tsk_c5", 1, "alice")
+			c.claim()
+			c.add(StepEnd, KindExecuted, Ended{Status: "completed", Disposition: "approved-executed", ResultDigest: "ab"})
+			o, _ := BuildOutcome(c.recs, c.hashes)
+			o.Approvals[0] = newPasskey(t, "cred-bob").approve(t, "bob", "approve", c.hash, c.at)
+			c.add(StepOutcome, KindOutcome, o)
+			return c
+		}, RuleOutcomeApprovals, "outcome approval 0 (bob)"},
+		{"approvals beyond the quorum", func() *memChain {
+			c := approvedChain(t, k, "tsk_c6", 2, "alice", "bob", "carol")
+			c.claim()
+			c.seal(KindExecuted, "completed", "approved-executed")
+			return c
+		}, RuleApprovalBeyondQuorum, "carol"},
+
+		// (d) One approver counts once; nothing is approved after a deny.
+		{"same approver with two passkeys", func() *memChain {
+			c := newMemChain(t, k, "tsk_d1", 2)
+			c.decide(newPasskey(t, "cred-a1"), "alice", "approve")
+			c.decide(newPasskey(t, "cred-a2"), "alice", "approve")
+			c.claim()
+			c.seal(KindExecuted, "completed", "approved-executed")
+			return c
+		}, RuleApproverCountedTwice, "approved twice"},
+		{"one credential for two approvers", func() *memChain {
+			c := newMemChain(t, k, "tsk_d2", 2)
+			p := newPasskey(t, "cred-shared")
+			c.decide(p, "alice", "approve")
+			c.decide(p, "bob", "approve")
+			c.claim()
+			c.seal(KindExecuted, "completed", "approved-executed")
+			return c
+		}, RuleApproverCountedTwice, "credential cred-shared"},
+		{"one key under two credentials", func() *memChain {
+			c := newMemChain(t, k, "tsk_d3", 2)
+			p := newPasskey(t, "cred-a")
+			clone := *p
+			clone.id = "cred-b"
+			c.decide(p, "alice", "approve")
+			c.decide(&clone, "bob", "approve")
+			c.claim()
+			c.seal(KindExecuted, "completed", "approved-executed")
+			return c
+		}, RuleApproverCountedTwice, "same public key"},
+		{"approval after an accepted deny", func() *memChain {
+			c := newMemChain(t, k, "tsk_d4", 1)
+			c.decide(newPasskey(t, "cred-a"), "alice", "deny")
+			c.decide(newPasskey(t, "cred-b"), "bob", "approve")
+			c.seal(KindDenied, "completed", "denied-not-executed")
+			return c
+		}, RuleDecisionAfterDeny, "accepted approve after the accepted deny"},
+		{"approval after an unsigned deny", func() *memChain {
+			c := newMemChain(t, k, "tsk_d5", 1)
+			c.add("decision/u", KindDecision, Decision{Decision: "deny", Accepted: true, Unsigned: &Unsigned{ApproverID: "a", ApproverName: "al", Via: "slack:U1"}})
+			c.decide(newPasskey(t, "cred-b"), "bob", "approve")
+			c.seal(KindDenied, "completed", "denied-not-executed")
+			return c
+		}, RuleDecisionAfterDeny, "accepted approve after the accepted deny"},
+
+		// cancel-refused: a known kind, with an empty body, before the end.
+		{"cancel-refused with a body", func() *memChain {
+			c := approvedChain(t, k, "tsk_r1", 1, "alice")
+			c.claim()
+			c.add("cancel-refused", KindCancelRefused, map[string]any{"cancelled": true})
+			c.seal(KindExecuted, "completed", "approved-executed")
+			return c
+		}, RuleRecordBody, "cancel-refused body"},
+		{"cancel-refused after the end", func() *memChain {
+			c := approvedChain(t, k, "tsk_r2", 1, "alice")
+			c.claim()
+			c.add(StepEnd, KindExecuted, Ended{Status: "completed", Disposition: "approved-executed", ResultDigest: "ab"})
+			c.add("cancel-refused", KindCancelRefused, struct{}{})
+			return c
+		}, RuleAfterEnd, "after the terminal record"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := Verify(tc.build().lines, keys, VerifyOptions{})
+			b, _ := json.Marshal(rep)
+			if rep.OK {
+				t.Fatalf("signed but inconsistent chain verifies: %s", b)
+			}
+			if !strings.Contains(string(b), "["+tc.rule+"]") || !strings.Contains(string(b), tc.want) {
+				t.Errorf("report does not name rule %q with %q:\n%s", tc.rule, tc.want, b)
+			}
+		})
+	}
+}
+
+// Honest chains the rules must keep accepting: rejected decisions are true
+// statements wherever they fall before the end, a refused cancel is not a
+// cancel, and a claimed call the tool refused (stale envelope, unknown
+// tool) or failed with a protocol error ends without running.
+func TestVerifyExecutionRulesHonest(t *testing.T) {
+	k := testKeys(t)
+	keys := k.PublicKeys()
+	for _, tc := range []struct {
+		name  string
+		build func() *memChain
+		want  string
+	}{
+		{"rejected decisions after the claim", func() *memChain {
+			c := approvedChain(t, k, "tsk_h1", 1, "alice")
+			c.claim()
+			c.reject("late1", "approve", "task_not_pending")
+			c.reject("late2", "deny", "task_not_pending")
+			c.seal(KindExecuted, "completed", "approved-executed")
+			return c
+		}, "approved-executed"},
+		{"rejected decisions after a deny", func() *memChain {
+			c := newMemChain(t, k, "tsk_h2", 2)
+			c.decide(newPasskey(t, "cred-a"), "alice", "deny")
+			c.reject("late", "approve", "task_not_pending")
+			c.seal(KindDenied, "completed", "denied-not-executed")
+			return c
+		}, "denied-not-executed"},
+		{"rejected decisions after the quorum", func() *memChain {
+			c := approvedChain(t, k, "tsk_h3", 2, "alice", "bob")
+			c.reject("carol", "approve", "task_not_pending")
+			c.claim()
+			c.seal(KindExecuted, "completed", "approved-executed")
+			return c
+		}, "approved-executed"},
+		{"cancel refused after the claim", func() *memChain {
+			c := approvedChain(t, k, "tsk_h4", 1, "alice")
+			c.claim()
+			c.add("cancel-refused", KindCancelRefused, struct{}{})
+			c.seal(KindExecuted, "completed", "approved-executed")
+			return c
+		}, "approved-executed"},
+		{"cancel refused recorded before the claim", func() *memChain {
+			c := approvedChain(t, k, "tsk_h5", 1, "alice")
+			c.add("cancel-refused", KindCancelRefused, struct{}{})
+			c.claim()
+			c.seal(KindOutcomeUnknown, "completed", "outcome-unknown")
+			return c
+		}, "outcome-unknown"},
+		{"claimed call refused by the tool", func() *memChain {
+			c := approvedChain(t, k, "tsk_h6", 1, "alice")
+			c.claim()
+			c.seal(KindDenied, "completed", "denied-not-executed")
+			return c
+		}, "denied-not-executed"},
+		{"claimed call failed with a protocol error", func() *memChain {
+			c := approvedChain(t, k, "tsk_h7", 1, "alice")
+			c.claim()
+			c.seal(KindFailed, "failed", "")
+			return c
+		}, "failed"},
+		{"deny after a lone approval", func() *memChain {
+			c := approvedChain(t, k, "tsk_h8", 2, "alice")
+			c.decide(newPasskey(t, "cred-bob"), "bob", "deny")
+			c.seal(KindDenied, "completed", "denied-not-executed")
+			return c
+		}, "denied-not-executed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := Verify(tc.build().lines, keys, VerifyOptions{})
+			if !rep.OK || len(rep.Tasks) != 1 {
+				b, _ := json.MarshalIndent(rep, "", "  ")
+				t.Fatalf("honest chain does not verify:\n%s", b)
+			}
+			if got := rep.Tasks[0].Disposition + rep.Tasks[0].Status; !strings.Contains(got, tc.want) {
+				t.Errorf("verdict %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestVerifyAllowIncomplete(t *testing.T) {
 	k := testKeys(t)
 	c := newMemChain(t, k, "tsk_p", 1)

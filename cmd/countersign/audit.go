@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -206,6 +207,8 @@ func summarize(r audit.Record) string {
 		if json.Unmarshal(r.Body, &b) == nil {
 			return fmt.Sprintf("allow=%t policy %.12s %s", b.Allow, b.PolicyVersion, b.Reason)
 		}
+	case audit.KindCancelRefused:
+		return "cancel refused: the call was already claimed"
 	case audit.KindOutcome:
 		var b audit.Outcome
 		if json.Unmarshal(r.Body, &b) == nil {
@@ -264,8 +267,15 @@ func verifyExport(file string, keyFiles []string, allowIncomplete, asJSON bool, 
 				what = "pending"
 			}
 			fmt.Fprintf(w, "%s %s %s (%d records, %d approvals)\n", verdict, t.TaskID, what, t.Records, t.Approvals)
-			for _, p := range t.Problems {
-				fmt.Fprintf(w, "     problem: %s\n", p)
+			if rules := t.Rules(); len(rules) > 0 {
+				fmt.Fprintf(w, "     broken rules: %s\n", strings.Join(rules, ", "))
+			}
+			for _, f := range t.Failures {
+				if f.Record < 0 {
+					fmt.Fprintf(w, "     problem [%s] %s: %s\n", f.Rule, t.TaskID, f.Message)
+				} else {
+					fmt.Fprintf(w, "     problem [%s] %s record %d (%s): %s\n", f.Rule, t.TaskID, f.Record, f.Kind, f.Message)
+				}
 			}
 			for _, n := range t.Notes {
 				fmt.Fprintf(w, "     note: %s\n", n)

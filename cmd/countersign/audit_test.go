@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -61,6 +62,41 @@ func TestAuditVerifyCLI(t *testing.T) {
 	code, out, _ = runCLI("audit", "verify", file, "--key", pub)
 	if code != 1 || !strings.Contains(out, "FAIL tsk_cli") {
 		t.Fatalf("tampered verify: exit %d\n%s", code, out)
+	}
+	// Signed by the server's key but claimed without a quorum: the output
+	// names the rule, the task and the record.
+	if _, err := l.Append(ctx, "tsk_noquorum", audit.Step{ID: audit.StepRequested, Kind: audit.KindRequested, At: at,
+		Body: audit.Requested{Envelope: env, Requirement: audit.Requirement{Group: "g", Quorum: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{audit.KindReevaluated, audit.KindClaimed} {
+		if _, err := l.Append(ctx, "tsk_noquorum", audit.Step{ID: k, Kind: k, At: at, Body: audit.Policy{Allow: true, PolicyVersion: "p"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := l.Append(ctx, "tsk_noquorum", audit.Step{ID: "cancel-refused", Kind: audit.KindCancelRefused, At: at, Body: struct{}{}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Seal(ctx, "tsk_noquorum", audit.End{Kind: audit.KindExecuted, At: at, Status: "completed", Disposition: "approved-executed", ResultDigest: "00"}); err != nil {
+		t.Fatal(err)
+	}
+	lines, err := l.Chain(ctx, "tsk_noquorum")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(file, append(bytes.Join(lines, []byte("\n")), '\n'), 0o600)
+	code, out, _ = runCLI("audit", "verify", file, "--key", pub)
+	if code != 1 || !strings.Contains(out, "FAIL tsk_noquorum") || !strings.Contains(out, "broken rules: quorum-before-claim") ||
+		!strings.Contains(out, "problem [quorum-before-claim] tsk_noquorum record 2 (claimed): execution claimed with 0 distinct approver(s)") {
+		t.Fatalf("verify of a claim without quorum: exit %d\n%s", code, out)
+	}
+	var shownBad strings.Builder
+	raw := make([]json.RawMessage, len(lines))
+	for i, l := range lines {
+		raw[i] = l
+	}
+	if err := printChain(&shownBad, raw, false); err != nil || !strings.Contains(shownBad.String(), "cancel refused") {
+		t.Fatalf("show: %v\n%s", err, shownBad.String())
 	}
 	if code, _, errOut := runCLI("audit", "verify", file); code != 2 || !strings.Contains(errOut, "--key") {
 		t.Fatalf("verify without --key: exit %d %s", code, errOut)
