@@ -91,14 +91,19 @@ func appendEvent(r *tasks.Record, e tasks.Event) {
 }
 
 // RecordState writes a non-terminal transition to the task's read model. It
-// leaves a terminal record alone, so a late write cannot undo the end.
+// leaves a terminal record alone, so a late write cannot undo the end, and
+// skips a write whose outbox sequence the record has already seen, so a
+// retried or late batch cannot roll the record back.
 func (a *Activities) RecordState(ctx context.Context, in RecordStateInput) error {
 	if err := checkVersion(in.Version); err != nil {
 		return err
 	}
 	_, err := a.Tasks.Update(ctx, in.TaskID, func(r *tasks.Record) error {
-		if r.Status.Terminal() {
+		if r.Status.Terminal() || (in.Seq > 0 && in.Seq <= r.Seq) {
 			return errSkip
+		}
+		if in.Seq > 0 {
+			r.Seq = in.Seq
 		}
 		r.StatusMessage = in.StatusMessage
 		r.ApprovalState = in.ApprovalState
@@ -357,6 +362,9 @@ func (a *Activities) Complete(ctx context.Context, in CompleteInput) error {
 	}
 	_, err = a.Tasks.Update(ctx, in.TaskID, func(r *tasks.Record) error {
 		r.Status = in.Status
+		if in.Seq > r.Seq {
+			r.Seq = in.Seq
+		}
 		r.StatusMessage = in.StatusMessage
 		r.Disposition = in.Disposition
 		r.Result = result

@@ -145,7 +145,7 @@ func (a *Activities) auditBody(in RecordAuditInput) (any, error) {
 		}
 		p := in.Policy
 		return audit.Policy{Allow: p.Allow, Effect: p.Effect, Reason: p.Reason, PolicyVersion: p.PolicyVersion}, nil
-	case audit.KindNotified, audit.KindNotifyFail:
+	case audit.KindNotified, audit.KindNotifyFail, audit.KindCancelRefused:
 		return struct{}{}, nil
 	}
 	return nil, fmt.Errorf("kind %q is not recorded through RecordAudit", in.Kind)

@@ -50,6 +50,7 @@ const ResultRetention = 7 * 24 * time.Hour
 type RecordStateInput struct {
 	Version       int                   `json:"version"`
 	TaskID        string                `json:"taskId"`
+	Seq           int64                 `json:"seq,omitempty"` // outbox sequence; see Projection
 	StatusMessage string                `json:"statusMessage"`
 	ApprovalState tasks.ApprovalState   `json:"approvalState"`
 	Approvals     []tasks.ApprovalEntry `json:"approvals,omitempty"`
@@ -137,6 +138,7 @@ type ExecuteToolOutput struct {
 type CompleteInput struct {
 	Version       int                   `json:"version"`
 	TaskID        string                `json:"taskId"`
+	Seq           int64                 `json:"seq,omitempty"` // outbox sequence; see Projection
 	Tool          string                `json:"tool"`
 	Status        tasks.Status          `json:"status"`
 	Disposition   tasks.Disposition     `json:"disposition,omitempty"`
@@ -149,4 +151,22 @@ type CompleteInput struct {
 	// Audit seals the task's audit chain (Event.Kind is the terminal step)
 	// and puts the outcome record's receipt in the result's _meta.
 	Audit bool `json:"audit,omitempty"`
+}
+
+// Projection is one entry of a task workflow's outbox: a fact the workflow
+// has decided, to be written to the read model or the audit chain. Exactly
+// one of State, Audit and End is set. Seq numbers a workflow's entries from
+// 1 in the order it decided them.
+type Projection struct {
+	Seq   int64             `json:"seq"`
+	State *RecordStateInput `json:"state,omitempty"`
+	Audit *RecordAuditInput `json:"audit,omitempty"`
+	End   *CompleteInput    `json:"end,omitempty"`
+}
+
+// PublishInput is a batch of one task's outbox entries, in order.
+type PublishInput struct {
+	Version int          `json:"version"`
+	TaskID  string       `json:"taskId"`
+	Entries []Projection `json:"entries"`
 }

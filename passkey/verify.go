@@ -59,6 +59,12 @@ type VerifyRequest struct {
 	Method string
 	// Response is the PublicKeyCredential JSON from navigator.credentials.get().
 	Response json.RawMessage
+	// CheckOnly runs every check and reports the verdict without consuming
+	// the challenge or advancing the counter: the edge uses it to turn
+	// invalid evidence away before it reaches the task's workflow, which
+	// then verifies again and consumes. A challenge already consumed by
+	// ConsumerKey passes (that consumer may retry).
+	CheckOnly bool
 }
 
 // Verified is a successful, consumed approval, with the raw assertion parts
@@ -273,7 +279,10 @@ func (s *Service) verify(ctx context.Context, req *VerifyRequest) (Verified, err
 	}
 
 	// 13. Every check passed: consume, by compare-and-set on the revision
-	// read in step 4.
+	// read in step 4 (unless the caller only asked whether it would pass).
+	if req.CheckOnly {
+		return Verified{ApproverID: a.ID, ApproverName: a.Name, CredentialID: credID, ChallengeID: req.ChallengeID}, nil
+	}
 	key := req.ConsumerKey
 	if key == "" {
 		key = "anonymous-" + randomID(16)
@@ -329,6 +338,9 @@ func (s *Service) replay(ctx context.Context, req *VerifyRequest, ch *challengeR
 	if ch.Result == nil || ch.TaskID != req.TaskID || ch.Tool != req.Tool ||
 		ch.ActionHash != req.ActionHash.String() || ch.Result.CredentialID != credID {
 		return Verified{}, newError(ReasonChallengeConsumed, errors.New("consumer key reused for a different call"))
+	}
+	if req.CheckOnly {
+		return *ch.Result, nil
 	}
 	if err := s.advanceCounter(ctx, credID, ch.Result.SignCount, ch.ConsumedAt); err != nil {
 		return Verified{}, err

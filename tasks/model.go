@@ -136,6 +136,10 @@ type Record struct {
 	StatusMessage string    `json:"statusMessage,omitempty"`
 	CreatedAt     time.Time `json:"createdAt"`
 	LastUpdatedAt time.Time `json:"lastUpdatedAt"`
+	// Seq is the workflow outbox sequence of the last projection written
+	// (activities.Publish): a write with a sequence at or below it is a
+	// retry or a late duplicate and changes nothing.
+	Seq int64 `json:"seq,omitempty"`
 	// TTL is the task's lifetime from creation; it covers the approval
 	// window plus result retention and is extended when the task ends.
 	TTL          time.Duration `json:"ttl"`

@@ -2,6 +2,9 @@ package tasks
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,7 +22,28 @@ const (
 	WorkflowName = "Approval"
 	UpdateDecide = "decide"
 	UpdateCancel = "cancel"
+	// UpdateRecordRejection records, in the timeline and the audit chain, a
+	// decision whose evidence the edge rejected before it reached the
+	// workflow. It changes nothing else.
+	UpdateRecordRejection = "record-rejection"
 )
+
+// MaxRecordedRejections bounds the rejected decisions one task records in its
+// timeline (event kind [EventRejectedDecision]) and audit chain. The workflow
+// refuses more without writing history; the edge stops asking once the read
+// model shows the quota reached.
+const MaxRecordedRejections = 20
+
+// EventRejectedDecision is the timeline kind of a rejected decision.
+const EventRejectedDecision = "rejected-decision"
+
+// RejectedDecision is a decision the edge rejected: its evidence failed the
+// passkey check, so it never reached the workflow as a decision.
+type RejectedDecision struct {
+	ChallengeID string `json:"challengeId,omitempty"`
+	Decision    string `json:"decision"`
+	Reason      string `json:"reason"` // SEP-2672 reason name
+}
 
 // ApprovalInputVersion is the current [ApprovalInput] layout.
 const ApprovalInputVersion = 1
@@ -109,10 +133,38 @@ func (o *Orchestrator) Start(ctx context.Context, in ApprovalInput) error {
 }
 
 // Decide delivers an approver's decision and waits for the workflow's verdict.
+//
+// The update's ID is [DecisionUpdateID] of the decision, and the workflow
+// consumes the passkey challenge under that ID: the same request sent again
+// (a retry after a timeout, or after the process died right after posting)
+// is the same update, so it is either the same verdict or, if the first
+// never committed, verified again by the consumer that holds the challenge.
+// A decision is counted once or cleanly rejected, never lost half-way.
 func (o *Orchestrator) Decide(ctx context.Context, taskID string, d DecisionUpdate) (DecisionResult, error) {
 	var res DecisionResult
-	err := o.update(ctx, taskID, UpdateDecide, d, &res)
+	err := o.updateWithID(ctx, taskID, UpdateDecide, DecisionUpdateID(d), d, &res)
 	return res, err
+}
+
+// DecisionUpdateID is the workflow update ID of a decision: a digest of
+// everything the approver sent. Two different requests never share it, so a
+// rejected forgery that names a real challenge cannot stand in for the
+// approver's own answer.
+func DecisionUpdateID(d DecisionUpdate) string {
+	h := sha256.New()
+	for _, part := range []string{d.ChallengeID, d.Decision, d.Comment, d.Method, string(d.Response)} {
+		h.Write(binary.BigEndian.AppendUint64(nil, uint64(len(part))))
+		h.Write([]byte(part))
+	}
+	return "decide-" + hex.EncodeToString(h.Sum(nil))
+}
+
+// RecordRejection records a decision the edge rejected (see
+// [UpdateRecordRejection]). The workflow refuses it, writing nothing, once
+// the task has recorded its quota of rejections or no longer takes
+// decisions: *UpdateRejected or ErrWorkflowGone.
+func (o *Orchestrator) RecordRejection(ctx context.Context, taskID string, r RejectedDecision) error {
+	return o.update(ctx, taskID, UpdateRecordRejection, r, nil)
 }
 
 // Cancel asks the workflow to cancel the task; it is honoured only before the
@@ -124,7 +176,13 @@ func (o *Orchestrator) Cancel(ctx context.Context, taskID string) (CancelResult,
 }
 
 func (o *Orchestrator) update(ctx context.Context, taskID, name string, arg, out any) error {
+	return o.updateWithID(ctx, taskID, name, "", arg, out)
+}
+
+// updateWithID sends an update; an empty id lets the client pick a fresh one.
+func (o *Orchestrator) updateWithID(ctx context.Context, taskID, name, id string, arg, out any) error {
 	h, err := o.c.UpdateWorkflow(ctx, client.UpdateWorkflowOptions{
+		UpdateID:     id,
 		WorkflowID:   taskID,
 		UpdateName:   name,
 		Args:         []any{arg},

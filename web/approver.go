@@ -315,13 +315,28 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), decideTimeout)
 	defer cancel()
-	res, err := h.orch.Decide(ctx, rec.TaskID, tasks.DecisionUpdate{
+	d := tasks.DecisionUpdate{
 		ChallengeID: req.ChallengeID,
 		Decision:    req.Decision,
 		Comment:     req.Comment,
 		Method:      passkey.MethodWebAuthn,
 		Response:    req.Response,
-	})
+	}
+	// Invalid evidence is turned away here, before it reaches the task's
+	// workflow: it spends no budget valid decisions share, and the workflow
+	// records a bounded number of such rejections.
+	reason, err := h.checkEvidence(ctx, rec, d)
+	if err != nil {
+		return err
+	}
+	if reason != "" {
+		h.recordRejection(ctx, rec, d, reason)
+		current.Reason = reason
+		h.log.InfoContext(r.Context(), "web: decision rejected", "approval_ref", rec.ApprovalRef, "reason", reason)
+		writeJSON(w, http.StatusUnprocessableEntity, current)
+		return nil
+	}
+	res, err := h.orch.Decide(ctx, rec.TaskID, d)
 	var rejected *tasks.UpdateRejected
 	switch {
 	case errors.As(err, &rejected):
@@ -346,6 +361,69 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, status, out)
 	return nil
+}
+
+// checkEvidence runs every passkey check on a decision without consuming
+// its challenge and returns the rejection reason, or "" when the evidence
+// holds. The workflow verifies again and consumes, under the decision's
+// update ID (a retry of the same request passes here too).
+func (h *Handler) checkEvidence(ctx context.Context, rec tasks.Record, d tasks.DecisionUpdate) (string, error) {
+	hash, err := canon.ParseActionHash(rec.ActionHash)
+	if err != nil {
+		return "", fmt.Errorf("web: task %s: action hash: %w", rec.TaskID, err)
+	}
+	_, err = h.passkeys.Verify(ctx, passkey.VerifyRequest{
+		ChallengeID:        d.ChallengeID,
+		TaskID:             rec.TaskID,
+		Tool:               rec.Tool,
+		ActionHash:         hash,
+		Group:              rec.Requirement.Group,
+		AuthenticatorClass: rec.Requirement.AuthenticatorClass,
+		Requester:          rec.Owner,
+		ConsumerKey:        tasks.DecisionUpdateID(d),
+		Decision:           d.Decision,
+		Method:             d.Method,
+		Response:           d.Response,
+		CheckOnly:          true,
+	})
+	if reason := passkey.ReasonOf(err); reason != "" {
+		return reason, nil
+	}
+	if err != nil {
+		return "", &apiError{status: http.StatusServiceUnavailable, code: "verification_unavailable",
+			message: "the decision could not be verified; try again", cause: err}
+	}
+	return "", nil
+}
+
+// recordRejection asks the task's workflow to record a rejected decision in
+// its timeline and audit chain. The workflow records a bounded number per
+// task and refuses the rest without writing anything; either way the
+// approver's answer is the same, so failures are only logged.
+func (h *Handler) recordRejection(ctx context.Context, rec tasks.Record, d tasks.DecisionUpdate, reason string) {
+	recorded := 0
+	for _, ev := range rec.Timeline {
+		if ev.Kind == tasks.EventRejectedDecision {
+			recorded++
+		}
+	}
+	if recorded >= tasks.MaxRecordedRejections {
+		return // the workflow would refuse it: spare Temporal the round trip
+	}
+	err := h.orch.RecordRejection(ctx, rec.TaskID, tasks.RejectedDecision{
+		ChallengeID: clipID(d.ChallengeID), Decision: d.Decision, Reason: reason})
+	if err != nil {
+		h.log.DebugContext(ctx, "web: rejection not recorded", "task_id", rec.TaskID, "reason", reason, "error", err)
+	}
+}
+
+// clipID keeps a client-chosen challenge ID short enough to record.
+func clipID(id string) string {
+	const maxLen = 64
+	if len(id) > maxLen || !utf8.ValidString(id) {
+		return "(invalid)"
+	}
+	return id
 }
 
 // Reasons of *tasks.UpdateRejected that are not a conflict with the task's

@@ -3,6 +3,7 @@ package web
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -159,18 +160,23 @@ func TestDecisionFlow(t *testing.T) {
 		t.Fatalf("first approval = %+v, want %+v", got, want)
 	}
 
+	var bobDeny map[string]any // signed, posted as approve and rejected: still unused
 	rejections := []struct {
 		name   string
 		body   func(t *testing.T) map[string]any
 		reason string
 	}{
-		{"replayed assertion", func(*testing.T) map[string]any { return body }, passkey.ReasonChallengeConsumed},
+		{"replayed assertion in another request", func(*testing.T) map[string]any {
+			replay := map[string]any{"challengeId": body["challengeId"], "decision": "approve", "response": body["response"]}
+			return replay // no comment: another request, so another update
+		}, passkey.ReasonChallengeConsumed},
 		{"assertion over another challenge", func(t *testing.T) map[string]any {
 			other := e.challenge(t, rec.ApprovalRef, "approve")
 			return map[string]any{"challengeId": other.ChallengeID, "decision": "approve", "response": body["response"]}
 		}, passkey.ReasonSignatureVerificationFailed},
 		{"deny challenge posted as approve", func(t *testing.T) map[string]any {
-			b := e.sign(t, bob, rec.ApprovalRef, "deny")
+			bobDeny = e.sign(t, bob, rec.ApprovalRef, "deny")
+			b := maps.Clone(bobDeny)
 			b["decision"] = "approve"
 			return b
 		}, passkey.ReasonChallengeWrongDecision},
@@ -190,6 +196,16 @@ func TestDecisionFlow(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("the same request again is the same decision", func(t *testing.T) {
+		// A retry (after a timeout, or after the server died right after
+		// the post) gets the first answer; nothing is counted twice.
+		r, got := e.decide(t, rec.ApprovalRef, body)
+		wantStatus(t, r, http.StatusOK)
+		if want := (decisionResponse{Accepted: true, Status: tasks.ApprovalPending, Approved: 1, Needed: 2}); got != want {
+			t.Errorf("retried decision = %+v, want %+v", got, want)
+		}
+	})
 
 	view := decodeAs[approvalView](t, e.do(t, "GET", "/approver/v1/approvals/"+rec.ApprovalRef, nil))
 	if len(view.Approvals) != 1 || view.Approvals[0].ApproverName != "Ann" || view.Approved != 1 || view.Status != tasks.ApprovalPending {
@@ -216,7 +232,7 @@ func TestDecisionFlow(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		r, got := e.decide(t, rec.ApprovalRef, map[string]any{"challengeId": ch.ChallengeID, "decision": "deny", "response": json.RawMessage(`{"id":"x"}`)})
+		r, got := e.decide(t, rec.ApprovalRef, bobDeny)
 		wantStatus(t, r, http.StatusConflict)
 		if got.Accepted || got.Reason != "task_not_pending" {
 			t.Errorf("decision during execution = %+v", got)
@@ -303,6 +319,87 @@ func TestRejectedStatus(t *testing.T) {
 func mustJSON(t *testing.T, v any) []byte {
 	t.Helper()
 	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Anyone holding the approval link can post invalid decisions. They are
+// turned away before the workflow, cost the real approver nothing, and the
+// task records a bounded number of them.
+func TestInvalidDecisionFloodLocksNobodyOut(t *testing.T) {
+	e := newFlowEnv(t)
+	ann := e.enroll(t, "Ann", "approvers")
+	bob := e.enroll(t, "Bob", "approvers")
+	rec := e.startTask(t, taskSpec{tool: "delete_records", args: `{"table":"orders","filter":"id = 7"}`,
+		display: "Delete records from orders where id = 7", group: "approvers", quorum: 2})
+	// The real approvers sign first; the flood comes before they post.
+	annBody := e.sign(t, ann, rec.ApprovalRef, "approve")
+	bobBody := e.sign(t, bob, rec.ApprovalRef, "approve")
+	forged := map[string]any{"challengeId": annBody["challengeId"], "decision": "approve",
+		"response": json.RawMessage(flipLastByte(t, annBody["response"].(json.RawMessage)))}
+	const flood = workflows.MaxDecisionAttempts + 20
+	var wg sync.WaitGroup
+	for i := range flood {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := forged
+			if i%2 == 1 {
+				body = map[string]any{"challengeId": strings.Repeat("ab", 16), "decision": "deny", "response": json.RawMessage(`{"id":"x"}`)}
+			}
+			r, got := e.decide(t, rec.ApprovalRef, body)
+			if r.code != http.StatusUnprocessableEntity || got.Accepted {
+				t.Errorf("invalid decision %d: status %d, %+v", i, r.code, got)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, b := range []map[string]any{annBody, bobBody} {
+		r, got := e.decide(t, rec.ApprovalRef, b)
+		wantStatus(t, r, http.StatusOK)
+		if !got.Accepted {
+			t.Fatalf("a valid approval after the flood = %+v", got)
+		}
+	}
+	e.release()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	final, err := e.store.WaitTerminal(ctx, rec.TaskID, testRequester)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if final.Disposition != tasks.ApprovedExecuted {
+		t.Fatalf("disposition = %q", final.Disposition)
+	}
+	rejected := 0
+	for _, ev := range final.Timeline {
+		if ev.Kind == "rejected-decision" {
+			rejected++
+		}
+	}
+	if rejected == 0 || rejected > workflows.MaxRecordedRejections {
+		t.Errorf("%d rejected decisions recorded, want 1..%d", rejected, workflows.MaxRecordedRejections)
+	}
+}
+
+// flipLastByte breaks an assertion's signature, keeping its shape.
+func flipLastByte(t *testing.T, assertion json.RawMessage) json.RawMessage {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(assertion, &m); err != nil {
+		t.Fatal(err)
+	}
+	resp := m["response"].(map[string]any)
+	sig := []byte(resp["signature"].(string))
+	if sig[0] == 'A' {
+		sig[0] = 'B'
+	} else {
+		sig[0] = 'A'
+	}
+	resp["signature"] = string(sig)
+	b, err := json.Marshal(m)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,9 +44,16 @@ const ReasonAlreadyApproved = "already_approved"
 const MaxCommentLen = 1000
 
 // MaxDecisionAttempts bounds the decisions one task verifies (each costs
-// history events), so a flood of invalid evidence cannot grow the workflow's
-// history without limit. Far above any honest use: quorum ≤ a few approvers.
+// history events). Only evidence that passed the edge's check (a signature
+// of an enrolled, eligible approver) reaches the workflow, so invalid
+// decisions do not spend it. Far above any honest use.
 const MaxDecisionAttempts = 100
+
+// MaxRecordedRejections bounds the rejected decisions one task records in
+// its timeline and audit chain; later ones are refused and logged, never
+// recorded, so a flood of invalid evidence cannot grow the chain or the
+// history without limit. It is never a budget that valid decisions share.
+const MaxRecordedRejections = tasks.MaxRecordedRejections
 
 // NotifyDrainTimeout bounds how long an ended task waits for its last
 // notifications (Slack down, retries under way) before the workflow closes.
@@ -55,6 +62,9 @@ const NotifyDrainTimeout = 10 * time.Minute
 
 // MaxViaLen bounds an unsigned deny's channel name, in bytes.
 const MaxViaLen = 64
+
+// MaxReasonLen bounds a recorded rejection's reason and challenge ID, in bytes.
+const MaxReasonLen = 128
 
 // ExecuteTimeout is the single ExecuteTool attempt's start-to-close timeout.
 // When it passes, the outcome is unknown.
@@ -91,12 +101,14 @@ type approval struct {
 	phase     phase
 	approvals []tasks.ApprovalEntry // accepted decisions, in order
 	end       *ending
-	written   bool       // the terminal record is written (or given up on)
+	out       outbox     // facts to write to the read model and audit chain; see outbox.go
 	attempts  int        // decisions past the validator
+	rejected  int        // rejected decisions recorded
+	refused   bool       // a cancel after the claim is recorded
 	notes     *noteQueue // nil for unattended tasks: no one is notified
 	input     *inputWait // unattended tasks asking their client; see unattended.go
 
-	// mu serializes decisions and read-model writes.
+	// mu serializes decisions: each is verified and counted before the next.
 	mu  workflow.Mutex
 	log log.Logger
 }
@@ -111,6 +123,10 @@ func Approval(ctx workflow.Context, in tasks.ApprovalInput) (tasks.ApprovalOutco
 		mu:     workflow.NewMutex(ctx),
 		log:    log.With(workflow.GetLogger(ctx), "task_id", taskID),
 	}
+	// The outbox writer runs from the start, on a disconnected context: a
+	// cancelled workflow still writes its end.
+	pctx, _ := workflow.NewDisconnectedContext(ctx)
+	workflow.Go(pctx, w.publishLoop)
 	if err := validateInput(in, taskID); err != nil {
 		w.log.Error("invalid approval input; failing the task", "error", err)
 		w.endAs(&ending{
@@ -137,9 +153,13 @@ func Approval(ctx workflow.Context, in tasks.ApprovalInput) (tasks.ApprovalOutco
 		workflow.UpdateHandlerOptions{Validator: w.validateUnsignedDeny}); err != nil {
 		return tasks.ApprovalOutcome{}, err
 	}
+	if err := workflow.SetUpdateHandlerWithOptions(ctx, tasks.UpdateRecordRejection, w.recordRejection,
+		workflow.UpdateHandlerOptions{Validator: w.validateRejection}); err != nil {
+		return tasks.ApprovalOutcome{}, err
+	}
 
-	w.audit(ctx, activities.RecordAuditInput{Kind: "requested", StepID: "requested", Input: &w.in})
-	w.record(ctx, "requested", in.Requirement.Reason)
+	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "requested", StepID: "requested", Input: &w.in})
+	w.emitState(ctx, "requested", in.Requirement.Reason)
 	if !unattended(in.Requirement) {
 		// Approvers are told in order: the request, each approval, the end.
 		// Disconnected: a cancelled workflow still reports its end.
@@ -202,24 +222,18 @@ func backoff(maxInterval time.Duration, attempts int32) *temporal.RetryPolicy {
 	}
 }
 
-// withLocalRetry is withRetry for local activities: the short steps that
-// only touch NATS KV or evaluate policy (read model, verification,
-// re-evaluation, the terminal write) run in the worker inside the workflow
-// task, without a round trip through the Temporal server and its three
-// history events per activity. Measured with the embedded server on two
-// cores, that takes the decision round trip and approval-to-execution
-// latency down by a factor of two or more. Each of these activities is
-// idempotent, so a local activity that runs again after a worker crash
-// changes nothing twice.
+// withLocalRetry is withRetry for local activities. Only steps that state
+// nothing run as local activities: verification (its one write, the
+// challenge consume, is keyed by the update ID, so a workflow task that is
+// discarded and retried gets the same answer) and re-evaluation (a read).
+// A local activity runs inside a workflow task, before that task commits,
+// so anything that states a decision or an outcome is published through the
+// outbox instead (outbox.go).
 func withLocalRetry(ctx workflow.Context, startToClose, maxInterval time.Duration, attempts int32) workflow.Context {
 	return workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{
 		StartToCloseTimeout: startToClose,
 		RetryPolicy:         backoff(maxInterval, attempts),
 	})
-}
-
-func recordCtx(ctx workflow.Context) workflow.Context {
-	return withLocalRetry(ctx, 10*time.Second, 10*time.Second, 5)
 }
 
 func notifyCtx(ctx workflow.Context) workflow.Context {
@@ -233,11 +247,6 @@ func verifyCtx(ctx workflow.Context) workflow.Context {
 
 func reevaluateCtx(ctx workflow.Context) workflow.Context {
 	return withLocalRetry(ctx, 30*time.Second, 30*time.Second, 5)
-}
-
-func completeCtx(ctx workflow.Context) workflow.Context {
-	// The terminal record must land: retry until the store is back.
-	return withLocalRetry(ctx, 30*time.Second, time.Minute, 0)
 }
 
 func executeCtx(ctx workflow.Context) workflow.Context {
@@ -289,8 +298,8 @@ func (w *approval) reevaluateAndExecute(ctx workflow.Context) {
 	}
 	if !re.Allow {
 		w.log.Info("policy denied on re-evaluation", "decision", re.Effect, "policy_version", re.PolicyVersion)
+		w.emitAudit(ctx, activities.RecordAuditInput{Kind: "reevaluated", StepID: "reevaluated", Policy: &re})
 		w.endAs(denied("denied", "Denied by policy on re-evaluation: "+re.Reason, "Denied by policy: "+re.Reason, tasks.ApprovalDenied))
-		w.audit(ctx, activities.RecordAuditInput{Kind: "reevaluated", StepID: "reevaluated", Policy: &re})
 		return
 	}
 
@@ -305,9 +314,9 @@ func (w *approval) reevaluateAndExecute(ctx workflow.Context) {
 	// wrongly end outcome-unknown.
 	ctx, _ = workflow.NewDisconnectedContext(ctx)
 	w.log.Info("execution claimed", "policy_version", re.PolicyVersion)
-	w.audit(ctx, activities.RecordAuditInput{Kind: "reevaluated", StepID: "reevaluated", Policy: &re})
-	w.record(ctx, "claimed", "policy allowed ("+re.PolicyVersion+")")
-	w.audit(ctx, activities.RecordAuditInput{Kind: "claimed", StepID: "claimed", Policy: &re})
+	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "reevaluated", StepID: "reevaluated", Policy: &re})
+	w.emitState(ctx, "claimed", "policy allowed ("+re.PolicyVersion+")")
+	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "claimed", StepID: "claimed", Policy: &re})
 
 	var out activities.ExecuteToolOutput
 	err = workflow.ExecuteActivity(executeCtx(ctx), a.ExecuteTool, activities.ExecuteToolInput{
@@ -369,35 +378,16 @@ func (w *approval) endAs(e *ending) {
 	w.phase = phaseEnded
 }
 
-// finish writes the terminal record of w.end, which every path to it has
-// set. It runs on a disconnected context so a cancelled workflow still writes
-// its end.
+// finish queues the terminal write of w.end, which every path to it has
+// set, and waits until it is written. It waits on a disconnected context so
+// a cancelled workflow still writes its end.
 func (w *approval) finish(ctx workflow.Context) {
 	e := w.end
+	seq := w.emitEnd(ctx)
 	ctx, _ = workflow.NewDisconnectedContext(ctx)
-	if err := w.mu.Lock(ctx); err != nil {
-		w.log.Error("could not lock for the final record", "error", err)
-	} else {
-		err := workflow.ExecuteLocalActivity(completeCtx(ctx), a.Complete, activities.CompleteInput{
-			Version:       activities.Version,
-			TaskID:        w.taskID,
-			Tool:          w.in.Envelope.Tool,
-			Status:        e.status,
-			Disposition:   e.disposition,
-			Detail:        e.detail,
-			ToolResult:    e.toolResult,
-			StatusMessage: e.message,
-			ApprovalState: e.approvalState,
-			Approvals:     slices.Clone(w.approvals),
-			Event:         tasks.Event{At: workflow.Now(ctx), Kind: e.event, Detail: e.message},
-			Audit:         true,
-		}).Get(ctx, nil)
-		w.mu.Unlock()
-		if err != nil {
-			w.log.Error("final record not written", "error", err)
-		}
+	if err := w.awaitPublished(ctx, seq); err != nil {
+		w.log.Error("final record not written", "error", err)
 	}
-	w.written = true
 	w.log.Info("task ended", "status", e.status, "disposition", e.disposition)
 }
 
@@ -417,29 +407,38 @@ func (w *approval) notify(ctx workflow.Context) {
 	}).Get(ctx, nil)
 	if err != nil {
 		w.log.Warn("approvers could not be notified", "error", err)
-		w.record(ctx, "notify-failed", "approvers could not be notified")
-		w.audit(ctx, activities.RecordAuditInput{Kind: "notify-failed", StepID: "notify"})
+		w.emitState(ctx, "notify-failed", "approvers could not be notified")
+		w.emitAudit(ctx, activities.RecordAuditInput{Kind: "notify-failed", StepID: "notify"})
 		return
 	}
-	w.record(ctx, "notified", "")
-	w.audit(ctx, activities.RecordAuditInput{Kind: "notified", StepID: "notify"})
+	w.emitState(ctx, "notified", "")
+	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "notified", StepID: "notify"})
 }
 
 // noteQueue orders the notifications of one task: requested first, then each
 // accepted approval, then the end, one activity at a time, so a notifier
 // never sees an older state after a newer one.
 type noteQueue struct {
-	kinds  []activities.NotifyKind
+	notes  []note
 	closed bool // the end is queued; nothing follows
 	done   bool // the loop has sent everything
 }
 
-// queueNote queues a notification; a no-op for unattended tasks.
+// note is one queued notification. A notifier reads the read model when it
+// runs, so a note waits until the outbox has written up to seq, the state it
+// announces.
+type note struct {
+	kind activities.NotifyKind
+	seq  int64
+}
+
+// queueNote queues a notification of the state the outbox has queued so
+// far; a no-op for unattended tasks.
 func (w *approval) queueNote(kind activities.NotifyKind) {
 	if w.notes == nil || w.notes.closed {
 		return
 	}
-	w.notes.kinds = append(w.notes.kinds, kind)
+	w.notes.notes = append(w.notes.notes, note{kind: kind, seq: w.out.seq})
 }
 
 // notifyLoop sends the request notification, then the queued updates. A
@@ -448,16 +447,20 @@ func (w *approval) notifyLoop(ctx workflow.Context) {
 	defer func() { w.notes.done = true }()
 	w.notify(ctx)
 	for {
-		if err := workflow.Await(ctx, func() bool { return len(w.notes.kinds) > 0 || w.notes.closed }); err != nil {
+		if err := workflow.Await(ctx, func() bool { return len(w.notes.notes) > 0 || w.notes.closed }); err != nil {
 			return
 		}
-		if len(w.notes.kinds) == 0 {
+		if len(w.notes.notes) == 0 {
 			return
 		}
-		kind := w.notes.kinds[0]
-		w.notes.kinds = w.notes.kinds[1:]
-		if kind == activities.NotifyProgress && len(w.notes.kinds) > 0 {
+		n := w.notes.notes[0]
+		w.notes.notes = w.notes.notes[1:]
+		kind := n.kind
+		if kind == activities.NotifyProgress && len(w.notes.notes) > 0 {
 			continue // a later notification reads a newer state anyway
+		}
+		if err := w.awaitPublished(ctx, n.seq); err != nil {
+			return
 		}
 		err := workflow.ExecuteActivity(notifyCtx(ctx), a.NotifyUpdate, activities.NotifyUpdateInput{
 			Version: activities.Version,
@@ -482,37 +485,6 @@ func (w *approval) drainNotes(ctx workflow.Context) {
 	ok, err := workflow.AwaitWithTimeout(ctx, NotifyDrainTimeout, func() bool { return w.notes.done })
 	if !ok {
 		w.log.Warn("gave up waiting for the last notifications", "error", err)
-	}
-}
-
-// record writes the current state and one timeline event to the read model.
-func (w *approval) record(ctx workflow.Context, kind, detail string) {
-	if err := w.mu.Lock(ctx); err != nil {
-		return
-	}
-	defer w.mu.Unlock()
-	w.recordLocked(ctx, kind, detail)
-}
-
-// recordLocked is record with w.mu held. A failed write is logged: the read
-// model catches up with the next one, and the terminal write retries until
-// it lands.
-func (w *approval) recordLocked(ctx workflow.Context, kind, detail string) {
-	if w.written {
-		return
-	}
-	err := workflow.ExecuteLocalActivity(recordCtx(ctx), a.RecordState, activities.RecordStateInput{
-		Version:       activities.Version,
-		TaskID:        w.taskID,
-		StatusMessage: w.statusMessage(),
-		ApprovalState: w.approvalState(),
-		Approvals:     slices.Clone(w.approvals),
-		Event:         tasks.Event{At: workflow.Now(ctx), Kind: kind, Detail: detail},
-		Status:        w.inputStatus(),
-		InputRequests: w.pendingInputs(),
-	}).Get(ctx, nil)
-	if err != nil {
-		w.log.Warn("read model not updated", "event", kind, "error", err)
 	}
 }
 
@@ -623,22 +595,30 @@ func (w *approval) decisionResult(accepted bool, reason string) tasks.DecisionRe
 }
 
 // decide handles one approver decision. Decisions are processed one at a
-// time; a deny answers once the task's end is written, so the approver's page
-// and tasks/get agree.
+// time. The answer waits until what the decision changed is written, so the
+// approver's page, tasks/get and the audit chain agree with it; a deny
+// answers once the task's end is written.
 func (w *approval) decide(ctx workflow.Context, d tasks.DecisionUpdate) (tasks.DecisionResult, error) {
 	w.attempts++
 	if err := w.mu.Lock(ctx); err != nil {
 		return tasks.DecisionResult{}, err
 	}
 	res, err := w.decideLocked(ctx, d)
+	seq := w.out.seq
 	w.mu.Unlock()
-	if err == nil && res.Accepted && d.Decision == tasks.DecisionDeny {
-		if err := workflow.Await(ctx, func() bool { return w.written }); err != nil {
+	if err != nil {
+		return res, err
+	}
+	if res.Accepted && d.Decision == tasks.DecisionDeny {
+		if err := workflow.Await(ctx, w.ended); err != nil {
 			return tasks.DecisionResult{}, err
 		}
-		res = w.decisionResult(true, "")
+		return w.decisionResult(true, ""), nil
 	}
-	return res, err
+	if err := w.awaitPublished(ctx, seq); err != nil {
+		return tasks.DecisionResult{}, err
+	}
+	return res, nil
 }
 
 func (w *approval) decideLocked(ctx workflow.Context, d tasks.DecisionUpdate) (tasks.DecisionResult, error) {
@@ -667,14 +647,12 @@ func (w *approval) decideLocked(ctx workflow.Context, d tasks.DecisionUpdate) (t
 	}
 	if !v.Accepted {
 		w.log.Info("decision rejected", "decision", d.Decision, "reason", v.Reason)
-		w.recordLocked(ctx, "rejected-decision", "rejected decision: "+v.Reason)
-		w.auditDecisionLocked(ctx, d, v, false, v.Reason)
+		w.emitRejection(ctx, d.Decision, d.ChallengeID, v.Reason)
 		return w.decisionResult(false, v.Reason), nil
 	}
 	if d.Decision == tasks.DecisionApprove && w.approvedBefore(len(w.approvals), v.ApproverID) {
 		w.log.Info("decision rejected", "decision", d.Decision, "reason", ReasonAlreadyApproved, "approver_id", v.ApproverID)
-		w.recordLocked(ctx, "rejected-decision", "rejected decision: "+ReasonAlreadyApproved)
-		w.auditDecisionLocked(ctx, d, v, false, ReasonAlreadyApproved)
+		w.emitRejection(ctx, d.Decision, d.ChallengeID, ReasonAlreadyApproved)
 		return w.decisionResult(false, ReasonAlreadyApproved), nil
 	}
 	w.approvals = append(w.approvals, tasks.ApprovalEntry{
@@ -685,7 +663,9 @@ func (w *approval) decideLocked(ctx workflow.Context, d tasks.DecisionUpdate) (t
 		At:           workflow.Now(ctx),
 	})
 	w.log.Info("decision accepted", "decision", d.Decision, "approver_id", v.ApproverID)
-	w.auditDecisionLocked(ctx, d, v, true, "")
+	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "decision", StepID: "decision/" + workflow.GetCurrentUpdateInfo(ctx).ID,
+		Decision: &activities.AuditDecision{Decision: d.Decision, Accepted: true, ChallengeID: d.ChallengeID, Comment: d.Comment,
+			ApproverID: v.ApproverID, ApproverName: v.ApproverName, Assertion: v.Assertion}})
 
 	if d.Decision == tasks.DecisionDeny {
 		detail := "Denied by " + v.ApproverName + "."
@@ -699,9 +679,48 @@ func (w *approval) decideLocked(ctx workflow.Context, d tasks.DecisionUpdate) (t
 	if n >= w.in.Requirement.Quorum {
 		w.phase = phaseApproved
 	}
-	w.recordLocked(ctx, "approval", fmt.Sprintf("approved by %s (%d of %d)", v.ApproverName, n, w.in.Requirement.Quorum))
+	w.emitState(ctx, "approval", fmt.Sprintf("approved by %s (%d of %d)", v.ApproverName, n, w.in.Requirement.Quorum))
 	w.queueNote(activities.NotifyProgress)
 	return w.decisionResult(true, ""), nil
+}
+
+// emitRejection records a rejected decision in the timeline and the audit
+// chain, up to [MaxRecordedRejections] per task.
+func (w *approval) emitRejection(ctx workflow.Context, decision, challengeID, reason string) {
+	if w.rejected >= MaxRecordedRejections {
+		w.log.Warn("rejected decision not recorded: too many for this task", "reason", reason)
+		return
+	}
+	w.rejected++
+	w.emitState(ctx, tasks.EventRejectedDecision, "rejected decision: "+reason)
+	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "decision",
+		StepID:   "decision/" + workflow.GetCurrentUpdateInfo(ctx).ID,
+		Decision: &activities.AuditDecision{Decision: decision, Accepted: false, Reason: reason, ChallengeID: challengeID}})
+}
+
+// validateRejection refuses, without writing history, a rejection to
+// record when the task no longer takes decisions or has recorded its quota.
+func (w *approval) validateRejection(_ workflow.Context, r tasks.RejectedDecision) error {
+	switch {
+	case r.Reason == "" || len(r.Reason) > MaxReasonLen || len(r.ChallengeID) > MaxReasonLen:
+		return temporal.NewApplicationError("a rejection needs a reason", ErrTypeMalformedDecision)
+	case r.Decision != tasks.DecisionApprove && r.Decision != tasks.DecisionDeny:
+		return temporal.NewApplicationError("decision must be approve or deny", ErrTypeMalformedDecision)
+	case w.rejected >= MaxRecordedRejections:
+		return temporal.NewApplicationError("this task has recorded its quota of rejected decisions", ErrTypeTooManyDecisions)
+	}
+	return w.pendingErr()
+}
+
+// recordRejection records a decision the edge rejected before it reached
+// the workflow (invalid evidence: see tasks.Orchestrator.RecordRejection).
+// It changes nothing but the timeline and the audit chain.
+func (w *approval) recordRejection(ctx workflow.Context, r tasks.RejectedDecision) error {
+	if w.pendingErr() != nil {
+		return nil
+	}
+	w.emitRejection(ctx, r.Decision, r.ChallengeID, r.Reason)
+	return w.awaitPublished(ctx, w.out.seq)
 }
 
 // validateUnsignedDeny rejects, without writing history, an unsigned deny
@@ -742,29 +761,39 @@ func (w *approval) denyUnsigned(ctx workflow.Context, d tasks.UnsignedDenial) (t
 		detail = "Denied by " + d.ApproverName + " via " + d.Via + " (without a passkey): " + d.Comment
 	}
 	w.log.Info("unsigned deny accepted", "approver_id", d.ApproverID, "via", d.Via)
-	w.auditLocked(ctx, activities.RecordAuditInput{Kind: "decision", StepID: "decision/" + workflow.GetCurrentUpdateInfo(ctx).ID,
+	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "decision", StepID: "decision/" + workflow.GetCurrentUpdateInfo(ctx).ID,
 		Decision: &activities.AuditDecision{Decision: tasks.DecisionDeny, Accepted: true, Comment: d.Comment,
 			ApproverID: d.ApproverID, ApproverName: d.ApproverName, Via: d.Via}})
 	w.endAs(denied("denied", detail, detail, tasks.ApprovalDenied))
 	w.mu.Unlock()
-	if err := workflow.Await(ctx, func() bool { return w.written }); err != nil {
+	if err := workflow.Await(ctx, w.ended); err != nil {
 		return tasks.DecisionResult{}, err
 	}
 	return w.decisionResult(true, ""), nil
 }
 
 // cancel handles tasks/cancel. Before the execution claim it ends the task as
-// cancelled; after it, or once the task has another end, it says so.
+// cancelled; after it, or once the task has another end, it says so. A
+// cancel refused after the claim is recorded (once) in the timeline and the
+// audit chain, as refused.
 func (w *approval) cancel(ctx workflow.Context, _ struct{}) (tasks.CancelResult, error) {
 	switch w.phase {
 	case phasePending, phaseApproved:
 		w.log.Info("task cancelled")
 		w.endAs(cancelledEnding())
 	case phaseClaimed:
+		if !w.refused {
+			w.refused = true
+			w.emitState(ctx, "cancel-refused", "cancel refused: the call was already claimed for execution")
+			w.emitAudit(ctx, activities.RecordAuditInput{Kind: "cancel-refused", StepID: "cancel-refused"})
+		}
+		if err := w.awaitPublished(ctx, w.out.seq); err != nil {
+			return tasks.CancelResult{}, err
+		}
 		return tasks.CancelResult{Cancelled: false, Status: tasks.StatusWorking}, nil
 	}
 	// Answer once the end is written, so tasks/get agrees with the answer.
-	if err := workflow.Await(ctx, func() bool { return w.written }); err != nil {
+	if err := workflow.Await(ctx, w.ended); err != nil {
 		return tasks.CancelResult{}, err
 	}
 	return tasks.CancelResult{Cancelled: w.end.status == tasks.StatusCancelled, Status: w.end.status}, nil

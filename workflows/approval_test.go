@@ -47,7 +47,9 @@ type harness struct {
 
 	mu        sync.Mutex
 	records   []activities.RecordStateInput
+	audits    []activities.RecordAuditInput
 	completes []activities.CompleteInput
+	lastSeq   int64
 	verifies  []activities.VerifyDecisionInput
 	reevals   []activities.ReevaluateInput
 	executes  []activities.ExecuteToolInput
@@ -117,21 +119,32 @@ func newHarness(t *testing.T, quorum int) *harness {
 // installMocks registers the activity mocks, as configured in h.
 func (h *harness) installMocks() {
 	env := h.env
-	env.OnActivity(acts.RecordState, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, in activities.RecordStateInput) error {
-			h.mu.Lock()
-			defer h.mu.Unlock()
-			h.records = append(h.records, in)
-			return nil
-		})
-	env.OnActivity(acts.Notify, mock.Anything, mock.Anything).Return(h.notifyErr)
-	if h.auditKind != "" {
-		// Registered before any catch-all: the first matching expectation wins.
-		env.OnActivity(acts.RecordAudit, mock.Anything, mock.MatchedBy(func(in activities.RecordAuditInput) bool {
-			return in.Kind == h.auditKind
-		})).Return(nil).After(h.auditAfter)
-		env.OnActivity(acts.RecordAudit, mock.Anything, mock.Anything).Return(nil)
+	// The workflow writes everything it decides through one Publish
+	// activity per outbox batch; the mock unpacks the batches in order.
+	batchHas := func(pred func(activities.Projection) bool) func(activities.PublishInput) bool {
+		return func(in activities.PublishInput) bool {
+			for _, e := range in.Entries {
+				if pred(e) {
+					return true
+				}
+			}
+			return false
+		}
 	}
+	// Delayed expectations are registered before the catch-all: the first
+	// matching expectation wins.
+	if h.auditKind != "" {
+		env.OnActivity(acts.Publish, mock.Anything, mock.MatchedBy(batchHas(func(e activities.Projection) bool {
+			return e.Audit != nil && e.Audit.Kind == h.auditKind
+		}))).Return(h.publish).After(h.auditAfter)
+	}
+	if h.completeAfter > 0 {
+		env.OnActivity(acts.Publish, mock.Anything, mock.MatchedBy(batchHas(func(e activities.Projection) bool {
+			return e.End != nil
+		}))).Return(h.publish).After(h.completeAfter)
+	}
+	env.OnActivity(acts.Publish, mock.Anything, mock.Anything).Return(h.publish)
+	env.OnActivity(acts.Notify, mock.Anything, mock.Anything).Return(h.notifyErr)
 	// Challenge IDs script the verdict: "ok:<approver>" verifies as that
 	// approver, "bad:<reason>" is rejected with reason, "down" is an
 	// infrastructure failure.
@@ -158,16 +171,6 @@ func (h *harness) installMocks() {
 			h.mu.Unlock()
 			return h.reevaluate(in)
 		})
-	co := env.OnActivity(acts.Complete, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, in activities.CompleteInput) error {
-			h.mu.Lock()
-			defer h.mu.Unlock()
-			h.completes = append(h.completes, in)
-			return nil
-		})
-	if h.completeAfter > 0 {
-		co.After(h.completeAfter)
-	}
 	if h.reevaluateAfter > 0 {
 		re.After(h.reevaluateAfter)
 	}
@@ -184,6 +187,45 @@ func (h *harness) installMocks() {
 	if h.executeAfter > 0 {
 		ex.After(h.executeAfter)
 	}
+}
+
+// publish records one outbox batch, checking that the sequence numbers
+// follow each other with no gap and no repeat.
+func (h *harness) publish(_ context.Context, in activities.PublishInput) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, e := range in.Entries {
+		if e.Seq != h.lastSeq+1 {
+			h.t.Errorf("outbox entry %d after %d", e.Seq, h.lastSeq)
+		}
+		h.lastSeq = e.Seq
+		switch {
+		case e.State != nil:
+			st := *e.State
+			st.TaskID = in.TaskID
+			h.records = append(h.records, st)
+		case e.Audit != nil:
+			au := *e.Audit
+			au.TaskID = in.TaskID
+			h.audits = append(h.audits, au)
+		case e.End != nil:
+			end := *e.End
+			end.TaskID = in.TaskID
+			h.completes = append(h.completes, end)
+		}
+	}
+	return nil
+}
+
+// auditKinds lists the audit steps the workflow published, in order.
+func (h *harness) auditKinds() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var kinds []string
+	for _, a := range h.audits {
+		kinds = append(kinds, a.Kind)
+	}
+	return kinds
 }
 
 // updateOutcome is what the test environment reported for one update.
@@ -394,7 +436,10 @@ func TestCancelWhileReevaluatingWins(t *testing.T) {
 // the task reported cancelled).
 func TestCancelDuringPostReevaluationStepIsRefused(t *testing.T) {
 	h := newHarness(t, 1)
+	// The records of the re-evaluation are slow to land, and the tool is
+	// slow: the cancel arrives after the claim, before anything shows it.
 	h.auditKind, h.auditAfter = "reevaluated", time.Minute
+	h.executeAfter = 2 * time.Minute
 	d := h.decideAt(time.Hour, "upd-alice", approve("alice"))
 	c := h.cancelAt(time.Hour+30*time.Second, "upd-cancel")
 
@@ -404,6 +449,10 @@ func TestCancelDuringPostReevaluationStepIsRefused(t *testing.T) {
 	require.Equal(t, tasks.CancelResult{Cancelled: false, Status: tasks.StatusWorking}, cancelResult(t, c))
 	require.Equal(t, tasks.ApprovalOutcome{Status: tasks.StatusCompleted, Disposition: tasks.ApprovedExecuted}, out)
 	require.Equal(t, 1, h.executeCalls())
+	// The refused cancel is recorded after the claim, and the chain ends
+	// with the execution.
+	require.Equal(t, []string{"requested", "notified", "decision", "reevaluated", "claimed", "cancel-refused"}, h.auditKinds())
+	require.Equal(t, tasks.ApprovedExecuted, h.complete().Disposition)
 }
 
 func TestCancelAfterClaimIsRefused(t *testing.T) {
@@ -811,4 +860,69 @@ func TestDecisionFloodIsBounded(t *testing.T) {
 	require.Equal(t, tasks.DeniedNotExecuted, out.Disposition)
 	requireAppErrType(t, last.rejected, workflows.ErrTypeTooManyDecisions)
 	require.Len(t, h.verifies, workflows.MaxDecisionAttempts)
+}
+
+func (h *harness) rejectionAt(at time.Duration, updateID string, r tasks.RejectedDecision) *updateOutcome {
+	u := &updateOutcome{}
+	h.env.RegisterDelayedCallback(func() {
+		h.env.UpdateWorkflow(tasks.UpdateRecordRejection, updateID, u.callbacks(), r)
+	}, at)
+	return u
+}
+
+// Rejected decisions (from the edge, and those the workflow's own
+// verification rejects) are recorded up to MaxRecordedRejections; the rest
+// are refused without history, and none of them keeps a valid approval out.
+func TestRejectionsAreRecordedBoundedAndNeverBlockApproval(t *testing.T) {
+	h := newHarness(t, 1)
+	var edge []*updateOutcome
+	for i := range workflows.MaxRecordedRejections + 10 {
+		edge = append(edge, h.rejectionAt(time.Minute+time.Duration(i)*time.Second, fmt.Sprintf("rej-%d", i),
+			tasks.RejectedDecision{ChallengeID: "c", Decision: tasks.DecisionApprove, Reason: "signature_verification_failed"}))
+	}
+	inWorkflow := h.decideAt(2*time.Minute, "upd-bad", tasks.DecisionUpdate{ChallengeID: "bad:challenge_consumed",
+		Decision: tasks.DecisionApprove, Response: json.RawMessage(`{"id":"x"}`)})
+	ok := h.decideAt(3*time.Minute, "upd-alice", approve("alice"))
+
+	out, err := h.run()
+	require.NoError(t, err)
+	require.Equal(t, tasks.ApprovedExecuted, out.Disposition)
+	require.True(t, decisionResult(t, ok).Accepted)
+	require.False(t, decisionResult(t, inWorkflow).Accepted)
+	refused := 0
+	for _, u := range edge {
+		require.True(t, u.done)
+		if u.rejected != nil {
+			requireAppErrType(t, u.rejected, workflows.ErrTypeTooManyDecisions)
+			refused++
+		}
+	}
+	require.Equal(t, 10, refused)
+	rejectedRecords := 0
+	for _, a := range h.audits {
+		if a.Kind == "decision" && !a.Decision.Accepted {
+			rejectedRecords++
+		}
+	}
+	require.Equal(t, workflows.MaxRecordedRejections, rejectedRecords, "the in-workflow rejection is past the quota too")
+	require.Equal(t, 1, h.executeCalls())
+}
+
+// Every update's answer comes after the facts it produced are written: an
+// approval's answer after its read-model state, a cancel's after the end.
+func TestAnswersFollowTheirRecords(t *testing.T) {
+	h := newHarness(t, 2)
+	h.completeAfter = time.Minute
+	first := h.decideAt(time.Hour, "upd-alice", approve("alice"))
+	c := h.cancelAt(2*time.Hour, "upd-cancel")
+
+	out, err := h.run()
+	require.NoError(t, err)
+	require.Equal(t, tasks.StatusCancelled, out.Status)
+	require.True(t, decisionResult(t, first).Accepted)
+	require.Equal(t, tasks.CancelResult{Cancelled: true, Status: tasks.StatusCancelled}, cancelResult(t, c))
+	require.Equal(t, tasks.StatusCancelled, h.complete().Status)
+	require.Len(t, h.complete().Approvals, 1)
+	require.Equal(t, []string{"requested", "notified", "decision"}, h.auditKinds())
+	require.Zero(t, h.executeCalls())
 }

@@ -32,7 +32,11 @@
 //	    same approver approving twice is refused with [ReasonAlreadyApproved];
 //	    a verified deny ends the task as denied-not-executed.
 //	  - Cancel ([tasks.UpdateCancel]) succeeds in pending and approved, before
-//	    the execution claim. After the claim it answers Cancelled false.
+//	    the execution claim. After the claim it answers Cancelled false and
+//	    is recorded once as cancel-refused. The claim is taken in the same
+//	    workflow step as the last check for a cancel, a deny or the expiry,
+//	    so whichever of them the committed history holds first wins, and
+//	    every view (ledger, tasks/get, tasks/result, audit) shows that one.
 //	  - Expiry: if quorum is not reached by ExpiresAt (workflow time), the task
 //	    ends denied-not-executed. Once quorum is reached, expiry no longer
 //	    applies.
@@ -45,13 +49,62 @@
 //	    the activity's own refusals before running anything (envelope mismatch,
 //	    unknown tool), which are denied-not-executed. The tool is never called
 //	    a second time.
-//	  - The end: the Complete activity writes the terminal read model, then the
-//	    workflow waits for every update handler to finish and returns
+//	  - The end: the outbox's terminal entry (Publish → Complete) writes the
+//	    terminal read model and seals the audit chain, then the workflow
+//	    waits for every update handler to finish and returns
 //	    [tasks.ApprovalOutcome].
 //
-// Read-model writes (RecordState, Complete) are serialized by the same mutex,
-// so the record's timeline follows the workflow's order and nothing written
-// late overwrites the end.
+// # Committed history is the only source of truth
+//
+// A workflow task is the unit Temporal commits. Under concurrent updates a
+// workflow task can be discarded and retried from the last committed
+// history (a conflicting completion, a worker crash, an update the server
+// aborted), and the retry may handle the updates in another order and take
+// another path: a cancel first in one attempt, an approval first in the
+// next. Whatever ran inside the discarded attempt must therefore state
+// nothing. Before this rule, read-model and audit writes ran as local
+// activities inside the workflow task; a discarded attempt could write
+// "cancelled" to tasks/get and seal the audit chain as cancelled while the
+// committed attempt claimed the call and ran the tool.
+//
+// The rule: no side effect that states a decision or an outcome happens
+// before the workflow task that made it has committed. The mechanism is an
+// outbox (outbox.go):
+//
+//   - Every fact the workflow decides (a state for the read model, a step of
+//     the audit chain, the terminal write that seals the chain) is appended
+//     to an in-memory outbox, in the order the workflow decided it, with a
+//     sequence number. Appending never yields, so the outbox follows the
+//     state machine exactly.
+//   - One coroutine writes the outbox in order, a batch at a time, through
+//     the Publish activity: a regular activity, which Temporal dispatches
+//     only once the workflow task that scheduled it has committed. A
+//     discarded attempt's batch is never scheduled; the committed attempt's
+//     batch holds the committed facts. Publish is idempotent per entry (the
+//     read model ignores a sequence it has seen, audit steps are keyed by
+//     step ID, the terminal write happens once), and retried until it lands.
+//   - An update's answer waits until the entries it produced are written:
+//     an approver's page, tasks/get and the audit chain agree with it.
+//     A cancel or a deny answers once the end is written.
+//   - Local activities remain only for steps that state nothing: passkey
+//     verification (its one write, consuming the challenge, is keyed by the
+//     update ID, and a retry with that ID gets the same answer) and policy
+//     re-evaluation (a read).
+//   - Notifications (Slack, NATS) read the read model when they run and wait
+//     until the outbox has written the state they announce.
+//
+// The decision update's ID is a digest of the approver's request
+// (tasks.DecisionUpdateID), and the challenge is consumed under it. A
+// request sent again after the process died is the same update: if it had
+// committed, Temporal answers with its result; if not, verification under the
+// same consumer key succeeds again. A decision is counted once or cleanly
+// rejected; it is never consumed and lost.
+//
+// Invalid evidence is turned away at the edge (web) before it reaches the
+// workflow (passkey.VerifyRequest.CheckOnly), so it spends no budget that
+// valid decisions share; the edge asks the workflow to record the rejection
+// (tasks.UpdateRecordRejection), which it does for at most
+// [MaxRecordedRejections] per task and refuses without history after that.
 //
 // Replay: when a workflow version is released, its histories go to
 // workflows/testdata/ with one replay test each (worker.NewWorkflowReplayer).

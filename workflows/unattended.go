@@ -136,10 +136,6 @@ func (w *approval) validateInputUpdate(_ workflow.Context, u tasks.InputUpdate) 
 // provideInput records the answers to pending requests (others are
 // ignored) and answers once the read model shows what is still pending.
 func (w *approval) provideInput(ctx workflow.Context, u tasks.InputUpdate) (tasks.InputResult, error) {
-	if err := w.mu.Lock(ctx); err != nil {
-		return tasks.InputResult{}, err
-	}
-	defer w.mu.Unlock()
 	n := 0
 	for id, answer := range u.Responses {
 		if _, ok := w.input.pending[id]; ok && w.phase == phasePending {
@@ -149,7 +145,10 @@ func (w *approval) provideInput(ctx workflow.Context, u tasks.InputUpdate) (task
 		}
 	}
 	if n > 0 {
-		w.recordLocked(ctx, "input", fmt.Sprintf("%d input request(s) answered, %d pending", n, len(w.input.pending)))
+		seq := w.emitState(ctx, "input", fmt.Sprintf("%d input request(s) answered, %d pending", n, len(w.input.pending)))
+		if err := w.awaitPublished(ctx, seq); err != nil {
+			return tasks.InputResult{}, err
+		}
 	}
 	return tasks.InputResult{Pending: len(w.input.pending)}, nil
 }
