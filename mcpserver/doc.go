@@ -116,6 +116,32 @@
 // cause reaches the client. A task owned by someone else is answered exactly
 // as an unknown one: -32602 "Failed to retrieve task: Task not found".
 //
+// # Request budget
+//
+// After authentication, every request of a principal, whatever its method
+// and whether or not it is well formed, is charged to that principal's
+// budget (internal/ratelimit.Budget): a token bucket (RequestsPerSecond,
+// RequestBurst; default 50 a second, burst 100) and a cap on its concurrent
+// requests (MaxInFlightPerPrincipal, default 16). 2025-11-25 tasks/result
+// waits for its task by design, so it spends a token but holds no slot.
+// Over budget the answer is HTTP 429 with Retry-After (whole seconds) and
+// the JSON-RPC error CodeTooManyRequests (-32029) "Too many requests: …"
+// with the request's id; nothing runs, and no other principal is slowed.
+// The refusal is answered after a pause of one to one and a half seconds
+// (or when the client hangs up): an agent that ignores Retry-After and retries in a tight loop
+// would otherwise make refusals the flood. A bearer token that recently
+// authenticated as a principal now over budget is refused before the token
+// store is asked again; that cache only ever refuses, admission always
+// authenticates.
+// The same code answers HTTP 503 when the server-wide guard sheds a slow
+// request body (internal/httplimit, through WriteHTTPError); a body that
+// does not arrive within the read deadline is HTTP 408 with -32600. -32029
+// is one code for "refused for load, retry later", distinct from every
+// code that says something about the request itself; it is in JSON-RPC's
+// implementation-defined range and unused by the SDKs and the
+// specification. Buckets of idle principals are forgotten, so memory stays
+// bounded. The budget is per process, like the task creation rate.
+//
 // # Bridging the SDK
 //
 // HTTP wrapper. Server.Handler wraps the SDK's StreamableHTTPHandler. It

@@ -22,6 +22,13 @@ const (
 	codeInternal          = jsonrpc.CodeInternalError  // -32603
 	codeHeaderMismatch    = mcp.CodeHeaderMismatch     // -32020 (2026-07-28)
 	codeMissingCapability = mcp.CodeMissingRequiredClientCapabilities
+	// CodeTooManyRequests answers a request refused for load, never for
+	// what it asked: over the caller's request budget (HTTP 429) or while
+	// the server sheds slow request bodies (HTTP 503). Retry-After says
+	// when to retry. An implementation-defined code (JSON-RPC reserves
+	// -32000 to -32099 for those) that neither the SDKs nor the MCP
+	// specification use.
+	CodeTooManyRequests = -32029
 )
 
 // Fixed client-facing messages.
@@ -30,6 +37,7 @@ const (
 	msgTaskNotFound    = "Failed to retrieve task: Task not found"
 	msgTaskExpired     = "Failed to retrieve task: Task has expired"
 	msgMissingTasksCap = "Missing required client capability"
+	msgTooManyRequests = "Too many requests: this caller is over its request budget; retry after the Retry-After delay"
 )
 
 // missingTasksData is the data of a -32021 error: the client must declare

@@ -3,13 +3,19 @@ package mcpserver
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
+	"os"
+	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/countersign/countersign/tasks"
 )
@@ -37,6 +43,10 @@ type requestFacts struct {
 	// legacyTask is set when a tools/call carries params.task (2025-11-25
 	// task augmentation), which mcp.CallToolParamsRaw does not keep.
 	legacyTask bool
+	// method and id are the JSON-RPC method and id (empty for a response
+	// or a malformed message), for the request budget's answers.
+	method string
+	id     json.RawMessage
 }
 
 func factsFrom(ctx context.Context) *requestFacts {
@@ -66,29 +76,40 @@ func (s *Server) httpHandler(sdk http.Handler) http.Handler {
 }
 
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, sdk http.Handler) {
+	var body []byte
+	if s.refuseKnownOverBudget(w, r, &body) {
+		return
+	}
 	principal, ok := s.authenticate(w, r)
 	if !ok {
 		return
 	}
 	if r.Method != http.MethodPost {
+		release, ok := s.admit(w, r, principal, "", nil)
+		if !ok {
+			return
+		}
+		defer release()
 		sdk.ServeHTTP(w, r) // the stateless SDK handler answers 405
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			writeRPCError(w, http.StatusRequestEntityTooLarge, nil, &rpcError{
-				code: codeInvalidRequest,
-				msg:  fmt.Sprintf("Request body exceeds %d bytes", s.opts.MaxBodyBytes),
-			})
+	if body == nil {
+		if body, ok = s.readBody(w, r); !ok {
 			return
 		}
-		writeRPCError(w, http.StatusBadRequest, nil, &rpcError{code: codeInvalidRequest, msg: "Could not read the request body"})
-		return
 	}
 	facts := &requestFacts{principal: principal, httpCtx: r.Context()}
-	if id, rerr, status := inspect(body, r.Header, facts); rerr != nil {
+	id, rerr, status := inspect(body, r.Header, facts)
+	// Every message counts against the budget, malformed ones included.
+	if id == nil {
+		id = facts.id
+	}
+	release, ok := s.admit(w, r, principal, facts.method, id)
+	if !ok {
+		return
+	}
+	defer release()
+	if rerr != nil {
 		writeRPCError(w, status, id, rerr)
 		return
 	}
@@ -98,15 +119,175 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, sdk http.Hand
 	sdk.ServeHTTP(w, r)
 }
 
+// readBody reads the request body under MaxBodyBytes, or answers the
+// failure and returns false.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
+	if err == nil {
+		return body, true
+	}
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		writeRPCError(w, http.StatusRequestEntityTooLarge, nil, &rpcError{
+			code: codeInvalidRequest,
+			msg:  fmt.Sprintf("Request body exceeds %d bytes", s.opts.MaxBodyBytes),
+		})
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// The server's read deadline (internal/httplimit answers in our
+		// place when it guards the endpoint).
+		WriteHTTPError(w, http.StatusRequestTimeout, "Request body not received in time")
+	default:
+		writeRPCError(w, http.StatusBadRequest, nil, &rpcError{code: codeInvalidRequest, msg: "Could not read the request body"})
+	}
+	return nil, false
+}
+
+// refuseKnownOverBudget answers 429 for a bearer token that recently
+// authenticated as a principal now over its budget, without looking the
+// token up again: a flooding agent's refusals must stay cheap, or they
+// slow everyone down just the same. The token cache only ever refuses;
+// admission always authenticates. A POST body it had to read (for the
+// method and id) is left in *body.
+func (s *Server) refuseKnownOverBudget(w http.ResponseWriter, r *http.Request, body *[]byte) bool {
+	if s.opts.NoAuth {
+		return false
+	}
+	principal, ok := s.recent.get(bearerToken(r))
+	if !ok || !s.budget.Exhausted(principal, s.now()) {
+		return false
+	}
+	var method string
+	var id json.RawMessage
+	if r.Method == http.MethodPost {
+		b, ok := s.readBody(w, r)
+		if !ok {
+			return true
+		}
+		*body = b
+		var msg envelope
+		if json.Unmarshal(b, &msg) == nil {
+			method, id = msg.Method, validID(msg.ID)
+		}
+	}
+	retry, refused := s.budget.Refuses(principal, method != "tasks/result", s.now())
+	if !refused {
+		return false
+	}
+	s.refuse(w, r, principal, method, id, retry)
+	return true
+}
+
+// admit charges one request to principal's budget. Admitted, the request
+// holds one of the principal's in-flight slots until release, except
+// 2025-11-25 tasks/result, which waits for its task by design and only
+// spends a token. Refused, admit answers HTTP 429 with Retry-After and a
+// -32029 error for id, and returns false.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, principal, method string, id json.RawMessage) (release func(), ok bool) {
+	now := s.now()
+	var retry time.Duration
+	if method == "tasks/result" {
+		retry, ok = s.budget.Spend(principal, now)
+		release = func() {}
+	} else {
+		release, retry, ok = s.budget.Acquire(principal, now)
+	}
+	if ok {
+		return release, true
+	}
+	s.refuse(w, r, principal, method, id, retry)
+	return nil, false
+}
+
+// refusalPause is how long a refusal is held before it is answered. An
+// agent that ignores Retry-After and retries in a tight loop would
+// otherwise turn cheap refusals into a flood that still starves everyone
+// else of CPU (measured: another agent's median tasks/get went from 0.5 ms
+// to over 200 ms with immediate refusals, and stayed near 1 ms with this
+// pause). Held, each of its connections makes at most one request a
+// second. A held refusal costs a parked goroutine on a connection that is
+// open anyway (the listener caps those); it ends early if the client
+// hangs up. A client that honours Retry-After waits that long anyway.
+// The pause is one to one and a half seconds, jittered.
+const refusalPause = time.Second
+
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, principal, method string, id json.RawMessage, retry time.Duration) {
+	s.log.DebugContext(r.Context(), "mcpserver: request over budget", "principal", principal, "method", method)
+	// Jittered, so that a flood's refusals do not come back in waves.
+	pause := time.NewTimer(min(retry, refusalPause) + rand.N(refusalPause/2))
+	select {
+	case <-pause.C:
+	case <-r.Context().Done():
+		pause.Stop()
+	}
+	w.Header().Set("Retry-After", strconv.Itoa(int(retry/time.Second)))
+	writeRPCError(w, http.StatusTooManyRequests, id, &rpcError{code: CodeTooManyRequests, msg: msgTooManyRequests})
+}
+
+// recentPrincipals maps a digest of recently authenticated bearer tokens to
+// their principal. It is bounded: when full it starts over.
+type recentPrincipals struct {
+	mu sync.Mutex
+	m  map[[sha256.Size]byte]string
+}
+
+const maxRecentPrincipals = 10_000
+
+func (c *recentPrincipals) get(token string) (string, bool) {
+	if token == "" {
+		return "", false
+	}
+	d := sha256.Sum256([]byte(token))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, ok := c.m[d]
+	return p, ok
+}
+
+func (c *recentPrincipals) put(token, principal string) {
+	d := sha256.Sum256([]byte(token))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= maxRecentPrincipals {
+		c.m = make(map[[sha256.Size]byte]string)
+	}
+	c.m[d] = principal
+}
+
+// bearerToken is the token of an "Authorization: Bearer X" header, or "".
+func bearerToken(r *http.Request) string {
+	scheme, token, found := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	token = strings.TrimSpace(token)
+	if !found || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return token
+}
+
+// WriteHTTPError answers a request the HTTP layer refused before it was
+// read, in this endpoint's shape: a JSON-RPC error with id null, code
+// -32600 for 408 and 413, CodeTooManyRequests for 429 and 503, -32603
+// otherwise. message must be safe to send. It lets a server-wide guard (see
+// internal/httplimit) answer /mcp clients like the endpoint does.
+func WriteHTTPError(w http.ResponseWriter, status int, message string) {
+	code := int64(codeInternal)
+	switch status {
+	case http.StatusRequestTimeout, http.StatusRequestEntityTooLarge:
+		code = codeInvalidRequest
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		code = CodeTooManyRequests
+	}
+	writeRPCError(w, status, nil, &rpcError{code: code, msg: message})
+}
+
 // authenticate returns the caller's principal, or answers 401 with a
 // WWW-Authenticate challenge (RFC 6750) and returns false.
 func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, bool) {
 	if s.opts.NoAuth {
 		return AnonymousPrincipal, true
 	}
-	scheme, token, found := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
-	token = strings.TrimSpace(token)
-	if !found || !strings.EqualFold(scheme, "Bearer") || token == "" {
+	token := bearerToken(r)
+	if token == "" {
 		s.challenge(w, "")
 		return "", false
 	}
@@ -116,6 +297,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, b
 		s.challenge(w, "invalid_token")
 		return "", false
 	}
+	s.recent.put(token, principal)
 	return principal, true
 }
 
@@ -158,6 +340,7 @@ func inspect(body []byte, h http.Header, facts *requestFacts) (json.RawMessage, 
 	if msg.Method == "" {
 		return nil, nil, 0 // a response to a server request; the SDK handles it
 	}
+	facts.method, facts.id = msg.Method, validID(msg.ID)
 	var params struct {
 		Meta   map[string]json.RawMessage `json:"_meta"`
 		Task   json.RawMessage            `json:"task"`

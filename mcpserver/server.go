@@ -26,6 +26,12 @@ const (
 	DefaultMaxPendingPerPrincipal = 100
 	DefaultPollInterval           = 2 * time.Second
 	DefaultResultRetention        = 7 * 24 * time.Hour
+	// The per-principal request budget: far above what an agent polling a
+	// few tasks needs (one tasks/get every PollInterval each), far below
+	// what it takes to slow the endpoint for everyone else.
+	DefaultRequestsPerSecond       = 50
+	DefaultRequestBurst            = 100
+	DefaultMaxInFlightPerPrincipal = 16
 )
 
 // AnonymousPrincipal is the principal of every caller when [Options.NoAuth]
@@ -77,6 +83,15 @@ type Options struct {
 	// MaxPendingPerPrincipal bounds the non-terminal tasks of one principal
 	// (default 100).
 	MaxPendingPerPrincipal int
+	// RequestsPerSecond and RequestBurst budget every request of one
+	// principal, whatever its method (default 50 a second, burst 100), and
+	// MaxInFlightPerPrincipal caps its concurrent requests (default 16;
+	// 2025-11-25 tasks/result, which waits for the task by design, spends a
+	// token but holds no slot). Over budget the request is answered HTTP 429
+	// with Retry-After and JSON-RPC error -32029, and nothing runs.
+	RequestsPerSecond       float64
+	RequestBurst            int
+	MaxInFlightPerPrincipal int
 	// PollInterval is suggested to clients polling a task (default 2s).
 	PollInterval time.Duration
 	// ResultRetention is how long a finished task stays readable; a task's
@@ -95,6 +110,8 @@ type Server struct {
 	log     *slog.Logger
 	now     func() time.Time
 	limiter *ratelimit.Limiter
+	budget  *ratelimit.Budget
+	recent  recentPrincipals
 	// pageSize is the tasks/list page size (tests shrink it).
 	pageSize int
 	mcp      *mcp.Server
@@ -118,7 +135,8 @@ func New(opts Options) (*Server, error) {
 	case opts.Authenticate == nil && !opts.NoAuth:
 		return nil, errors.New("mcpserver: Authenticate is required unless NoAuth is set")
 	case opts.MaxBodyBytes < 0, opts.RatePerMinute < 0, opts.Burst < 0,
-		opts.MaxPendingPerPrincipal < 0, opts.PollInterval < 0, opts.ResultRetention < 0:
+		opts.MaxPendingPerPrincipal < 0, opts.PollInterval < 0, opts.ResultRetention < 0,
+		opts.RequestsPerSecond < 0, opts.RequestBurst < 0, opts.MaxInFlightPerPrincipal < 0:
 		return nil, errors.New("mcpserver: limits must not be negative")
 	}
 	if opts.MaxBodyBytes == 0 {
@@ -136,6 +154,15 @@ func New(opts Options) (*Server, error) {
 	if opts.PollInterval == 0 {
 		opts.PollInterval = DefaultPollInterval
 	}
+	if opts.RequestsPerSecond == 0 {
+		opts.RequestsPerSecond = DefaultRequestsPerSecond
+	}
+	if opts.RequestBurst == 0 {
+		opts.RequestBurst = DefaultRequestBurst
+	}
+	if opts.MaxInFlightPerPrincipal == 0 {
+		opts.MaxInFlightPerPrincipal = DefaultMaxInFlightPerPrincipal
+	}
 	if opts.ResultRetention == 0 {
 		opts.ResultRetention = DefaultResultRetention
 	}
@@ -152,6 +179,7 @@ func New(opts Options) (*Server, error) {
 		log:      log,
 		now:      time.Now,
 		limiter:  ratelimit.New(opts.RatePerMinute, opts.Burst),
+		budget:   ratelimit.NewBudget(opts.RequestsPerSecond, opts.RequestBurst, opts.MaxInFlightPerPrincipal),
 		pageSize: listPageSize,
 	}
 	// The SDK logs every stateless request at info; keep its warnings.

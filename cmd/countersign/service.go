@@ -27,6 +27,20 @@ func envInt(name string, def int) int {
 	return def
 }
 
+func envFloat(name string, def float64) float64 {
+	if v, err := strconv.ParseFloat(os.Getenv(name), 64); err == nil {
+		return v
+	}
+	return def
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if v, err := time.ParseDuration(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
 func runService(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -51,6 +65,12 @@ func runService(ctx context.Context, cmd string, args []string, stdout, stderr i
 	fs.IntVar(&cfg.RateBurst, "rate-burst", envInt("COUNTERSIGN_RATE_BURST", 0), "approval requests a principal may make at once before the per-minute rate applies (default 10)")
 	fs.IntVar(&cfg.MaxPendingPerPrincipal, "max-pending", envInt("COUNTERSIGN_MAX_PENDING", 0), "pending tasks per principal (default 100)")
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", 0, "pollIntervalMs suggested to clients (default 2s)")
+	fs.Float64Var(&cfg.RequestsPerSecond, "requests-per-second", envFloat("COUNTERSIGN_REQUESTS_PER_SECOND", 0), "MCP requests per principal per second, any method (default 50)")
+	fs.IntVar(&cfg.RequestBurst, "request-burst", envInt("COUNTERSIGN_REQUEST_BURST", 0), "MCP requests a principal may make at once before the per-second rate applies (default 100)")
+	fs.IntVar(&cfg.MaxInFlightPerPrincipal, "max-in-flight", envInt("COUNTERSIGN_MAX_IN_FLIGHT", 0), "concurrent MCP requests per principal (default 16)")
+	fs.DurationVar(&cfg.BodyReadTimeout, "body-read-timeout", envDuration("COUNTERSIGN_BODY_READ_TIMEOUT", 0), "time a client has to send a request body (default 10s)")
+	fs.IntVar(&cfg.MaxSlowBodies, "max-slow-bodies", envInt("COUNTERSIGN_MAX_SLOW_BODIES", 0), "request bodies still arriving after 1s that are read at once, server-wide; more are refused with 503 (default 128)")
+	fs.IntVar(&cfg.MaxConnections, "max-connections", envInt("COUNTERSIGN_MAX_CONNECTIONS", 0), "open HTTP connections (default 4096)")
 	fs.StringVar(&cfg.AuditKeyDir, "audit-key-dir", envOr("COUNTERSIGN_AUDIT_KEY_DIR", ""), "directory of the audit signing keys (default DATA_DIR/audit-keys); worker and dev only")
 	fs.BoolVar(&cfg.AuditRedact, "audit-redact", os.Getenv("COUNTERSIGN_AUDIT_REDACT") == "true", "record a digest of tool arguments in audit records instead of the arguments")
 	fs.BoolVar(&cfg.Conformance, "conformance", false, "serve /mcp WITHOUT authentication for conformance suites (loopback only)")

@@ -26,6 +26,7 @@ import (
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/internal/devstack"
+	"github.com/countersign/countersign/internal/httplimit"
 	"github.com/countersign/countersign/internal/natsrv"
 	"github.com/countersign/countersign/mcpserver"
 	"github.com/countersign/countersign/notify"
@@ -51,6 +52,9 @@ const (
 	AdminTokenFile = "admin-token"
 	ServerIDFile   = "server-id"
 	URLFile        = "url"
+	// NATSURLFile holds the embedded NATS's URL for other processes, with
+	// the password of their user (dev only; new at every start).
+	NATSURLFile = "nats-url"
 )
 
 // DevAgentName is the principal of the agent token `countersign dev` creates.
@@ -214,20 +218,52 @@ func (a *App) startReconciler() {
 	}()
 }
 
+// devNATSClientUser is the embedded NATS's user for other processes (the
+// events and the decision service); see devNATSClients.
+const devNATSClientUser = "countersign-client"
+
+// devNATSClients is what processes outside `countersign dev` may do on its
+// embedded NATS: read the approval events (a copy of the events stream in an
+// account of their own) and use the decision service. Countersign itself
+// connects in process; its account (tasks, tokens, passkeys, ledger, audit)
+// is out of their reach.
+func devNATSClients() *natsrv.Clients {
+	return &natsrv.Clients{
+		User:     devNATSClientUser,
+		Services: []string{"countersign.approver.v1.>"},
+		Streams: []jetstream.StreamConfig{{
+			Name:        notify.EventsStream,
+			Description: "Countersign approval events (JSON, v1), copied for NATS clients of countersign dev",
+			Subjects:    []string{notify.SubjectRequested + ".>", notify.SubjectResolved + ".>"},
+			Storage:     jetstream.FileStorage,
+			MaxAge:      30 * 24 * time.Hour,
+			Duplicates:  time.Hour,
+		}},
+	}
+}
+
 func (a *App) startNATS(ctx context.Context) error {
 	url := a.cfg.NATSURL
+	opts := []nats.Option{nats.Name("countersign"), nats.MaxReconnects(-1)}
 	if url == "" {
 		if a.mode != ModeDev {
 			return errors.New("--nats-url is required outside dev mode")
 		}
-		srv, err := natsrv.Start(natsrv.Options{StoreDir: filepath.Join(a.cfg.DataDir, "nats")})
+		srv, err := natsrv.Start(natsrv.Options{StoreDir: filepath.Join(a.cfg.DataDir, "nats"), Clients: devNATSClients()})
 		if err != nil {
 			return err
 		}
 		a.nats = srv
-		url = srv.URL()
+		if err := writeSecretFile(filepath.Join(a.cfg.DataDir, NATSURLFile), srv.ClientURL()+"\n"); err != nil {
+			return fmt.Errorf("write %s: %w", NATSURLFile, err)
+		}
+		nc, err := srv.Connect(opts...)
+		if err != nil {
+			return err
+		}
+		a.nc = nc
+		return nil
 	}
-	opts := []nats.Option{nats.Name("countersign"), nats.MaxReconnects(-1)}
 	if a.cfg.NATSCreds != "" {
 		opts = append(opts, nats.UserCredentials(a.cfg.NATSCreds))
 	}
@@ -247,6 +283,7 @@ func (a *App) startNATS(ctx context.Context) error {
 
 func (a *App) startTemporal(ctx context.Context) error {
 	hostPort := a.cfg.TemporalAddress
+	var conn client.ConnectionOptions
 	if hostPort == "" {
 		if a.mode != ModeDev {
 			return errors.New("--temporal-address is required outside dev mode")
@@ -262,11 +299,15 @@ func (a *App) startTemporal(ctx context.Context) error {
 		}
 		a.temporal = srv
 		hostPort = srv.FrontendHostPort()
+		// The embedded server requires the client certificate only this
+		// process holds.
+		conn.TLS = srv.ClientTLS()
 	}
 	tc, err := client.DialContext(ctx, client.Options{
-		HostPort:  hostPort,
-		Namespace: a.cfg.TemporalNamespace,
-		Logger:    tlog.NewStructuredLogger(a.log.With("component", "temporal-client")),
+		HostPort:          hostPort,
+		Namespace:         a.cfg.TemporalNamespace,
+		Logger:            tlog.NewStructuredLogger(a.log.With("component", "temporal-client")),
+		ConnectionOptions: conn,
 	})
 	if err != nil {
 		return fmt.Errorf("connect to Temporal at %s: %w", hostPort, err)
@@ -325,6 +366,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	rps, burst, inFlight := a.requestBudget()
 	mcp, err := mcpserver.New(mcpserver.Options{
 		ServerID:               serverID,
 		PublicURL:              a.cfg.PublicURL,
@@ -339,6 +381,10 @@ func (a *App) startHTTP(ctx context.Context) error {
 		MaxPendingPerPrincipal: a.cfg.MaxPendingPerPrincipal,
 		PollInterval:           a.cfg.PollInterval,
 		Logger:                 a.log,
+
+		RequestsPerSecond:       rps,
+		RequestBurst:            burst,
+		MaxInFlightPerPrincipal: inFlight,
 	})
 	if err != nil {
 		return fmt.Errorf("mcp endpoint: %w", err)
@@ -368,18 +414,57 @@ func (a *App) startHTTP(ctx context.Context) error {
 		return err
 	}
 	mux.Handle("/", site)
+	bodies, err := httplimit.NewBodies(httplimit.Options{
+		BodyTimeout:   a.cfg.BodyReadTimeout,
+		MaxSlowBodies: a.cfg.MaxSlowBodies,
+		Reject:        rejectRequest,
+	})
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", a.cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", a.cfg.Addr, err)
 	}
-	a.listener = ln
+	maxConns := a.cfg.MaxConnections
+	if maxConns == 0 {
+		maxConns = httplimit.DefaultMaxConns
+	}
+	a.listener = httplimit.LimitListener(ln, maxConns)
+	bodyTimeout := a.cfg.BodyReadTimeout
+	if bodyTimeout == 0 {
+		bodyTimeout = httplimit.DefaultBodyTimeout
+	}
 	a.httpSrv = &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		Handler:           bodies.Handler(mux),
+		ReadHeaderTimeout: readHeaderTimeout,
+		// A backstop for the guard's per-request body deadline. Read
+		// deadlines do not cut responses: net/http clears the deadline once
+		// the body has been read, before it watches for the client hanging
+		// up (internal/httplimit's tests check a response streaming past it).
+		ReadTimeout: readHeaderTimeout + bodyTimeout,
+		IdleTimeout: idleTimeout,
 		// No WriteTimeout: it would cut Streamable HTTP SSE streams.
 	}
 	return nil
+}
+
+// HTTP server timeouts: a client has this long to send its request headers,
+// and an idle keep-alive connection is closed after idleTimeout.
+const (
+	readHeaderTimeout = 5 * time.Second
+	idleTimeout       = 30 * time.Second
+)
+
+// rejectRequest answers a request the body guard refused, in the shape of
+// the endpoint it was for: JSON-RPC on /mcp, the API's {"error", "message"}
+// elsewhere.
+func rejectRequest(w http.ResponseWriter, r *http.Request, status int, message string) {
+	if r.URL.Path == "/mcp" {
+		mcpserver.WriteHTTPError(w, status, message)
+		return
+	}
+	httplimit.WriteJSONError(w, r, status, message)
 }
 
 // Addr is the bound HTTP address (useful with port 0).
@@ -474,6 +559,10 @@ func (a *App) bootstrapDev(ctx context.Context) error {
 Add an approver:  countersign approvers add alice --group approvers --data-dir %[6]s
 `, a.cfg.PublicURL, agent, admin,
 		filepath.Join(a.cfg.DataDir, AgentTokenFile), filepath.Join(a.cfg.DataDir, AdminTokenFile), a.cfg.DataDir)
+	if a.nats != nil {
+		fmt.Fprintf(a.out, "NATS events and decisions:  %s   (user and password in %s)\n",
+			a.nats.Addr(), filepath.Join(a.cfg.DataDir, NATSURLFile))
+	}
 	return nil
 }
 
@@ -594,14 +683,63 @@ func (a *App) authorizeAdmin(r *http.Request) error {
 	return nil
 }
 
-// NATSURL is the URL of the NATS server the process is connected to (the
-// embedded one in dev), for clients of the events and the decision service.
-func (a *App) NATSURL() string { return a.nc.ConnectedUrl() }
+// NATSURL is the URL clients of the events and the decision service use:
+// with embedded NATS, the URL with the client user's credentials (also in
+// DataDir/nats-url); otherwise the URL the process is connected to.
+func (a *App) NATSURL() string {
+	if a.nats != nil {
+		return a.nats.ClientURL()
+	}
+	return a.nc.ConnectedUrl()
+}
+
+// writeSecretFile writes a file only its owner can read, replacing any
+// earlier one (whose mode might have been wider) atomically.
+func writeSecretFile(path, content string) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // no-op after the rename
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.WriteString(content); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
 
 // conformanceRatePerMinute is the task creation rate of --conformance, where
 // every caller is one anonymous principal and the suites create tasks in
 // bursts; an explicit --rate-per-minute still wins.
 const conformanceRatePerMinute = 100000
+
+// conformanceRequestBudget is the per-principal request budget of
+// --conformance (requests a second, burst, in flight), for the same reason;
+// explicit settings still win.
+const conformanceRequestBudget = 100000
+
+func (a *App) requestBudget() (perSecond float64, burst, inFlight int) {
+	perSecond, burst, inFlight = a.cfg.RequestsPerSecond, a.cfg.RequestBurst, a.cfg.MaxInFlightPerPrincipal
+	if a.cfg.Conformance {
+		if perSecond == 0 {
+			perSecond = conformanceRequestBudget
+		}
+		if burst == 0 {
+			burst = conformanceRequestBudget
+		}
+		if inFlight == 0 {
+			inFlight = conformanceRequestBudget
+		}
+	}
+	return perSecond, burst, inFlight
+}
 
 func (a *App) ratePerMinute() int {
 	if a.cfg.Conformance && a.cfg.RatePerMinute == 0 {

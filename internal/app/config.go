@@ -61,6 +61,20 @@ type Config struct {
 	MaxPendingPerPrincipal int
 	PollInterval           time.Duration
 
+	// HTTP request limits (README "Request limits"); zero takes the default
+	// in brackets. BodyReadTimeout bounds how long a request body may take
+	// to arrive (10s); MaxSlowBodies how many bodies still arriving after a
+	// second are read at once, server-wide, before the next is cut with 503
+	// (128); MaxConnections the open HTTP connections (4096).
+	BodyReadTimeout time.Duration
+	MaxSlowBodies   int
+	MaxConnections  int
+	// The per-principal MCP request budget: requests a second (50), burst
+	// (100) and concurrent requests (16). Over it, HTTP 429.
+	RequestsPerSecond       float64
+	RequestBurst            int
+	MaxInFlightPerPrincipal int
+
 	// AuditKeyDir holds the audit signing keys (default DataDir/audit-keys);
 	// AuditRedact records argument digests instead of arguments.
 	AuditKeyDir string
@@ -119,6 +133,10 @@ func (c *Config) Validate() error {
 	}
 	if c.SQLiteSync != "FULL" && c.SQLiteSync != "NORMAL" {
 		errs = append(errs, fmt.Errorf("--sqlite-sync %q must be FULL or NORMAL", c.SQLiteSync))
+	}
+	if c.BodyReadTimeout < 0 || c.MaxSlowBodies < 0 || c.MaxConnections < 0 ||
+		c.RequestsPerSecond < 0 || c.RequestBurst < 0 || c.MaxInFlightPerPrincipal < 0 {
+		errs = append(errs, errors.New("--body-read-timeout, --max-slow-bodies, --max-connections, --requests-per-second, --request-burst and --max-in-flight must not be negative"))
 	}
 	if c.Conformance {
 		host, _, _ := net.SplitHostPort(c.Addr)

@@ -2,6 +2,7 @@ package devstack
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,7 +27,7 @@ import (
 	"go.temporal.io/server/temporal"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 )
 
@@ -84,6 +85,7 @@ type Options struct {
 type Server struct {
 	srv       temporal.Server
 	hostPort  string
+	pki       *devPKI
 	namespace string
 	quiet     *atomic.Bool // see serverLogger
 	unlock    func()       // releases the DataDir lock
@@ -149,6 +151,10 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 		dialHost = loopback
 	}
 	hostPort := net.JoinHostPort(dialHost, strconv.Itoa(p.Frontend))
+	pki, err := newDevPKI(certIPs(o.Host))
+	if err != nil {
+		return nil, err
+	}
 	cfg := serverConfig(o.Host, hostPort, p, sqlCfg)
 	quiet := new(atomic.Bool)
 	quiet.Store(true)
@@ -172,6 +178,7 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 			primitives.WorkerService:   static.SingleLocalHost(net.JoinHostPort(loopback, strconv.Itoa(p.Worker))),
 		}),
 		temporal.WithLogger(tl),
+		temporal.WithTLSConfigFactory(pki.provider(dialHost)),
 		temporal.WithAuthorizer(authorizer),
 		temporal.WithClaimMapper(func(*config.Config) authorization.ClaimMapper { return claimMapper }),
 		temporal.WithDynamicConfigClient(dynamicConfig()),
@@ -179,12 +186,12 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("devstack: create server: %w", err)
 	}
-	s := &Server{srv: srv, hostPort: hostPort, namespace: o.Namespace, quiet: quiet, unlock: func() {}}
+	s := &Server{srv: srv, hostPort: hostPort, pki: pki, namespace: o.Namespace, quiet: quiet, unlock: func() {}}
 	if err := srv.Start(); err != nil {
 		_ = s.Stop()
 		return nil, fmt.Errorf("devstack: start server: %w", err)
 	}
-	if err := waitReady(ctx, hostPort, o.Namespace); err != nil {
+	if err := waitReady(ctx, hostPort, o.Namespace, pki.clientConfig()); err != nil {
 		_ = s.Stop()
 		return nil, err
 	}
@@ -195,6 +202,11 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 
 // FrontendHostPort is the address clients dial, e.g. "127.0.0.1:7233".
 func (s *Server) FrontendHostPort() string { return s.hostPort }
+
+// ClientTLS is the TLS configuration clients of this server must use: every
+// port requires its client certificate, which exists only in this process's
+// memory (a new CA at every Start). Each call returns a new *tls.Config.
+func (s *Server) ClientTLS() *tls.Config { return s.pki.clientConfig() }
 
 // Namespace is the namespace registered for this server.
 func (s *Server) Namespace() string { return s.namespace }
@@ -328,17 +340,31 @@ func serverConfig(frontendIP, hostPort string, p ports, sqlCfg *config.SQL) *con
 	return cfg
 }
 
+// certIPs are the IP addresses in the server certificate: loopback, and the
+// frontend's listen address when it is a specific one.
+func certIPs(host string) []net.IP {
+	ips := []net.IP{net.ParseIP(loopback), net.IPv6loopback}
+	if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() && !ip.IsLoopback() {
+		ips = append(ips, ip)
+	}
+	return ips
+}
+
 // dynamicConfig is the tuning described in the package doc.
 func dynamicConfig() dynamicconfig.StaticClient {
 	const pollRPS = 1000
 	return dynamicconfig.StaticClient{
-		dynamicconfig.TransferProcessorMaxPollRPS.Key():                        pollRPS,
-		dynamicconfig.TimerProcessorMaxPollRPS.Key():                           pollRPS,
-		dynamicconfig.VisibilityProcessorMaxPollRPS.Key():                      pollRPS,
-		dynamicconfig.OutboundProcessorMaxPollRPS.Key():                        pollRPS,
-		dynamicconfig.MatchingNumTaskqueueReadPartitions.Key():                 1,
-		dynamicconfig.MatchingNumTaskqueueWritePartitions.Key():                1,
-		dynamicconfig.EnableEagerWorkflowStart.Key():                           true,
+		dynamicconfig.TransferProcessorMaxPollRPS.Key():         pollRPS,
+		dynamicconfig.TimerProcessorMaxPollRPS.Key():            pollRPS,
+		dynamicconfig.VisibilityProcessorMaxPollRPS.Key():       pollRPS,
+		dynamicconfig.OutboundProcessorMaxPollRPS.Key():         pollRPS,
+		dynamicconfig.MatchingNumTaskqueueReadPartitions.Key():  1,
+		dynamicconfig.MatchingNumTaskqueueWritePartitions.Key(): 1,
+		dynamicconfig.EnableEagerWorkflowStart.Key():            true,
+		// Activities scheduled by a workflow task come back in the answer
+		// to its completion, once it has committed: the workflows' outbox
+		// (a regular activity) lands without a trip through matching.
+		dynamicconfig.EnableActivityEagerExecution.Key():                       true,
 		dynamicconfig.FrontendEnableUpdateWorkflowExecution.Key():              true,
 		dynamicconfig.FrontendEnableUpdateWorkflowExecutionAsyncAccepted.Key(): true,
 	}
@@ -347,8 +373,8 @@ func dynamicConfig() dynamicconfig.StaticClient {
 // waitReady polls until the frontend answers DescribeNamespace and history
 // answers for a workflow that does not exist (NotFound means the shard is
 // owned and serving).
-func waitReady(ctx context.Context, hostPort, namespace string) error {
-	conn, err := grpc.NewClient(hostPort, grpc.WithTransportCredentials(insecure.NewCredentials()))
+func waitReady(ctx context.Context, hostPort, namespace string, tlsCfg *tls.Config) error {
+	conn, err := grpc.NewClient(hostPort, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
 	if err != nil {
 		return fmt.Errorf("devstack: dial frontend: %w", err)
 	}

@@ -102,11 +102,20 @@ func startServer(t testing.TB, opts Options) *Server {
 	return s
 }
 
+// dial connects a Temporal client with the server's client certificate, as
+// the process that started the server does.
+func dial(s *Server) (client.Client, error) {
+	return client.Dial(client.Options{
+		HostPort: s.FrontendHostPort(), Namespace: s.Namespace(), Logger: quietSDKLogger(),
+		ConnectionOptions: client.ConnectionOptions{TLS: s.ClientTLS()},
+	})
+}
+
 // connect dials the server and runs a worker for the test workflows. The
 // returned stop function stops the worker and closes the client.
 func connect(t testing.TB, s *Server) (client.Client, func()) {
 	t.Helper()
-	c, err := client.Dial(client.Options{HostPort: s.FrontendHostPort(), Namespace: s.Namespace(), Logger: quietSDKLogger()})
+	c, err := dial(s)
 	if err != nil {
 		t.Fatalf("Dial: %v", err)
 	}
@@ -367,7 +376,7 @@ func helperProcess(dir string) int {
 		report(map[string]string{"Err": err.Error()})
 		return 1
 	}
-	c, err := client.Dial(client.Options{HostPort: s.FrontendHostPort(), Namespace: s.Namespace(), Logger: quietSDKLogger()})
+	c, err := dial(s)
 	if err != nil {
 		report(map[string]string{"Err": err.Error()})
 		return 1

@@ -29,6 +29,21 @@
 // ErrPortInUse; a taken internal port is replaced and ports.json rewritten,
 // since only the frontend address is seen outside the process.
 //
+// # Access
+//
+// Every gRPC port (frontend and internode alike) requires mutual TLS 1.3.
+// Start makes a CA (ECDSA P-256) and keeps it only in memory, with the server
+// and client leaf certificates it issues (24 hours, reissued when less than 6
+// hours are left; the CA lasts a year). Nothing is written to disk: nothing
+// that outlives the process depends on the certificates, so each start makes
+// new ones. Clients use Server.ClientTLS; a process that does not hold it
+// (another local user, a browser-driven request, the temporal CLI) fails the
+// handshake. The server gets the configurations through
+// temporal.WithTLSConfigFactory and encryption.FixedTLSConfigProvider, the
+// in-memory equivalent of config.RootTLS with base64 CertData/KeyData. The
+// server certificate names TLSServerName, loopback and Options.Host, and
+// ClientTLS verifies TLSServerName whatever address is dialled.
+//
 // # Durability
 //
 // SQLite always runs with journal_mode=WAL. Options.Synchronous picks the

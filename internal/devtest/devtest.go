@@ -36,9 +36,10 @@ type Options struct {
 	// Port to listen on; a free one when 0.
 	Port int
 	// AppLimits keeps the app's own rate and pending limits when
-	// Config.RatePerMinute is 0. By default they are lifted: a suite makes
-	// many approval requests as one agent, and the limits have tests of
-	// their own in mcpserver.
+	// Config.RatePerMinute is 0, and its request budget when
+	// Config.RequestsPerSecond is 0. By default they are lifted: a suite
+	// makes many approval requests as one agent, and the limits have tests
+	// of their own in mcpserver, internal/ratelimit and internal/abusetest.
 	AppLimits bool
 	// ClientName is the MCP clientInfo name ("e2e" when empty).
 	ClientName string
@@ -95,6 +96,9 @@ func Start(t testing.TB, o Options) *Stack {
 	}
 	if cfg.RatePerMinute == 0 && !o.AppLimits {
 		cfg.RatePerMinute, cfg.RateBurst, cfg.MaxPendingPerPrincipal = 1_000_000, 1_000_000, 1_000_000
+	}
+	if cfg.RequestsPerSecond == 0 && !o.AppLimits {
+		cfg.RequestsPerSecond, cfg.RequestBurst, cfg.MaxInFlightPerPrincipal = 1_000_000, 1_000_000, 1_000_000
 	}
 	a, err := app.New(ctx, cfg, app.ModeDev, nil, io.Discard)
 	if err != nil {

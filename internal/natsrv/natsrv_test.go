@@ -2,6 +2,9 @@ package natsrv
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,5 +57,185 @@ func TestKeyValueSurvivesRestart(t *testing.T) {
 	e, err := kv.Get(ctx, "k")
 	if err != nil || string(e.Value()) != "v" {
 		t.Fatalf("value lost across restart: %v", err)
+	}
+}
+
+// clientsOptions is the shape `countersign dev` uses: one service, one
+// stream copied for clients.
+func clientsOptions(dir string) Options {
+	return Options{StoreDir: dir, Clients: &Clients{
+		User:     "client",
+		Services: []string{"svc.>"},
+		Streams:  []jetstream.StreamConfig{{Name: "EV", Subjects: []string{"ev.>"}, Storage: jetstream.FileStorage, Duplicates: time.Hour}},
+	}}
+}
+
+// TestClientsCannotReachTheOwnAccount: with Clients set, nothing connects
+// without credentials, the own user's password works only in process, and
+// the client user can use the services and read the stream copy but cannot
+// write into the own account: not by publishing, not as the reply subject of
+// a request, not as the deliver subject of a consumer.
+func TestClientsCannotReachTheOwnAccount(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := Start(clientsOptions(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown()
+	if s.URL() != "" {
+		t.Fatalf("URL with Clients set = %q, want empty", s.URL())
+	}
+
+	own, err := s.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	ojs, _ := jetstream.New(own)
+	kv, err := ojs.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "tokens"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ojs.CreateStream(ctx, jetstream.StreamConfig{Name: "EV", Subjects: []string{"ev.>"}, Duplicates: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := own.Subscribe("svc.echo", func(m *nats.Msg) { _ = m.Respond(append([]byte("echo:"), m.Data...)) }); err != nil {
+		t.Fatal(err)
+	}
+	_ = own.Flush()
+
+	// No credentials, wrong credentials, the own user over TCP: refused.
+	for name, opts := range map[string][]nats.Option{
+		"anonymous":       nil,
+		"wrong password":  {nats.UserInfo("client", "guess")},
+		"own user on TCP": {nats.UserInfo(OwnUser, s.ownPass)},
+		"admin on TCP":    {nats.UserInfo(clientsAdmin, s.admPass)},
+	} {
+		if nc, err := nats.Connect(s.Addr(), append(opts, nats.NoReconnect())...); err == nil {
+			nc.Close()
+			t.Errorf("%s: connected over TCP", name)
+		} else if !errors.Is(err, nats.ErrAuthorization) {
+			t.Errorf("%s: %v, want an authorization violation", name, err)
+		}
+	}
+
+	// The client's permission errors are expected: keep them off stderr.
+	cli, err := nats.Connect(s.ClientURL(), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	m, err := cli.Request("svc.echo", []byte("hi"), 5*time.Second)
+	if err != nil || string(m.Data) != "echo:hi" {
+		t.Fatalf("service over the import: %v", err)
+	}
+
+	// Events published in the own account reach the clients' copy.
+	if _, err := ojs.Publish(ctx, "ev.one", []byte("1"), jetstream.WithMsgID("one")); err != nil {
+		t.Fatal(err)
+	}
+	cjs, _ := jetstream.New(cli)
+	cons, err := cjs.OrderedConsumer(ctx, "EV", jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+	if err != nil || msg.Subject() != "ev.one" || string(msg.Data()) != "1" {
+		t.Fatalf("client read of the stream copy: %v", err)
+	}
+
+	// Attempts to write into the own account's token bucket.
+	_ = cli.Publish("$KV.tokens.published", []byte("x"))
+	_ = cli.PublishRequest("svc.echo", "$KV.tokens.replied", []byte("x"))
+	_ = cli.Publish("ev.forged", []byte("x"))
+	if _, err := cjs.CreateOrUpdateConsumer(ctx, "EV", jetstream.ConsumerConfig{Name: "push", DeliverSubject: "$KV.tokens.pushed"}); err != nil {
+		t.Logf("push consumer: %v", err)
+	}
+	pull, err := cjs.CreateOrUpdateConsumer(ctx, "EV", jetstream.ConsumerConfig{Name: "pull"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = cli.PublishRequest("$JS.API.CONSUMER.MSG.NEXT.EV."+pull.CachedInfo().Name, "$KV.tokens.pulled", []byte(`{"batch":1}`))
+	_ = cli.Flush()
+	time.Sleep(200 * time.Millisecond)
+	if keys, err := kv.ListKeys(ctx); err == nil {
+		for k := range keys.Keys() {
+			t.Errorf("a client wrote %q into the own account's bucket", k)
+		}
+	}
+	if _, err := cjs.KeyValue(ctx, "tokens"); !errors.Is(err, jetstream.ErrBucketNotFound) {
+		t.Errorf("client opened the own account's bucket: %v", err)
+	}
+	// Denied requests get no answer: give them a short deadline.
+	short, cancelShort := context.WithTimeout(ctx, time.Second)
+	defer cancelShort()
+	if _, err := cjs.CreateStream(short, jetstream.StreamConfig{Name: "MINE", Subjects: []string{"mine.>"}}); err == nil {
+		t.Errorf("client created a stream")
+	}
+	if err := cjs.DeleteStream(short, "EV"); err == nil {
+		t.Errorf("client deleted the stream copy")
+	}
+	if _, err := cli.Subscribe("svc.>", func(*nats.Msg) {}); err == nil {
+		_ = cli.Flush()
+		if !strings.Contains(fmt.Sprint(cli.LastError()), "Permissions Violation") {
+			t.Errorf("client subscribed to the service subjects: %v", cli.LastError())
+		}
+	}
+	// The forged event is not in the copy: only ev.one is.
+	info, err := cjs.Stream(ctx, "EV")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := info.CachedInfo().State.Msgs; n != 1 {
+		t.Errorf("clients' copy holds %d messages, want 1", n)
+	}
+}
+
+// TestOwnDataKeptAcrossModes: the own account is the global account, so data
+// written by a server without Clients (older data dirs) is there with
+// Clients, and the other way round.
+func TestOwnDataKeptAcrossModes(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s, err := Start(Options{StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(s.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "b", Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	s.Shutdown()
+
+	for range 2 { // and again, as a restart in the same mode
+		s, err = Start(clientsOptions(dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err = s.Connect()
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, _ = jetstream.New(nc)
+		kv, err = js.KeyValue(ctx, "b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e, err := kv.Get(ctx, "k"); err != nil || string(e.Value()) != "v" {
+			t.Fatalf("value lost across the switch to Clients: %v", err)
+		}
+		nc.Close()
+		s.Shutdown()
 	}
 }
