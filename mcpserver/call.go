@@ -281,7 +281,7 @@ func (s *Server) requestApproval(ctx context.Context, c *gatedCall) (mcp.Result,
 		s.log.InfoContext(ctx, "mcpserver: identical call joined pending task", "task_id", rec.TaskID, "tool", name)
 		return s.createTaskResult(info, rec), nil
 	}
-	if reason, ok := s.admit(ctx, info.principal, c.now); !ok {
+	if reason, ok := s.admitTask(ctx, info.principal, taskID, c.now); !ok {
 		s.opts.Store.ReleaseDedup(ctx, dedupKey, taskID)
 		return newToolResult(info.era, tasks.Outcome(tasks.DeniedNotExecuted, name, reason, nil)), nil
 	}
@@ -304,10 +304,11 @@ func (s *Server) requestApproval(ctx context.Context, c *gatedCall) (mcp.Result,
 func (s *Server) startTask(ctx context.Context, c *gatedCall, req tasks.Requirement, statusMessage string) (mcp.Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
-	if reason, ok := s.admit(ctx, c.info.principal, c.now); !ok {
+	taskID := tasks.NewID("tsk_")
+	if reason, ok := s.admitTask(ctx, c.info.principal, taskID, c.now); !ok {
 		return newToolResult(c.info.era, tasks.Outcome(tasks.DeniedNotExecuted, c.tool.Name, reason, nil)), nil
 	}
-	return s.createTask(ctx, c, tasks.NewID("tsk_"), "", req, statusMessage)
+	return s.createTask(ctx, c, taskID, "", req, statusMessage)
 }
 
 // createTask writes the task record, then starts its workflow. On failure
@@ -358,6 +359,9 @@ func (s *Server) createTask(ctx context.Context, c *gatedCall, taskID, dedupKey 
 	// The record exists before the workflow, so a tasks/get for the ID we
 	// return always resolves (SEP-2663 strong consistency at creation).
 	if err := s.opts.Store.Create(ctx, rec); err != nil {
+		if rerr := s.opts.Store.ReleasePending(context.WithoutCancel(ctx), info.principal, taskID); rerr != nil {
+			s.log.ErrorContext(ctx, "mcpserver: release pending reservation", "task_id", taskID, "err", rerr)
+		}
 		if dedupKey != "" {
 			s.opts.Store.ReleaseDedup(ctx, dedupKey, taskID)
 		}
@@ -389,20 +393,26 @@ func (s *Server) createTask(ctx context.Context, c *gatedCall, taskID, dedupKey 
 	return s.createTaskResult(info, rec), nil
 }
 
-// admit applies the per-principal pending cap and creation rate. An error
-// checking the cap denies: the limits exist to protect the service.
-func (s *Server) admit(ctx context.Context, principal string, now time.Time) (string, bool) {
-	n, err := s.opts.Store.CountPending(ctx, principal)
-	if err != nil {
-		s.log.ErrorContext(ctx, "mcpserver: count pending tasks", "err", err)
-		return reasonLimitUnknown, false
-	}
-	if n >= s.opts.MaxPendingPerPrincipal {
-		s.log.WarnContext(ctx, "mcpserver: pending task cap reached", "principal", principal, "pending", n)
+// admitTask applies the per-principal pending cap and creation rate. The
+// cap is a reservation for taskID (tasks.Store.ReservePending), exact under
+// concurrency; once admitted, the task's record holds it until the task
+// ends, and createTask gives it back if the record is never written. An
+// error checking the cap denies: the limits exist to protect the service.
+func (s *Server) admitTask(ctx context.Context, principal, taskID string, now time.Time) (string, bool) {
+	err := s.opts.Store.ReservePending(ctx, principal, taskID, s.opts.MaxPendingPerPrincipal)
+	if errors.Is(err, tasks.ErrPendingCapReached) {
+		s.log.WarnContext(ctx, "mcpserver: pending task cap reached", "principal", principal, "cap", s.opts.MaxPendingPerPrincipal)
 		return reasonPendingCap, false
+	}
+	if err != nil {
+		s.log.ErrorContext(ctx, "mcpserver: reserve a pending task", "err", err)
+		return reasonLimitUnknown, false
 	}
 	if !s.limiter.Allow(principal, now) {
 		s.log.WarnContext(ctx, "mcpserver: task creation rate limit reached", "principal", principal)
+		if rerr := s.opts.Store.ReleasePending(context.WithoutCancel(ctx), principal, taskID); rerr != nil {
+			s.log.ErrorContext(ctx, "mcpserver: release pending reservation", "task_id", taskID, "err", rerr)
+		}
 		return reasonRateLimited, false
 	}
 	return "", true

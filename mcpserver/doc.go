@@ -40,7 +40,8 @@
 //   - Dedup: tasks.Store.ClaimDedup on (principal, action hash). An identical
 //     call while the first is pending returns the same task, in the caller's
 //     era, without spending rate or pending budget.
-//   - Limits: the per-principal pending cap (Store.CountPending) and the
+//   - Limits: the per-principal pending cap (Store.ReservePending: exact,
+//     O(1), released when the task ends) and the
 //     creation rate (a token bucket per principal, per process). Over either,
 //     the answer is a plain denial result, not a task (SEP-2848).
 //   - The record (status working, approval reference, display text, expiry =

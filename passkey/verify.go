@@ -43,9 +43,10 @@ type VerifyRequest struct {
 	// AuthenticatorClass is ClassPlatform or ClassCrossPlatform ("" means
 	// cross-platform). The stricter of it and the challenge's class applies.
 	AuthenticatorClass string
-	// Requester is the principal that made the call; an approver whose name
-	// (case-insensitively) or id equals it is refused. Empty skips the check
-	// (the in-band flow, where the user approves their own agent's call).
+	// Requester is the principal that made the call; an approver who acts as
+	// it (Approver.ActsAs: one of their principals, or their id) is refused.
+	// Empty skips the check (the in-band flow, where the user approves their
+	// own agent's call).
 	Requester string
 	// ConsumerKey makes Verify idempotent: after a successful consume, a retry
 	// with the same key (and the same task, tool, hash and credential) returns
@@ -273,8 +274,9 @@ func (s *Service) verify(ctx context.Context, req *VerifyRequest) (Verified, err
 	if req.Group == "" || !inGroup(a, req.Group) || !inGroup(a, ch.Group) {
 		return Verified{}, newError(ReasonApproverNotEligible, nil)
 	}
-	// 12b (Countersign). Not the requester.
-	if r := strings.TrimSpace(req.Requester); r != "" && (strings.EqualFold(r, a.Name) || r == a.ID) {
+	// 12b (Countersign). Not the requester: an identity the approver acts
+	// as, never a comparison of display names (Approver.ActsAs).
+	if r := strings.TrimSpace(req.Requester); r != "" && a.ActsAs(r) {
 		return Verified{}, newError(ReasonSelfApproval, nil)
 	}
 

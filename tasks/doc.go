@@ -22,6 +22,35 @@
 // is the source of truth; the record is a read model, kept in NATS JetStream
 // key-value so that a poll is a key read rather than a Temporal query.
 //
+// # Pending cap
+//
+// A principal may have at most a fixed number of non-terminal tasks. The cap
+// is exact under concurrency and costs a few key operations per call, however
+// many tasks are pending. Two kinds of key in the bucket hold it (store.go):
+// p.<owner>.<taskID>, one per reservation, and n.<owner>, the owner's count.
+//
+//   - [Store.ReservePending] runs before the record is created: it writes the
+//     task's p key as "held", then raises n by compare-and-set, refusing
+//     with [ErrPendingCapReached] when n would pass the cap.
+//   - [Store.ReleasePending] gives the reservation back: the caller whose
+//     compare-and-set turns the key from "held" to "releasing" lowers n, then
+//     deletes the key. Any other call, concurrent or repeated, changes
+//     nothing. It runs when the record becomes terminal (once: only the
+//     writer whose [Store.Update] made it terminal retires it, so every
+//     terminal write must go through Update), in [Store.Delete], and in the
+//     MCP endpoint when the record could not be created.
+//
+// So, apart from the steps in flight, n equals the number of "held" keys, and
+// it never exceeds the cap. Because a key is written before its increment and
+// deleted only after its decrement, n never counts a reservation that has no
+// key. A crash can only leave n too high: a reservation whose record was never
+// created, a task that became terminal but was not released, a release cut
+// short. [Reconcile] (at startup, then every few minutes) drops such keys once
+// they are older than its grace period and recounts n from the keys that
+// remain, by compare-and-set, so that work in flight is never undone. (The
+// one assumption: no step of a reservation or release stalls for longer than
+// the grace period, a minute in the server.)
+//
 // # Ownership
 //
 // Every record names the principal that created it. [Store.GetOwned] answers a

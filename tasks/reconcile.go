@@ -5,7 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"strconv"
+	"strings"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"go.temporal.io/api/serviceerror"
 )
@@ -28,9 +33,21 @@ func (o *Orchestrator) Running(ctx context.Context, taskID string) (bool, error)
 // whose workflow was never started (the process died between the two steps
 // of task creation). Without this, such a record would stay "working" and
 // its dedup slot would hand the dead task to identical calls until its TTL.
-// Only records older than grace are considered, so a creation in flight is
-// never touched. It returns how many records it failed.
+// It then repairs the pending cap with [Store.ReconcilePending]. Only
+// records and reservations older than grace are considered, so a creation
+// in flight is never touched. It returns how many records it failed.
 func Reconcile(ctx context.Context, s *Store, o *Orchestrator, grace time.Duration, log *slog.Logger) (int, error) {
+	n, err := reconcileOrphans(ctx, s, o, grace, log)
+	if err != nil {
+		return n, err
+	}
+	if _, err := s.ReconcilePending(ctx, grace); err != nil {
+		return n, err
+	}
+	return n, nil
+}
+
+func reconcileOrphans(ctx context.Context, s *Store, o *Orchestrator, grace time.Duration, log *slog.Logger) (int, error) {
 	pending, err := s.nonTerminal(ctx, func(r Record) bool { return !r.Status.Terminal() })
 	if err != nil {
 		return 0, err
@@ -68,4 +85,179 @@ func Reconcile(ctx context.Context, s *Store, o *Orchestrator, grace time.Durati
 		n++
 	}
 	return n, nil
+}
+
+// ReconcilePending repairs the pending cap after a crash (see doc.go,
+// "Pending cap"). It scans, so it runs at startup and then rarely:
+//
+//  1. A p key older than grace is dropped when its task will never release
+//     it: the record was never created (the process died between the
+//     reservation and the creation), the record is terminal (it died
+//     before retire gave the reservation back), or the key has been
+//     "releasing" that long (it died during the release).
+//  2. Each owner's counter is recounted from its keys. It is lowered to the
+//     number of "held" and "releasing" keys when above it, which gives back
+//     what the dropped keys held; and raised to the number of "held" keys
+//     older than grace when below it (which no crash causes, but a
+//     hand-edited bucket can). Young keys never raise it: they are
+//     reservations in flight, and some of them will be refused.
+//
+// Both steps write by compare-and-set on what they read, so reservations and
+// releases running meanwhile are never undone: the counter can only err on
+// the high side, which makes the cap stricter, never looser. It returns how
+// many counters it changed.
+func (s *Store) ReconcilePending(ctx context.Context, grace time.Duration) (int, error) {
+	now := s.now()
+	keys, err := s.entries(ctx, "p.>")
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range keys {
+		_, taskID, ok := splitPendingKey(e.Key())
+		if !ok || now.Sub(e.Created()) < grace {
+			continue
+		}
+		dead := string(e.Value()) == pendingReleasing
+		if !dead {
+			r, err := s.Get(ctx, taskID)
+			switch {
+			case errors.Is(err, ErrTaskNotFound):
+				dead = true
+			case err != nil:
+				return 0, err
+			default:
+				dead = r.Status.Terminal()
+			}
+		}
+		if !dead {
+			continue
+		}
+		if err := s.kv.Delete(ctx, e.Key(), jetstream.LastRevision(e.Revision())); err != nil && !isCASConflict(err) && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return 0, fmt.Errorf("tasks: drop dead reservation %s: %w", taskID, err)
+		}
+		s.log.Warn("tasks: dropped a pending reservation left by a crash", "task_id", taskID, "state", string(e.Value()))
+	}
+	// Find the owners whose counter looks off, from one scan of the
+	// counters and then one of the keys; recountPending checks each
+	// exactly. An owner busy enough to hide a drift here is seen next time.
+	counters, err := s.entries(ctx, "n.>")
+	if err != nil {
+		return 0, err
+	}
+	have := map[string]int{}
+	for _, e := range counters {
+		owner := strings.TrimPrefix(e.Key(), "n.")
+		n, err := strconv.Atoi(string(e.Value()))
+		if err != nil || n < 0 {
+			n = math.MaxInt // corrupt: recount
+		}
+		have[owner] = n
+	}
+	if keys, err = s.entries(ctx, "p.>"); err != nil {
+		return 0, err
+	}
+	counted, old := map[string]int{}, map[string]int{}
+	for _, e := range keys {
+		owner, _, ok := splitPendingKey(e.Key())
+		if !ok {
+			continue
+		}
+		c, o := classifyPending(e, grace, now)
+		counted[owner] += c
+		old[owner] += o
+	}
+	for owner := range old {
+		if _, ok := have[owner]; !ok {
+			have[owner] = 0 // no counter yet
+		}
+	}
+	fixed := 0
+	for owner, n := range have {
+		if n <= counted[owner] && n >= old[owner] {
+			continue
+		}
+		changed, err := s.recountPending(ctx, owner, grace, now)
+		if err != nil {
+			return fixed, err
+		}
+		if changed {
+			fixed++
+		}
+	}
+	return fixed, nil
+}
+
+// recountPending applies step 2 of [Store.ReconcilePending] to one owner.
+// The counter is read before the keys are listed, and written by
+// compare-and-set on that read. Every reservation counted at that read has
+// its key, "held" or "releasing", throughout the listing: a key is written
+// before its increment, and deleted only after its decrement, which would
+// fail the write. So the count written is never below the reservations the
+// counter holds.
+func (s *Store) recountPending(ctx context.Context, owner string, grace time.Duration, now time.Time) (bool, error) {
+	for range casRetries {
+		have, rev, err := s.pendingCounter(ctx, owner)
+		if errors.Is(err, errCorruptCounter) {
+			have = math.MaxInt // replaced by the count below
+		} else if err != nil {
+			return false, err
+		}
+		keys, err := s.entries(ctx, "p."+owner+".>")
+		if err != nil {
+			return false, err
+		}
+		counted, old := 0, 0
+		for _, e := range keys {
+			c, o := classifyPending(e, grace, now)
+			counted += c
+			old += o
+		}
+		want := have
+		switch {
+		case have > counted:
+			want = counted
+		case have < old:
+			want = old
+		}
+		if want == have {
+			return false, nil
+		}
+		err = s.setPendingCounter(ctx, owner, want, rev)
+		if isCASConflict(err) {
+			continue // a reservation or release ran meanwhile: read again
+		}
+		if err != nil {
+			return false, fmt.Errorf("tasks: recount pending: %w", err)
+		}
+		s.log.Warn("tasks: recounted pending reservations", "owner", owner, "was", have, "now", want)
+		return true, nil
+	}
+	return false, fmt.Errorf("tasks: recount pending: too much contention")
+}
+
+// classifyPending says how a p key bounds its owner's counter. counted (1
+// for "held" and "releasing", whose decrement may still come) bounds it from
+// above; old (1 for "held" older than grace, too old to be a reservation in
+// flight) from below.
+func classifyPending(e jetstream.KeyValueEntry, grace time.Duration, now time.Time) (counted, old int) {
+	switch string(e.Value()) {
+	case pendingHeld:
+		if now.Sub(e.Created()) >= grace {
+			return 1, 1
+		}
+		return 1, 0
+	case pendingReleasing:
+		return 1, 0
+	}
+	return 0, 0
+}
+
+// splitPendingKey parses p.<owner>.<taskID>.
+func splitPendingKey(k string) (owner, taskID string, ok bool) {
+	rest, ok := strings.CutPrefix(k, "p.")
+	if !ok {
+		return "", "", false
+	}
+	owner, taskID, ok = strings.Cut(rest, ".")
+	return owner, taskID, ok && ValidID(taskID)
 }

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -20,6 +22,9 @@ var (
 	ErrTaskNotFound = errors.New("tasks: task not found")
 	ErrTaskExists   = errors.New("tasks: task already exists")
 	ErrTerminal     = errors.New("tasks: task is terminal")
+	// ErrPendingCapReached: the owner already holds as many pending
+	// reservations as the cap allows (see [Store.ReservePending]).
+	ErrPendingCapReached = errors.New("tasks: pending task cap reached")
 )
 
 // Bucket is the NATS KV bucket holding task records and their indexes.
@@ -30,11 +35,26 @@ const Bucket = "countersign_tasks"
 //	t.<taskID>            Record (JSON)
 //	r.<approvalRef>       taskID
 //	o.<owner>.<taskID>    "" (every task of an owner, for tasks/list)
-//	p.<owner>.<taskID>    "" (non-terminal tasks of an owner, for the pending cap)
+//	p.<owner>.<taskID>    reservation state (non-terminal tasks of an owner):
+//	                      "held" (a pending-cap reservation), "releasing"
+//	                      (its release is under way) or "" (indexed only)
+//	n.<owner>             decimal count of the owner's pending reservations
 //	d.<dedupKey>          taskID (the pending task for an identical call)
 //
 // <owner> is a hash of the principal so that any principal name is a safe key.
+// The p and n keys together are the pending cap; doc.go states their
+// invariant.
 const casRetries = 16
+
+// Values of a p.<owner>.<taskID> key.
+const (
+	pendingHeld      = "held"
+	pendingReleasing = "releasing"
+)
+
+// counterRetries bounds the compare-and-set loop on an n.<owner> counter,
+// which every reservation and release of that owner contends for.
+const counterRetries = 256
 
 // StoreOptions configures a [Store].
 type StoreOptions struct {
@@ -113,7 +133,9 @@ func (s *Store) Create(ctx context.Context, r Record) error {
 		return fmt.Errorf("tasks: index owner: %w", err)
 	}
 	if !r.Status.Terminal() {
-		if _, err := s.kv.Put(ctx, "p."+owner+"."+r.TaskID, nil); err != nil {
+		// A reservation (ReservePending) already wrote the key; otherwise
+		// the task is indexed without one.
+		if _, err := s.kv.Create(ctx, pendingKey(owner, r.TaskID), nil); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
 			return fmt.Errorf("tasks: index pending: %w", err)
 		}
 	}
@@ -125,12 +147,16 @@ func (s *Store) Create(ctx context.Context, r Record) error {
 	return nil
 }
 
-// Delete removes a record and its indexes. It is used only to undo a
-// creation whose workflow could not be started.
+// Delete removes a record and its indexes, and gives back its pending
+// reservation. It is used only to undo a creation whose workflow could not be
+// started.
 func (s *Store) Delete(ctx context.Context, r Record) error {
 	owner := OwnerKey(r.Owner)
 	var errs []error
-	for _, k := range []string{"o." + owner + "." + r.TaskID, "p." + owner + "." + r.TaskID, "r." + r.ApprovalRef, "t." + r.TaskID} {
+	if err := s.ReleasePending(ctx, r.Owner, r.TaskID); err != nil {
+		errs = append(errs, err)
+	}
+	for _, k := range []string{"o." + owner + "." + r.TaskID, "r." + r.ApprovalRef, "t." + r.TaskID} {
 		if strings.HasSuffix(k, ".") {
 			continue
 		}
@@ -236,12 +262,15 @@ func (s *Store) Update(ctx context.Context, taskID string, fn func(*Record) erro
 	return Record{}, fmt.Errorf("tasks: update %s: too much contention", taskID)
 }
 
-// retire drops the indexes a terminal task no longer needs. Failures are
-// logged: a stale pending index only makes the pending cap stricter, and a
-// stale dedup slot is detected as terminal and replaced.
+// retire gives back the pending reservation of a task that has just become
+// terminal and drops the indexes it no longer needs. It runs once per task:
+// only the writer whose compare-and-set made the record terminal calls it.
+// Failures are logged: an unreleased reservation only makes the pending cap
+// stricter until [Reconcile] recounts, and a stale dedup slot is detected as
+// terminal and replaced.
 func (s *Store) retire(ctx context.Context, r Record) {
-	if err := s.kv.Delete(ctx, "p."+OwnerKey(r.Owner)+"."+r.TaskID); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		s.log.Warn("tasks: drop pending index", "task_id", r.TaskID, "err", err)
+	if err := s.ReleasePending(ctx, r.Owner, r.TaskID); err != nil {
+		s.log.Warn("tasks: release pending reservation", "task_id", r.TaskID, "err", err)
 	}
 	if r.DedupKey != "" {
 		s.ReleaseDedup(ctx, r.DedupKey, r.TaskID)
@@ -300,7 +329,165 @@ func (s *Store) ReleaseDedup(ctx context.Context, key, taskID string) {
 	}
 }
 
-// CountPending returns how many non-terminal tasks owner has.
+func pendingKey(owner, taskID string) string { return "p." + owner + "." + taskID }
+
+// ReservePending takes one of owner's pending slots for taskID, before the
+// task is created, or fails with [ErrPendingCapReached] when owner already
+// holds limit of them. It costs a few key operations whatever the number of
+// pending tasks: it writes the task's p key as "held", then raises the
+// owner's n counter by compare-and-set, never past limit. The reservation is
+// given back by [Store.ReleasePending]: by retire when the task becomes
+// terminal, by [Store.Delete], or by the caller if the task is never
+// created.
+func (s *Store) ReservePending(ctx context.Context, owner, taskID string, limit int) error {
+	if !ValidID(taskID) {
+		return fmt.Errorf("tasks: invalid task id %q", taskID)
+	}
+	ok, k := OwnerKey(owner), pendingKey(OwnerKey(owner), taskID)
+	// A caller already at the cap is refused with one read and no write,
+	// so hammering at the cap leaves nothing in the bucket. The
+	// compare-and-set below stays the authority.
+	if n, _, err := s.pendingCounter(ctx, ok); err == nil && n >= limit {
+		return ErrPendingCapReached
+	}
+	rev, err := s.kv.Create(ctx, k, []byte(pendingHeld))
+	if err != nil {
+		return fmt.Errorf("tasks: reserve %s: %w", taskID, err)
+	}
+	if err := s.addPending(ctx, ok, +1, limit); err != nil {
+		// Not counted, or not known to be: drop the key. Should the
+		// increment have landed after all (an answer lost in transit),
+		// the counter stays one too high until Reconcile recounts:
+		// stricter, never looser.
+		if derr := s.kv.Delete(context.WithoutCancel(ctx), k, jetstream.LastRevision(rev)); derr != nil && !isCASConflict(derr) {
+			s.log.Warn("tasks: drop refused reservation", "task_id", taskID, "err", derr)
+		}
+		return err
+	}
+	return nil
+}
+
+// ReleasePending gives back the reservation of taskID, if it still holds
+// one; a task indexed without a reservation just leaves the index. Any number
+// of calls, concurrent or repeated, lower the counter at most once: the
+// caller that turns the key from "held" to "releasing" by compare-and-set
+// owns the decrement, and deletes the key after it.
+func (s *Store) ReleasePending(ctx context.Context, owner, taskID string) error {
+	ok, k := OwnerKey(owner), pendingKey(OwnerKey(owner), taskID)
+	for range casRetries {
+		e, err := s.kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("tasks: release %s: %w", taskID, err)
+		}
+		rev := e.Revision()
+		switch string(e.Value()) {
+		case pendingReleasing:
+			return nil // another caller owns the decrement
+		case pendingHeld:
+			rev, err = s.kv.Update(ctx, k, []byte(pendingReleasing), rev)
+			if isCASConflict(err) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("tasks: release %s: %w", taskID, err)
+			}
+			if err := s.addPending(ctx, ok, -1, 0); err != nil {
+				return err // the key stays "releasing"; Reconcile recounts
+			}
+		}
+		if err := s.kv.Delete(ctx, k, jetstream.LastRevision(rev)); err != nil && !isCASConflict(err) && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("tasks: release %s: %w", taskID, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("tasks: release %s: too much contention", taskID)
+}
+
+// PendingReserved returns owner's count of pending reservations: one key
+// read.
+func (s *Store) PendingReserved(ctx context.Context, owner string) (int, error) {
+	n, _, err := s.pendingCounter(ctx, OwnerKey(owner))
+	return n, err
+}
+
+// errCorruptCounter: an n.<owner> value that is not a count. Reservations
+// and releases fail on it (the cap fails closed) until Reconcile recounts.
+var errCorruptCounter = errors.New("tasks: pending counter is corrupt")
+
+// pendingCounter reads n.<owner>; a missing counter is 0 at revision 0.
+func (s *Store) pendingCounter(ctx context.Context, owner string) (int, uint64, error) {
+	e, err := s.kv.Get(ctx, "n."+owner)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("tasks: pending counter: %w", err)
+	}
+	n, err := strconv.Atoi(string(e.Value()))
+	if err != nil || n < 0 {
+		return 0, e.Revision(), fmt.Errorf("%w: %q", errCorruptCounter, e.Value())
+	}
+	return n, e.Revision(), nil
+}
+
+// setPendingCounter writes n.<owner> by compare-and-set on rev (0: the key
+// must not exist).
+func (s *Store) setPendingCounter(ctx context.Context, owner string, n int, rev uint64) error {
+	v := []byte(strconv.Itoa(n))
+	var err error
+	if rev == 0 {
+		_, err = s.kv.Create(ctx, "n."+owner, v)
+	} else {
+		_, err = s.kv.Update(ctx, "n."+owner, v, rev)
+	}
+	return err
+}
+
+// addPending moves owner's counter by delta with compare-and-set, retrying
+// with a jittered backoff on conflict. An increment that would pass limit
+// fails with [ErrPendingCapReached]; a decrement stops at 0.
+func (s *Store) addPending(ctx context.Context, owner string, delta, limit int) error {
+	for attempt := range counterRetries {
+		if attempt > 0 {
+			// Up to 50µs × attempt (capped at 5ms), so that contenders
+			// spread out instead of colliding again.
+			d := time.Duration(rand.Int64N(int64(min(attempt, 100)) * int64(50*time.Microsecond)))
+			t := time.NewTimer(d)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return fmt.Errorf("tasks: pending counter: %w", ctx.Err())
+			case <-t.C:
+			}
+		}
+		n, rev, err := s.pendingCounter(ctx, owner)
+		if err != nil {
+			return err
+		}
+		next := max(n+delta, 0)
+		if delta > 0 && next > limit {
+			return ErrPendingCapReached
+		}
+		if next == n {
+			return nil
+		}
+		err = s.setPendingCounter(ctx, owner, next, rev)
+		if err == nil {
+			return nil
+		}
+		if !isCASConflict(err) {
+			return fmt.Errorf("tasks: pending counter: %w", err)
+		}
+	}
+	return fmt.Errorf("tasks: pending counter: too much contention")
+}
+
+// CountPending returns how many non-terminal tasks owner has, by listing
+// the pending index: a scan, for tests and diagnostics. The pending cap uses
+// [Store.ReservePending], which reads one counter.
 func (s *Store) CountPending(ctx context.Context, owner string) (int, error) {
 	keys, err := s.keys(ctx, "p."+OwnerKey(owner)+".>")
 	return len(keys), err
@@ -319,6 +506,31 @@ func (s *Store) keys(ctx context.Context, filter string) ([]string, error) {
 		out = append(out, k)
 	}
 	return out, nil
+}
+
+// entries returns the current entries (key, value, revision, time) of the
+// keys matching filter: a scan, for Reconcile.
+func (s *Store) entries(ctx context.Context, filter string) ([]jetstream.KeyValueEntry, error) {
+	w, err := s.kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("tasks: scan %s: %w", filter, err)
+	}
+	defer func() { _ = w.Stop() }()
+	var out []jetstream.KeyValueEntry
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, fmt.Errorf("tasks: scan %s: watcher closed", filter)
+			}
+			if e == nil { // end of the current values
+				return out, nil
+			}
+			out = append(out, e)
+		}
+	}
 }
 
 // List returns owner's tasks, newest first, a page at a time. cursor is the

@@ -37,6 +37,9 @@ func (h *Handler) admin(fn apiFunc) apiFunc {
 type addApproverRequest struct {
 	Name   string   `json:"name"`
 	Groups []string `json:"groups"`
+	// Principals are the agent identities the approver acts as, who may
+	// not approve their own calls; omitted, the approver's name.
+	Principals []string `json:"principals,omitempty"`
 }
 
 type addApproverResponse struct {
@@ -44,13 +47,15 @@ type addApproverResponse struct {
 	EnrollURL  string `json:"enrollUrl"`
 }
 
-// addApprover: POST /admin/v1/approvers {name, groups} → 201 {approverId, enrollUrl}.
+// addApprover: POST /admin/v1/approvers {name, groups, principals?} → 201
+// {approverId, enrollUrl}. A name or principal that mixes scripts like a
+// look-alike ("аlice" with a Cyrillic "а") is a 400.
 func (h *Handler) addApprover(w http.ResponseWriter, r *http.Request) error {
 	var req addApproverRequest
 	if err := h.decodeJSON(w, r, &req, true); err != nil {
 		return err
 	}
-	a, token, err := h.passkeys.AddApprover(r.Context(), req.Name, req.Groups)
+	a, token, err := h.passkeys.AddApprover(r.Context(), req.Name, req.Groups, passkey.WithPrincipals(req.Principals...))
 	if err != nil {
 		return invalidArgument(err)
 	}

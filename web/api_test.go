@@ -113,12 +113,31 @@ func TestAddApprover(t *testing.T) {
 		{"bad group", `{"name":"Bob","groups":["fin ance"]}`},
 		{"no name", `{"groups":["finance"]}`},
 		{"markup in name", `{"name":"<b>Bob</b>","groups":["finance"]}`},
+		// Look-alikes of "alice" with a Cyrillic "а".
+		{"mixed-script name", `{"name":"\u0430lice","groups":["finance"]}`},
+		{"mixed-script principal", `{"name":"Alice","groups":["finance"],"principals":["\u0430lice"]}`},
+		{"principal with a space", `{"name":"Alice","groups":["finance"],"principals":["al ice"]}`},
 	}
 	for _, tt := range bad {
 		t.Run(tt.name, func(t *testing.T) {
 			wantError(t, e.do(t, "POST", "/admin/v1/approvers", tt.body, e.adminAuth()...), http.StatusBadRequest, codeInvalidRequest)
 		})
 	}
+
+	t.Run("principals", func(t *testing.T) {
+		r := e.do(t, "POST", "/admin/v1/approvers", `{"name":"Carol","groups":["finance"],"principals":["deploy-bot","carol"]}`, e.adminAuth()...)
+		wantStatus(t, r, http.StatusCreated)
+		a, err := e.passkeys.Approver(context.Background(), decodeAs[addApproverResponse](t, r).ApproverID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff([]string{"carol", "deploy-bot"}, a.Principals); diff != "" {
+			t.Errorf("principals (-want +got):\n%s", diff)
+		}
+		if !a.ActsAs("deploy-bot") || a.ActsAs("Carol") {
+			t.Errorf("acts as deploy-bot %v, as Carol %v", a.ActsAs("deploy-bot"), a.ActsAs("Carol"))
+		}
+	})
 }
 
 func TestInvites(t *testing.T) {

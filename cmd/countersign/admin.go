@@ -106,9 +106,10 @@ func runAdmin(ctx context.Context, args []string, stdout io.Writer) error {
 	cmd := args[0] + " " + args[1]
 	name, rest := splitPositional(args[2:])
 	fs, server, dataDir := newAdminFlags(cmd)
-	var groups stringList
+	var groups, principals stringList
 	if cmd == "approvers add" {
 		fs.Var(&groups, "group", "approver group (repeatable)")
+		fs.Var(&principals, "principal", "agent principal the approver acts as, and so may not approve (repeatable; default: NAME)")
 	}
 	if err := fs.Parse(rest); err != nil {
 		return parseError(err)
@@ -123,16 +124,23 @@ func runAdmin(ctx context.Context, args []string, stdout io.Writer) error {
 	switch cmd {
 	case "approvers add":
 		if name == "" || len(groups) == 0 {
-			return usageError{"usage: countersign approvers add NAME --group G [--group G2]"}
+			return usageError{"usage: countersign approvers add NAME --group G [--group G2] [--principal AGENT]"}
 		}
 		var out struct {
 			ApproverID string `json:"approverId"`
 			EnrollURL  string `json:"enrollUrl"`
 		}
-		if err := c.do(ctx, http.MethodPost, "/admin/v1/approvers", map[string]any{"name": name, "groups": groups}, &out); err != nil {
+		body := map[string]any{"name": name, "groups": groups}
+		if len(principals) > 0 {
+			body["principals"] = principals
+		}
+		if err := c.do(ctx, http.MethodPost, "/admin/v1/approvers", body, &out); err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "Approver %s (%s) added. Open this link on the approver's phone to enroll a passkey:\n%s\n", name, out.ApproverID, out.EnrollURL)
+		if len(principals) > 0 {
+			fmt.Fprintf(stdout, "The approver acts as %s and may not approve their calls.\n", strings.Join(principals, ", "))
+		}
 	case "approvers invite":
 		if name == "" {
 			return usageError{"usage: countersign approvers invite APPROVER_ID"}

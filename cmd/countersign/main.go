@@ -21,7 +21,7 @@ Usage:
   countersign dev       [flags]   everything in one process (embedded NATS and Temporal by default)
   countersign server    [flags]   MCP endpoint and approver site (external NATS and Temporal)
   countersign worker    [flags]   approval workflow worker (external NATS and Temporal)
-  countersign approvers add NAME --group G [--server URL] [--data-dir DIR]
+  countersign approvers add NAME --group G [--principal AGENT]... [--server URL] [--data-dir DIR]
   countersign approvers invite APPROVER_ID [--server URL] [--data-dir DIR]
   countersign agents add NAME [--server URL] [--data-dir DIR]
   countersign approvals list [--server URL] [--data-dir DIR]

@@ -28,6 +28,15 @@ func TestAdminCommands(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "/enroll/") {
 		t.Fatalf("approvers add: exit %d, out %q, err %q", code, out, stderr)
 	}
+	code, out, stderr = runCLI("approvers", "add", "Carol Jones", "--group", "approvers", "--principal", "ci-bot", "--principal", "carol", "--data-dir", dir)
+	if code != 0 || !strings.Contains(out, "acts as ci-bot, carol") {
+		t.Fatalf("approvers add --principal: exit %d, out %q, err %q", code, out, stderr)
+	}
+	// A look-alike name ("аlice", with a Cyrillic "а") is refused.
+	code, _, stderr = runCLI("approvers", "add", "\u0430lice", "--group", "approvers", "--data-dir", dir)
+	if code != 1 || !strings.Contains(stderr, "Cyrillic and Latin") {
+		t.Fatalf("look-alike approver: exit %d, err %q", code, stderr)
+	}
 	code, out, stderr = runCLI("agents", "add", "ci-bot", "--data-dir", dir)
 	if code != 0 || !strings.Contains(out, "csag_") {
 		t.Fatalf("agents add: exit %d, out %q, err %q", code, out, stderr)
