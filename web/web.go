@@ -68,11 +68,12 @@ type Handler struct {
 	challenges *ratelimit.Limiter
 }
 
-// Challenge issuing limit per approval ref or inbox: a burst enough for a
-// few retries on a flaky phone, then one every five seconds.
+// Challenge issuing limit per approval ref or inbox. An approval link goes
+// to a whole channel: the burst lets a team of approvers open it at once
+// (and retry on a flaky phone), then one challenge every two seconds.
 const (
-	challengesPerMinute = 12
-	challengeBurst      = 6
+	challengesPerMinute = 30
+	challengeBurst      = 30
 )
 
 // New validates opts and builds the handler. Templates and static files are
