@@ -308,11 +308,6 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	current := decisionResponse{Status: rec.ApprovalState, Approved: approvedCount(rec), Needed: rec.Requirement.Quorum}
-	if !h.pending(rec) {
-		current.Reason = codeTaskNotPending
-		writeJSON(w, http.StatusConflict, current)
-		return nil
-	}
 	ctx, cancel := context.WithTimeout(r.Context(), decideTimeout)
 	defer cancel()
 	d := tasks.DecisionUpdate{
@@ -329,6 +324,17 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if !h.pending(rec) && reason != "" {
+		// Nothing to record on a task that takes no more decisions.
+		current.Reason = codeTaskNotPending
+		writeJSON(w, http.StatusConflict, current)
+		return nil
+	}
+	// Valid evidence on a task that looks decided goes on to the workflow
+	// too: if it is the retry of a decision the workflow took (the answer
+	// was lost, or the server died right after), the update has the same ID
+	// and Temporal answers with its verdict; otherwise the workflow's
+	// validator says the task is no longer pending.
 	if reason != "" {
 		h.recordRejection(ctx, rec, d, reason)
 		current.Reason = reason
