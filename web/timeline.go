@@ -176,6 +176,8 @@ func chainEvents(recs []audit.Record, req audit.Requested) ([]tasks.Event, error
 			}
 			claimed = true
 			add(r, "claimed", "policy allowed ("+p.PolicyVersion+")")
+		case audit.KindCancelRefused:
+			add(r, audit.KindCancelRefused, "cancel refused: the call was already claimed for execution")
 		case audit.KindOutcome:
 			// The summary of the steps above: nothing new to show.
 		default:

@@ -163,7 +163,10 @@ func Approval(ctx workflow.Context, in tasks.ApprovalInput) (tasks.ApprovalOutco
 	if !unattended(in.Requirement) {
 		// Approvers are told in order: the request, each approval, the end.
 		// Disconnected: a cancelled workflow still reports its end.
-		w.notes = &noteQueue{}
+		// The request notification goes out once the request is in the read
+		// model and the audit chain, so an approver who follows the link at
+		// once sees it there.
+		w.notes = &noteQueue{notes: []note{{kind: noteRequested, seq: w.out.seq}}}
 		nctx, _ := workflow.NewDisconnectedContext(ctx)
 		workflow.Go(nctx, w.notifyLoop)
 	}
@@ -424,6 +427,10 @@ type noteQueue struct {
 	done   bool // the loop has sent everything
 }
 
+// noteRequested queues the request notification (the Notify activity);
+// the other kinds are NotifyUpdate's.
+const noteRequested activities.NotifyKind = "requested"
+
 // note is one queued notification. A notifier reads the read model when it
 // runs, so a note waits until the outbox has written up to seq, the state it
 // announces.
@@ -445,7 +452,6 @@ func (w *approval) queueNote(kind activities.NotifyKind) {
 // notification that keeps failing is logged; it never fails the task.
 func (w *approval) notifyLoop(ctx workflow.Context) {
 	defer func() { w.notes.done = true }()
-	w.notify(ctx)
 	for {
 		if err := workflow.Await(ctx, func() bool { return len(w.notes.notes) > 0 || w.notes.closed }); err != nil {
 			return
@@ -461,6 +467,10 @@ func (w *approval) notifyLoop(ctx workflow.Context) {
 		}
 		if err := w.awaitPublished(ctx, n.seq); err != nil {
 			return
+		}
+		if kind == noteRequested {
+			w.notify(ctx)
+			continue
 		}
 		err := workflow.ExecuteActivity(notifyCtx(ctx), a.NotifyUpdate, activities.NotifyUpdateInput{
 			Version: activities.Version,

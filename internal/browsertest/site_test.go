@@ -182,10 +182,7 @@ func TestApproverSite(t *testing.T) {
 		annPhone.do(chromedp.Evaluate[chromedp.Void](`window.__decisions = []; (function(f){ window.fetch = function(u, o){ if (String(u).endsWith("/decision")) window.__decisions.push(o.body); return f.apply(this, arguments); }; })(window.fetch);`))
 		annPhone.click("#approve")
 		annPhone.waitText("#status", "1 of 2")
-		out := annPhone.eval(`fetch(location.pathname.replace("/approve/", "/approver/v1/approvals/") + "/decision",
-			{method: "POST", headers: {"Content-Type": "application/json"}, body: window.__decisions[0]})
-			.then(async r => ({status: r.status, body: await r.json()}))`)
-		var replay struct {
+		type answer struct {
 			Status int `json:"status"`
 			Body   struct {
 				Accepted bool   `json:"accepted"`
@@ -193,9 +190,23 @@ func TestApproverSite(t *testing.T) {
 				Approved int    `json:"approved"`
 			} `json:"body"`
 		}
-		if err := json.Unmarshal(out, &replay); err != nil {
-			t.Fatalf("replay answer %s: %v", out, err)
+		post := func(body string) (answer, []byte) {
+			out := annPhone.eval(`fetch(location.pathname.replace("/approve/", "/approver/v1/approvals/") + "/decision",
+				{method: "POST", headers: {"Content-Type": "application/json"}, body: ` + body + `})
+				.then(async r => ({status: r.status, body: await r.json()}))`)
+			var a answer
+			if err := json.Unmarshal(out, &a); err != nil {
+				t.Fatalf("replay answer %s: %v", out, err)
+			}
+			return a, out
 		}
+		// The same request again (a page that retries) is the same decision:
+		// the same answer, counted once.
+		if again, out := post(`window.__decisions[0]`); again.Status != 200 || !again.Body.Accepted || again.Body.Approved != 1 {
+			t.Fatalf("the same request again: want 200 accepted, 1 approved, got %s", out)
+		}
+		// The assertion replayed in another request is refused.
+		replay, out := post(`JSON.stringify(Object.assign(JSON.parse(window.__decisions[0]), {comment: "again"}))`)
 		if replay.Status != 422 || replay.Body.Accepted || replay.Body.Reason != "challenge_consumed" {
 			t.Fatalf("replay: want 422 challenge_consumed, got %s", out)
 		}

@@ -148,7 +148,9 @@ func (s *Stack) WaitTerminal(token, taskID string) DetailedTask {
 }
 
 // RefOf finds the approval reference of a pending task through the admin
-// API, as an approver would get it from the notification (10s at most).
+// API, as an approver would get it from the notification (10s at most): it
+// returns once the approval page shows the request, which is when the
+// workflow sends the notification.
 func (s *Stack) RefOf(taskID string) string {
 	s.T.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -160,6 +162,7 @@ func (s *Stack) RefOf(taskID string) string {
 		s.HTTPJSON("GET", "/admin/v1/approvals?status=pending", s.AdminToken, nil, &list)
 		for _, a := range list {
 			if a.TaskID == taskID {
+				s.awaitRequested(a.Ref, deadline)
 				return a.Ref
 			}
 		}
@@ -167,4 +170,23 @@ func (s *Stack) RefOf(taskID string) string {
 	}
 	s.T.Fatalf("no pending approval for task %s", taskID)
 	return ""
+}
+
+// awaitRequested waits until the approval page's timeline (read from the
+// audit chain) shows the request.
+func (s *Stack) awaitRequested(ref string, deadline time.Time) {
+	for time.Now().Before(deadline) {
+		var view struct {
+			Timeline []struct {
+				Kind string `json:"kind"`
+			} `json:"timeline"`
+		}
+		s.HTTPJSON("GET", "/approver/v1/approvals/"+ref, "", nil, &view)
+		for _, e := range view.Timeline {
+			if e.Kind == "requested" {
+				return
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
