@@ -84,6 +84,13 @@ type memChain struct {
 
 func newMemChain(t testing.TB, keys *Keyring, taskID string, quorum int) *memChain {
 	t.Helper()
+	return newMemChainGroup(t, keys, taskID, "approvers", quorum)
+}
+
+// newMemChainGroup is newMemChain with the approver group; group "" and
+// quorum 0 is an unattended task.
+func newMemChainGroup(t testing.TB, keys *Keyring, taskID, group string, quorum int) *memChain {
+	t.Helper()
 	args := json.RawMessage(`{"to":"acct-991","amount":50000,"currency":"USD"}`)
 	h, err := canon.Hash("transfer_funds", args, "srv-test")
 	if err != nil {
@@ -95,7 +102,7 @@ func newMemChain(t testing.TB, keys *Keyring, taskID string, quorum int) *memCha
 		t.Fatal(err)
 	}
 	c.add(StepRequested, KindRequested, Requested{Envelope: env, PolicyVersion: "pv1",
-		Requirement: Requirement{Group: "approvers", Quorum: quorum, TTLSeconds: 3600, AuthenticatorClass: "platform", Reason: "big"},
+		Requirement: Requirement{Group: group, Quorum: quorum, TTLSeconds: 3600, AuthenticatorClass: "platform", Reason: "big"},
 		ApprovalRef: "apr_x", DisplayText: "Transfer", ExpiresAt: c.at.Add(time.Hour)})
 	return c
 }

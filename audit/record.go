@@ -53,10 +53,7 @@ const (
 
 // terminalKinds maps each terminal kind to the status and disposition it
 // must carry, and whether it follows an execution claim.
-var terminalKinds = map[string]struct {
-	status, disposition string
-	executed            bool // the tool was called: a claim and quorum are required
-}{
+var terminalKinds = map[string]terminalKind{
 	KindExecuted:       {"completed", "approved-executed", true},
 	KindExecutionError: {"completed", "execution-error", true},
 	KindOutcomeUnknown: {"completed", "outcome-unknown", true},
@@ -64,6 +61,12 @@ var terminalKinds = map[string]struct {
 	KindExpired:        {"completed", "denied-not-executed", false},
 	KindCancelled:      {"cancelled", "", false},
 	KindFailed:         {"failed", "", false},
+}
+
+// terminalKind is what a terminal step must carry.
+type terminalKind struct {
+	status, disposition string
+	executed            bool // the tool was called: a claim and quorum are required
 }
 
 // IsTerminalKind reports whether kind ends a task.

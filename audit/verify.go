@@ -301,8 +301,9 @@ func verifyChain(taskID string, recs []Record, hashes []string, opts VerifyOptio
 	}
 	checkEnvelope(req.Envelope, actionHash, func(format string, args ...any) { fail(RuleRequested, 0, format, args...) }, &v)
 	quorum := req.Requirement.Quorum
+	unattended := quorum == 0 && req.Requirement.Group == ""
 	switch {
-	case quorum == 0 && req.Requirement.Group == "":
+	case unattended:
 		v.Notes = append(v.Notes, "unattended: policy allowed the call without approval")
 	case quorum < 1:
 		fail(RuleRequested, 0, "quorum %d", quorum)
@@ -461,6 +462,9 @@ func verifyChain(taskID string, recs []Record, hashes []string, opts VerifyOptio
 				continue
 			}
 			tk := terminalKinds[r.Kind]
+			if unattended {
+				tk = unattendedEnd(r.Kind, tk)
+			}
 			if e.Status != tk.status || e.Disposition != tk.disposition {
 				fail(RuleEndDisposition, i, "%s with status %q and disposition %q, want %q and %q", r.Kind, e.Status, e.Disposition, tk.status, tk.disposition)
 			}
@@ -657,4 +661,19 @@ func rpIDMatches(hash []byte, host string) bool {
 		h = h[i+1:]
 	}
 	return false
+}
+
+// unattendedEnd is what a terminal kind carries for an unattended task
+// (policy allowed the call on an asynchronous tool; nothing was approved): an
+// executed end has no disposition (its result is the tool's own, whether or
+// not the tool reported an error), and "expired" means the client never
+// answered the task's input requests, which fails the task.
+func unattendedEnd(kind string, tk terminalKind) terminalKind {
+	switch kind {
+	case KindExecuted:
+		tk.disposition = ""
+	case KindExpired:
+		tk.status, tk.disposition = "failed", ""
+	}
+	return tk
 }

@@ -68,9 +68,11 @@ func TestVerifyHonestChains(t *testing.T) {
 			c.add(StepRequested, KindRequested, Requested{Envelope: env, PolicyVersion: "pv"})
 			c.add("reevaluated", KindReevaluated, Policy{Allow: true, PolicyVersion: "pv"})
 			c.add("claimed", KindClaimed, Policy{Allow: true, PolicyVersion: "pv"})
-			c.seal(KindExecuted, "completed", "approved-executed")
+			// What the workflow writes for an unattended task: nothing was
+			// approved, so the end has no disposition.
+			c.seal(KindExecuted, "completed", "")
 			return c
-		}, "approved-executed"},
+		}, "completed"},
 		{"unsigned deny", func() *memChain {
 			c := newMemChain(t, k, "tsk_e", 1)
 			c.add("decision/u", KindDecision, Decision{Decision: "deny", Accepted: true, Unsigned: &Unsigned{ApproverID: "a", ApproverName: "al", Via: "slack:U1"}})
@@ -516,6 +518,25 @@ func TestVerifyExecutionRulesHonest(t *testing.T) {
 			c.seal(KindFailed, "failed", "")
 			return c
 		}, "failed"},
+		// Unattended tasks (quorum 0, no group): nothing is approved, so an
+		// executed end has no disposition, and a client that never answers
+		// the task's input requests fails it as expired.
+		{"unattended task executed", func() *memChain {
+			c := newMemChainGroup(t, k, "tsk_u1", "", 0)
+			c.claim()
+			c.seal(KindExecuted, "completed", "")
+			return c
+		}, "completed"},
+		{"unattended task whose input never came", func() *memChain {
+			c := newMemChainGroup(t, k, "tsk_u2", "", 0)
+			c.seal(KindExpired, "failed", "")
+			return c
+		}, "failed"},
+		{"unattended task cancelled while it waited", func() *memChain {
+			c := newMemChainGroup(t, k, "tsk_u3", "", 0)
+			c.seal(KindCancelled, "cancelled", "")
+			return c
+		}, "cancelled"},
 		{"deny after a lone approval", func() *memChain {
 			c := approvedChain(t, k, "tsk_h8", 2, "alice")
 			c.decide(newPasskey(t, "cred-bob"), "bob", "deny")
