@@ -99,6 +99,12 @@ type ApprovalOutcome struct {
 	Disposition Disposition `json:"disposition,omitempty"`
 }
 
+// ErrUpdateInProgress is returned when an update's outcome did not arrive in
+// time (the caller's deadline passed, or the server aborted the wait): the
+// workflow may still take it. Sending the same decision again is safe and
+// gets its outcome (see [Orchestrator.Decide]).
+var ErrUpdateInProgress = errors.New("tasks: the update's outcome is not known yet")
+
 // ErrWorkflowGone is returned when the task's workflow no longer runs, so it
 // cannot take a decision or a cancel; the read model says how it ended.
 var ErrWorkflowGone = errors.New("tasks: task is no longer running")
@@ -197,6 +203,11 @@ func (o *Orchestrator) updateWithID(ctx context.Context, taskID, name, id string
 	var notFound *serviceerror.NotFound
 	if errors.As(err, &notFound) {
 		return ErrWorkflowGone
+	}
+	var deadline *serviceerror.DeadlineExceeded
+	var unavailable *serviceerror.Unavailable
+	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &deadline) || errors.As(err, &unavailable) {
+		return fmt.Errorf("%w: %s %s: %w", ErrUpdateInProgress, name, taskID, err)
 	}
 	var appErr *temporal.ApplicationError
 	if errors.As(err, &appErr) {

@@ -354,6 +354,12 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request) error {
 		current.Reason = codeTaskNotPending
 		writeJSON(w, http.StatusConflict, current)
 		return nil
+	case errors.Is(err, tasks.ErrUpdateInProgress):
+		// The workflow may still count it: the same request again is the
+		// same decision and gets its outcome.
+		w.Header().Set("Retry-After", "2")
+		return &apiError{status: http.StatusServiceUnavailable, code: "decision_in_progress",
+			message: "the decision is still being processed; send the same request again for its outcome", cause: err}
 	case err != nil:
 		return fmt.Errorf("web: decide: %w", err)
 	}
