@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/url"
 	"strings"
+	"time"
 
 	"go.temporal.io/sdk/temporal"
 
@@ -35,8 +36,19 @@ type Activities struct {
 	PublicURL string
 	// Audit writes the tasks' signed audit chains; nil records nothing.
 	Audit *audit.Log
+	// ResultRetention is how long a terminal task's record (and its result)
+	// stays readable after the task ends: [Activities.Complete] extends the
+	// TTL to cover it. Zero means tasks.DefaultResultRetention.
+	ResultRetention time.Duration
 	// Logger; nil discards.
 	Logger *slog.Logger
+}
+
+func (a *Activities) resultRetention() time.Duration {
+	if a.ResultRetention <= 0 {
+		return tasks.DefaultResultRetention
+	}
+	return a.ResultRetention
 }
 
 func (a *Activities) log() *slog.Logger {
@@ -321,9 +333,9 @@ func (a *Activities) ExecuteTool(ctx context.Context, in ExecuteToolInput) (Exec
 
 // Complete writes the task's terminal state: status, disposition, result
 // (built with tasks.Outcome), approvals and the last timeline event, and
-// extends the TTL so the result stays readable for [ResultRetention] after
-// the end. The store releases the task's dedup slot. Writing the same
-// terminal state again is a no-op in effect.
+// extends the TTL so the result stays readable for
+// [Activities.ResultRetention] after the end. The store releases the task's
+// dedup slot. Writing the same terminal state again is a no-op in effect.
 func (a *Activities) Complete(ctx context.Context, in CompleteInput) error {
 	if err := checkVersion(in.Version); err != nil {
 		return err
@@ -360,6 +372,7 @@ func (a *Activities) Complete(ctx context.Context, in CompleteInput) error {
 		}
 		result = b
 	}
+	retention := a.resultRetention()
 	_, err = a.Tasks.Update(ctx, in.TaskID, func(r *tasks.Record) error {
 		r.Status = in.Status
 		if in.Seq > r.Seq {
@@ -375,7 +388,7 @@ func (a *Activities) Complete(ctx context.Context, in CompleteInput) error {
 		r.ApprovalState = in.ApprovalState
 		r.Approvals = in.Approvals
 		appendEvent(r, in.Event)
-		if keep := in.Event.At.Sub(r.CreatedAt) + ResultRetention; keep > r.TTL {
+		if keep := in.Event.At.Sub(r.CreatedAt) + retention; keep > r.TTL {
 			r.TTL = keep
 		}
 		return nil

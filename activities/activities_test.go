@@ -540,10 +540,10 @@ func TestRecordStateAndCompleteAreIdempotent(t *testing.T) {
 	if len(got.Timeline) != 2 {
 		t.Errorf("timeline has %d events, want 2: %+v", len(got.Timeline), got.Timeline)
 	}
-	if wantTTL := end.Sub(rec.CreatedAt) + activities.ResultRetention; got.TTL != wantTTL {
+	if wantTTL := end.Sub(rec.CreatedAt) + tasks.DefaultResultRetention; got.TTL != wantTTL {
 		t.Errorf("TTL = %s, want %s", got.TTL, wantTTL)
 	}
-	if got.Expired(end.Add(activities.ResultRetention - time.Second)) {
+	if got.Expired(end.Add(tasks.DefaultResultRetention - time.Second)) {
 		t.Error("the result must stay readable for the retention period")
 	}
 	// The store released the dedup slot: an identical call may start anew.
@@ -571,6 +571,32 @@ func TestRecordStateAndCompleteAreIdempotent(t *testing.T) {
 	err = w.run(t, w.acts.Complete, other)
 	if typ, nonRetryable := appErrType(err); typ != activities.ErrTypeTaskTerminal || !nonRetryable {
 		t.Errorf("second end: err = %v, want non-retryable %s", err, activities.ErrTypeTaskTerminal)
+	}
+}
+
+// TestCompleteHonoursResultRetention: a configured retention, not the
+// default, is what Complete extends the TTL by.
+func TestCompleteHonoursResultRetention(t *testing.T) {
+	w := newWorld(t)
+	w.acts.ResultRetention = 36 * time.Hour
+	env := envelope(t, "agent-1", `{"amount":5000,"to":"acme"}`)
+	rec := w.createTask(t, env)
+	end := env.CreatedAt.Add(2 * time.Hour)
+	done := activities.CompleteInput{Version: activities.Version, TaskID: env.TaskID, Tool: env.Tool,
+		Status: tasks.StatusCompleted, Disposition: tasks.ApprovedExecuted,
+		ToolResult:    &tasks.CallToolResult{Content: []json.RawMessage{tasks.TextContent("transferred")}},
+		StatusMessage: "Approved; transfer_funds ran once", ApprovalState: tasks.ApprovalExecuted,
+		Event: tasks.Event{At: end, Kind: "executed", Detail: "Approved; transfer_funds ran once"}}
+	if err := w.run(t, w.acts.Complete, done); err != nil {
+		t.Fatal(err)
+	}
+	got, err := w.store.Get(context.Background(), env.TaskID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The approval window (24h) is shorter than the end plus retention.
+	if want := end.Sub(rec.CreatedAt) + w.acts.ResultRetention; got.TTL != want {
+		t.Errorf("TTL = %s, want %s (the end plus the configured retention)", got.TTL, want)
 	}
 }
 

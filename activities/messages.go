@@ -39,11 +39,6 @@ const (
 	ErrTypeTaskTerminal = "task_terminal"
 )
 
-// ResultRetention is how long a terminal task's record (and its result)
-// stays readable after the task ends: [Activities.Complete] extends the TTL
-// to cover it.
-const ResultRetention = 7 * 24 * time.Hour
-
 // RecordStateInput writes one non-terminal transition to the read model.
 // Approvals replaces the record's list; Event is appended to the timeline
 // unless an identical event is already there.

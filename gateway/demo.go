@@ -45,13 +45,20 @@ type Ledger struct {
 	now func() time.Time
 }
 
+// LedgerOptions configures [NewLedger].
+type LedgerOptions struct {
+	// Replicas of the bucket in a clustered NATS; 0 means 1.
+	Replicas int
+}
+
 // NewLedger opens (creating if needed) the ledger bucket.
-func NewLedger(ctx context.Context, js jetstream.JetStream) (*Ledger, error) {
+func NewLedger(ctx context.Context, js jetstream.JetStream, opts LedgerOptions) (*Ledger, error) {
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      LedgerBucket,
 		Description: "Countersign demo tools ledger",
 		History:     1,
 		Storage:     jetstream.FileStorage,
+		Replicas:    max(opts.Replicas, 1),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: open ledger: %w", err)

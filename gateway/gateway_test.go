@@ -14,7 +14,7 @@ import (
 func demoRegistry(t *testing.T) (*Registry, *Ledger) {
 	t.Helper()
 	js, _ := testnats.Start(t)
-	l, err := NewLedger(context.Background(), js)
+	l, err := NewLedger(context.Background(), js, LedgerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -103,7 +103,7 @@ func startEnv(conformance bool) (e *testEnv, err error) {
 	if e.store, err = tasks.NewStore(ctx, js, tasks.StoreOptions{}); err != nil {
 		return nil, err
 	}
-	if e.ledger, err = gateway.NewLedger(ctx, js); err != nil {
+	if e.ledger, err = gateway.NewLedger(ctx, js, gateway.LedgerOptions{}); err != nil {
 		return nil, err
 	}
 	tools := gateway.DemoTools(e.ledger)

@@ -211,6 +211,21 @@ func TestDeniedCallIsErrorResult(t *testing.T) {
 	}
 }
 
+// TestResultRetentionSetsTTL: a configured retention, not the default, is
+// added to a new task's approval window.
+func TestResultRetentionSetsTTL(t *testing.T) {
+	const retention = 36 * time.Hour
+	h := newHarness(t, func(o *Options) { o.ResultRetention = retention })
+	p, to := principal(t, "a"), acct(t, "kept")
+	r := h.do(t, call{token: tok(p), era: tasks.Era2026, tasks: true, method: "tools/call",
+		params: map[string]any{"name": "transfer_funds", "arguments": map[string]any{"currency": "EUR", "to": to, "amount": 5000}}})
+	var res taskResult2026
+	r.ok(t, &res)
+	if want := (24*time.Hour + retention).Milliseconds(); res.TTLMs == nil || *res.TTLMs != want {
+		t.Errorf("ttlMs %v, want %d", res.TTLMs, want)
+	}
+}
+
 func TestRequestableBecomesTask2026(t *testing.T) {
 	h := newHarness(t, nil)
 	p, to := principal(t, "a"), acct(t, "held")

@@ -25,7 +25,7 @@ const (
 	DefaultBurst                  = 10
 	DefaultMaxPendingPerPrincipal = 100
 	DefaultPollInterval           = 2 * time.Second
-	DefaultResultRetention        = 7 * 24 * time.Hour
+	DefaultResultRetention        = tasks.DefaultResultRetention
 	// The per-principal request budget: far above what an agent polling a
 	// few tasks needs (one tasks/get every PollInterval each), far below
 	// what it takes to slow the endpoint for everyone else.

@@ -40,7 +40,7 @@ func newDecisionEnv(t *testing.T) *decisionEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tokens, err := authn.Open(ctx, js)
+	tokens, err := authn.Open(ctx, js, authn.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

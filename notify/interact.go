@@ -46,6 +46,8 @@ type InteractionsOptions struct {
 	Store    *tasks.Store
 	Passkeys *passkey.Service
 	Denier   Denier
+	// Replicas of the replay bucket in a clustered NATS; 0 means 1.
+	Replicas int
 	Logger   *slog.Logger
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
@@ -91,6 +93,7 @@ func NewInteractions(ctx context.Context, js jetstream.JetStream, opts Interacti
 		Description: "Countersign: digests of Slack interactions seen (replay guard)",
 		TTL:         replayWindow,
 		Storage:     jetstream.FileStorage,
+		Replicas:    max(opts.Replicas, 1),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("notify: slack replay bucket: %w", err)

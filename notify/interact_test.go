@@ -77,7 +77,7 @@ func newInteractEnv(t *testing.T) *interactEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	users, err := notify.NewSlackUsers(ctx, js, pk)
+	users, err := notify.NewSlackUsers(ctx, js, notify.SlackUsersOptions{Passkeys: pk})
 	if err != nil {
 		t.Fatal(err)
 	}

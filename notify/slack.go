@@ -47,6 +47,8 @@ type SlackOptions struct {
 	APIURL string
 	// HTTPClient for Slack calls; nil means a client with a 10 s timeout.
 	HTTPClient *http.Client
+	// Replicas of the message bucket in a clustered NATS; 0 means 1.
+	Replicas int
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -92,6 +94,7 @@ func NewSlack(ctx context.Context, js jetstream.JetStream, opts SlackOptions) (*
 		Description: "Countersign: the Slack message (channel, ts) of each task",
 		TTL:         slackMessageTTL,
 		Storage:     jetstream.FileStorage,
+		Replicas:    max(opts.Replicas, 1),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("notify: slack message bucket: %w", err)

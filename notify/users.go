@@ -33,20 +33,29 @@ type slackUserRecord struct {
 	ApproverID string `json:"approverId"`
 }
 
+// SlackUsersOptions configures [NewSlackUsers].
+type SlackUsersOptions struct {
+	// Passkeys resolves the approvers linked to. Required.
+	Passkeys *passkey.Service
+	// Replicas of the mapping bucket in a clustered NATS; 0 means 1.
+	Replicas int
+}
+
 // NewSlackUsers opens (or creates) the mapping bucket.
-func NewSlackUsers(ctx context.Context, js jetstream.JetStream, passkeys *passkey.Service) (*SlackUsers, error) {
-	if js == nil || passkeys == nil {
+func NewSlackUsers(ctx context.Context, js jetstream.JetStream, opts SlackUsersOptions) (*SlackUsers, error) {
+	if js == nil || opts.Passkeys == nil {
 		return nil, errors.New("notify: SlackUsers needs JetStream and the passkey service")
 	}
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      SlackUsersBucket,
 		Description: "Countersign: Slack user ID → approver ID",
 		Storage:     jetstream.FileStorage,
+		Replicas:    max(opts.Replicas, 1),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("notify: slack users bucket: %w", err)
 	}
-	return &SlackUsers{kv: kv, passkeys: passkeys}, nil
+	return &SlackUsers{kv: kv, passkeys: opts.Passkeys}, nil
 }
 
 // ValidSlackUserID reports whether s looks like a Slack user ID (U… or W…,

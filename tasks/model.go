@@ -141,7 +141,8 @@ type Record struct {
 	// retry or a late duplicate and changes nothing.
 	Seq int64 `json:"seq,omitempty"`
 	// TTL is the task's lifetime from creation; it covers the approval
-	// window plus result retention and is extended when the task ends.
+	// window plus result retention (DefaultResultRetention unless
+	// configured) and is extended when the task ends.
 	TTL          time.Duration `json:"ttl"`
 	PollInterval time.Duration `json:"pollInterval"`
 

@@ -56,6 +56,12 @@ const (
 // which every reservation and release of that owner contends for.
 const counterRetries = 256
 
+// DefaultResultRetention is how long a finished task (and its result) stays
+// readable after it ends, unless configured otherwise: the MCP endpoint adds
+// it to a new task's TTL, and the Complete activity extends the TTL to cover
+// it.
+const DefaultResultRetention = 7 * 24 * time.Hour
+
 // StoreOptions configures a [Store].
 type StoreOptions struct {
 	// Replicas of the bucket in a clustered NATS; 0 means 1.

@@ -67,7 +67,7 @@ func newEnv(t *testing.T, options ...envOption) *env {
 	if e.passkeys, err = passkey.New(ctx, js, passkey.Options{RPID: "localhost", RPOrigins: []string{testPublicURL}}); err != nil {
 		t.Fatal(err)
 	}
-	if e.tokens, err = authn.Open(ctx, js); err != nil {
+	if e.tokens, err = authn.Open(ctx, js, authn.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	if e.admin, err = e.tokens.Issue(ctx, "root", authn.KindAdmin); err != nil {

@@ -41,7 +41,7 @@ func newFlowEnv(t *testing.T) *flowEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.ledger, err = gateway.NewLedger(ctx, e.js); err != nil {
+	if e.ledger, err = gateway.NewLedger(ctx, e.js, gateway.LedgerOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	gate := make(chan struct{})

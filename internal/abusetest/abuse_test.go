@@ -58,10 +58,10 @@ func startStack(t *testing.T, l limits) *stack {
 	if st.store, err = tasks.NewStore(ctx, js, tasks.StoreOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if st.tokens, err = authn.Open(ctx, js); err != nil {
+	if st.tokens, err = authn.Open(ctx, js, authn.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	ledger, err := gateway.NewLedger(ctx, js)
+	ledger, err := gateway.NewLedger(ctx, js, gateway.LedgerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

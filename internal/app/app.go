@@ -100,6 +100,9 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("configuration: %w", err)
 	}
+	if mode == ModeDev && cfg.NATSURL == "" && cfg.NATSReplicas > 1 {
+		return nil, fmt.Errorf("configuration: --nats-replicas %d needs a NATS cluster (--nats-url); the embedded NATS of dev mode is a single node and keeps 1 replica", cfg.NATSReplicas)
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -127,14 +130,15 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	if a.Store, err = tasks.NewStore(ctx, js, tasks.StoreOptions{Logger: log}); err != nil {
+	if a.Store, err = tasks.NewStore(ctx, js, tasks.StoreOptions{Replicas: cfg.NATSReplicas, Logger: log}); err != nil {
 		return nil, err
 	}
-	if a.Tokens, err = authn.Open(ctx, js); err != nil {
+	if a.Tokens, err = authn.Open(ctx, js, authn.Options{Replicas: cfg.NATSReplicas}); err != nil {
 		return nil, err
 	}
 	if a.Passkeys, err = passkey.New(ctx, js, passkey.Options{
-		RPID: cfg.RPID(), RPOrigins: []string{cfg.Origin()}, RPDisplayName: "Countersign", Logger: log,
+		RPID: cfg.RPID(), RPOrigins: []string{cfg.Origin()}, RPDisplayName: "Countersign",
+		Replicas: cfg.NATSReplicas, Logger: log,
 	}); err != nil {
 		return nil, fmt.Errorf("passkeys: %w", err)
 	}
@@ -154,7 +158,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	if err := a.startAudit(ctx, js); err != nil {
 		return nil, err
 	}
-	if a.Ledger, err = gateway.NewLedger(ctx, js); err != nil {
+	if a.Ledger, err = gateway.NewLedger(ctx, js, gateway.LedgerOptions{Replicas: cfg.NATSReplicas}); err != nil {
 		return nil, err
 	}
 	tools := gateway.DemoTools(a.Ledger)
@@ -226,8 +230,9 @@ const devNATSClientUser = "countersign-client"
 // embedded NATS: read the approval events (a copy of the events stream in an
 // account of their own) and use the decision service. Countersign itself
 // connects in process; its account (tasks, tokens, passkeys, ledger, audit)
-// is out of their reach.
-func devNATSClients() *natsrv.Clients {
+// is out of their reach. replicas is the configured replica count (always 1:
+// the embedded NATS is a single node).
+func devNATSClients(replicas int) *natsrv.Clients {
 	return &natsrv.Clients{
 		User:     devNATSClientUser,
 		Services: []string{"countersign.approver.v1.>"},
@@ -236,6 +241,7 @@ func devNATSClients() *natsrv.Clients {
 			Description: "Countersign approval events (JSON, v1), copied for NATS clients of countersign dev",
 			Subjects:    []string{notify.SubjectRequested + ".>", notify.SubjectResolved + ".>"},
 			Storage:     jetstream.FileStorage,
+			Replicas:    replicas,
 			MaxAge:      30 * 24 * time.Hour,
 			Duplicates:  time.Hour,
 		}},
@@ -249,7 +255,7 @@ func (a *App) startNATS(ctx context.Context) error {
 		if a.mode != ModeDev {
 			return errors.New("--nats-url is required outside dev mode")
 		}
-		srv, err := natsrv.Start(natsrv.Options{StoreDir: filepath.Join(a.cfg.DataDir, "nats"), Clients: devNATSClients()})
+		srv, err := natsrv.Start(natsrv.Options{StoreDir: filepath.Join(a.cfg.DataDir, "nats"), Clients: devNATSClients(a.cfg.NATSReplicas)})
 		if err != nil {
 			return err
 		}
@@ -335,6 +341,8 @@ func (a *App) startWorker() error {
 		Audit:     a.Audit,
 		PublicURL: a.cfg.PublicURL,
 		Logger:    a.log,
+
+		ResultRetention: a.cfg.ResultRetention,
 	})
 	if err := w.Start(); err != nil {
 		return fmt.Errorf("start worker: %w", err)
@@ -366,7 +374,6 @@ func (a *App) startHTTP(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	rps, burst, inFlight := a.requestBudget()
 	mcp, err := mcpserver.New(mcpserver.Options{
 		ServerID:               serverID,
 		PublicURL:              a.cfg.PublicURL,
@@ -376,15 +383,16 @@ func (a *App) startHTTP(ctx context.Context) error {
 		Tools:                  a.Tools,
 		Authenticate:           a.Tokens.Agent,
 		NoAuth:                 a.cfg.Conformance,
-		RatePerMinute:          a.ratePerMinute(),
+		RatePerMinute:          a.cfg.RatePerMinute,
 		Burst:                  a.cfg.RateBurst,
 		MaxPendingPerPrincipal: a.cfg.MaxPendingPerPrincipal,
 		PollInterval:           a.cfg.PollInterval,
+		ResultRetention:        a.cfg.ResultRetention,
 		Logger:                 a.log,
 
-		RequestsPerSecond:       rps,
-		RequestBurst:            burst,
-		MaxInFlightPerPrincipal: inFlight,
+		RequestsPerSecond:       a.cfg.RequestsPerSecond,
+		RequestBurst:            a.cfg.RequestBurst,
+		MaxInFlightPerPrincipal: a.cfg.MaxInFlightPerPrincipal,
 	})
 	if err != nil {
 		return fmt.Errorf("mcp endpoint: %w", err)
@@ -426,15 +434,8 @@ func (a *App) startHTTP(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", a.cfg.Addr, err)
 	}
-	maxConns := a.cfg.MaxConnections
-	if maxConns == 0 {
-		maxConns = httplimit.DefaultMaxConns
-	}
-	a.listener = httplimit.LimitListener(ln, maxConns)
+	a.listener = httplimit.LimitListener(ln, a.cfg.MaxConnections)
 	bodyTimeout := a.cfg.BodyReadTimeout
-	if bodyTimeout == 0 {
-		bodyTimeout = httplimit.DefaultBodyTimeout
-	}
 	a.httpSrv = &http.Server{
 		Handler:           bodies.Handler(mux),
 		ReadHeaderTimeout: readHeaderTimeout,
@@ -597,7 +598,7 @@ func (a *App) Config() *Config { return &a.cfg }
 func (a *App) startNotify(ctx context.Context, js jetstream.JetStream) error {
 	a.js = js
 	var err error
-	if a.events, err = notify.NewEvents(ctx, js, notify.EventsOptions{}); err != nil {
+	if a.events, err = notify.NewEvents(ctx, js, notify.EventsOptions{Replicas: a.cfg.NATSReplicas}); err != nil {
 		return err
 	}
 	if a.cfg.SlackToken == "" {
@@ -608,6 +609,7 @@ func (a *App) startNotify(ctx context.Context, js jetstream.JetStream) error {
 		DefaultChannel: a.cfg.SlackChannel,
 		DenyButton:     a.cfg.SlackSigningSecret != "",
 		APIURL:         a.cfg.SlackAPIURL,
+		Replicas:       a.cfg.NATSReplicas,
 		Logger:         a.log,
 	})
 	if err != nil {
@@ -643,7 +645,7 @@ func (a *App) mountNotify(ctx context.Context, mux *http.ServeMux, site http.Han
 	if a.slack == nil {
 		return nil
 	}
-	users, err := notify.NewSlackUsers(ctx, a.js, a.Passkeys)
+	users, err := notify.NewSlackUsers(ctx, a.js, notify.SlackUsersOptions{Passkeys: a.Passkeys, Replicas: a.cfg.NATSReplicas})
 	if err != nil {
 		return err
 	}
@@ -658,6 +660,7 @@ func (a *App) mountNotify(ctx context.Context, mux *http.ServeMux, site http.Han
 		Store:         a.Store,
 		Passkeys:      a.Passkeys,
 		Denier:        tasks.NewOrchestrator(a.tc),
+		Replicas:      a.cfg.NATSReplicas,
 		Logger:        a.log,
 	})
 	if err != nil {
@@ -713,37 +716,4 @@ func writeSecretFile(path, content string) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
-}
-
-// conformanceRatePerMinute is the task creation rate of --conformance, where
-// every caller is one anonymous principal and the suites create tasks in
-// bursts; an explicit --rate-per-minute still wins.
-const conformanceRatePerMinute = 100000
-
-// conformanceRequestBudget is the per-principal request budget of
-// --conformance (requests a second, burst, in flight), for the same reason;
-// explicit settings still win.
-const conformanceRequestBudget = 100000
-
-func (a *App) requestBudget() (perSecond float64, burst, inFlight int) {
-	perSecond, burst, inFlight = a.cfg.RequestsPerSecond, a.cfg.RequestBurst, a.cfg.MaxInFlightPerPrincipal
-	if a.cfg.Conformance {
-		if perSecond == 0 {
-			perSecond = conformanceRequestBudget
-		}
-		if burst == 0 {
-			burst = conformanceRequestBudget
-		}
-		if inFlight == 0 {
-			inFlight = conformanceRequestBudget
-		}
-	}
-	return perSecond, burst, inFlight
-}
-
-func (a *App) ratePerMinute() int {
-	if a.cfg.Conformance && a.cfg.RatePerMinute == 0 {
-		return conformanceRatePerMinute
-	}
-	return a.cfg.RatePerMinute
 }

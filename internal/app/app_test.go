@@ -126,6 +126,9 @@ func TestConfigValidation(t *testing.T) {
 		{"bad sqlite mode", Config{SQLiteSync: "OFF"}, "FULL or NORMAL"},
 		{"conformance off loopback", Config{Conformance: true, Addr: "0.0.0.0:8080"}, "loopback"},
 		{"bad addr", Config{Addr: "nope"}, "--addr"},
+		{"too many replicas", Config{NATSReplicas: 6}, "--nats-replicas 6 must be between 1 and 5"},
+		{"negative replicas", Config{NATSReplicas: -1}, "--nats-replicas"},
+		{"negative retention", Config{ResultRetention: -time.Hour}, "--result-retention"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Defaults()

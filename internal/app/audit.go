@@ -24,7 +24,7 @@ const (
 // startAudit opens the audit log. Processes that run the worker hold the
 // signing keys; an HTTP-only server reads the log without them.
 func (a *App) startAudit(ctx context.Context, js jetstream.JetStream) error {
-	opts := audit.Options{Redact: a.cfg.AuditRedact, Logger: a.log}
+	opts := audit.Options{Redact: a.cfg.AuditRedact, Replicas: a.cfg.NATSReplicas, Logger: a.log}
 	if a.mode != ModeServer {
 		dir := a.cfg.AuditKeyDir
 		if dir == "" {

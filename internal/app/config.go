@@ -12,6 +12,10 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/countersign/countersign/internal/httplimit"
+	"github.com/countersign/countersign/mcpserver"
+	"github.com/countersign/countersign/tasks"
 )
 
 // Config is every setting of a Countersign process, from flags and env.
@@ -37,6 +41,10 @@ type Config struct {
 	NATSTLSCA   string
 	NATSTLSCert string
 	NATSTLSKey  string
+	// NATSReplicas is the replica count of every JetStream bucket and
+	// stream Countersign creates: 1 to 5 (3 on a production cluster). The
+	// embedded NATS of dev mode is a single node and takes only 1.
+	NATSReplicas int
 
 	// Slack notifications: off when SlackToken is empty. SlackChannel is
 	// the default channel (a policy may name another); SlackSigningSecret
@@ -55,14 +63,19 @@ type Config struct {
 	// process crash only; faster).
 	SQLiteSync string
 
-	// Limits.
+	// Limits. Defaults fills zero values with the MCP endpoint's defaults
+	// (mcpserver.Default*); with Conformance, RatePerMinute and the
+	// request budget are lifted instead.
 	RatePerMinute          int
 	RateBurst              int
 	MaxPendingPerPrincipal int
 	PollInterval           time.Duration
+	// ResultRetention is how long a finished task and its result stay
+	// readable after the task ends (tasks.DefaultResultRetention).
+	ResultRetention time.Duration
 
-	// HTTP request limits (README "Request limits"); zero takes the default
-	// in brackets. BodyReadTimeout bounds how long a request body may take
+	// HTTP request limits (README "Request limits"); Defaults fills zero
+	// values with the default in brackets. BodyReadTimeout bounds how long a request body may take
 	// to arrive (10s); MaxSlowBodies how many bodies still arriving after a
 	// second are read at once, server-wide, before the next is cut with 503
 	// (128); MaxConnections the open HTTP connections (4096).
@@ -84,26 +97,65 @@ type Config struct {
 	Conformance bool
 }
 
-// Defaults fills unset fields.
+// Defaults of the settings whose default no constructor owns.
+const (
+	DefaultDataDir           = "./countersign-data"
+	DefaultAddr              = "127.0.0.1:8080"
+	DefaultTemporalNamespace = "default"
+	DefaultSQLiteSync        = "FULL"
+	DefaultNATSReplicas      = 1
+)
+
+// Defaults fills unset (zero) fields. It is the one place a setting gets its
+// default: the command line's flag defaults are a zero Config's Defaults,
+// and the values come from the constructors' exported Default* constants.
 func (c *Config) Defaults() {
-	if c.DataDir == "" {
-		c.DataDir = "./countersign-data"
+	setDefault(&c.DataDir, DefaultDataDir)
+	setDefault(&c.Addr, DefaultAddr)
+	setDefault(&c.TemporalNamespace, DefaultTemporalNamespace)
+	setDefault(&c.SQLiteSync, DefaultSQLiteSync)
+	setDefault(&c.NATSReplicas, DefaultNATSReplicas)
+	if c.Conformance {
+		// Every caller is one anonymous principal and the suites create
+		// tasks in bursts; explicit settings still win.
+		setDefault(&c.RatePerMinute, conformanceRatePerMinute)
+		setDefault(&c.RequestsPerSecond, conformanceRequestBudget)
+		setDefault(&c.RequestBurst, conformanceRequestBudget)
+		setDefault(&c.MaxInFlightPerPrincipal, conformanceRequestBudget)
 	}
-	if c.Addr == "" {
-		c.Addr = "127.0.0.1:8080"
-	}
-	if c.TemporalNamespace == "" {
-		c.TemporalNamespace = "default"
-	}
-	if c.SQLiteSync == "" {
-		c.SQLiteSync = "FULL"
-	}
+	setDefault(&c.RatePerMinute, mcpserver.DefaultRatePerMinute)
+	setDefault(&c.RateBurst, mcpserver.DefaultBurst)
+	setDefault(&c.MaxPendingPerPrincipal, mcpserver.DefaultMaxPendingPerPrincipal)
+	setDefault(&c.PollInterval, mcpserver.DefaultPollInterval)
+	setDefault(&c.ResultRetention, tasks.DefaultResultRetention)
+	setDefault(&c.RequestsPerSecond, mcpserver.DefaultRequestsPerSecond)
+	setDefault(&c.RequestBurst, mcpserver.DefaultRequestBurst)
+	setDefault(&c.MaxInFlightPerPrincipal, mcpserver.DefaultMaxInFlightPerPrincipal)
+	setDefault(&c.BodyReadTimeout, httplimit.DefaultBodyTimeout)
+	setDefault(&c.MaxSlowBodies, httplimit.DefaultMaxSlowBodies)
+	setDefault(&c.MaxConnections, httplimit.DefaultMaxConns)
 	if c.PublicURL == "" {
 		_, port, err := net.SplitHostPort(c.Addr)
 		if err != nil || port == "" || port == "0" {
 			port = "8080"
 		}
 		c.PublicURL = "http://localhost:" + port
+	}
+}
+
+// The limits of --conformance (task creation rate per minute, and the
+// request budget: requests a second, burst, in flight), where every caller
+// is one anonymous principal and the suites create tasks in bursts.
+const (
+	conformanceRatePerMinute = 100000
+	conformanceRequestBudget = 100000
+)
+
+// setDefault sets *v to def if it is the zero value.
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
 	}
 }
 
@@ -133,6 +185,12 @@ func (c *Config) Validate() error {
 	}
 	if c.SQLiteSync != "FULL" && c.SQLiteSync != "NORMAL" {
 		errs = append(errs, fmt.Errorf("--sqlite-sync %q must be FULL or NORMAL", c.SQLiteSync))
+	}
+	if c.NATSReplicas < 1 || c.NATSReplicas > 5 {
+		errs = append(errs, fmt.Errorf("--nats-replicas %d must be between 1 and 5", c.NATSReplicas))
+	}
+	if c.ResultRetention < 0 {
+		errs = append(errs, fmt.Errorf("--result-retention %s must not be negative", c.ResultRetention))
 	}
 	if c.BodyReadTimeout < 0 || c.MaxSlowBodies < 0 || c.MaxConnections < 0 ||
 		c.RequestsPerSecond < 0 || c.RequestBurst < 0 || c.MaxInFlightPerPrincipal < 0 {
@@ -189,5 +247,6 @@ func (c *Config) Redacted() []any {
 		}
 	}
 	return []any{"addr", c.Addr, "public_url", c.PublicURL, "data_dir", c.DataDir,
-		"temporal", temporal, "namespace", c.TemporalNamespace, "nats", nats, "policy", policy, "slack", slackState}
+		"temporal", temporal, "namespace", c.TemporalNamespace, "nats", nats, "nats_replicas", c.NATSReplicas,
+		"policy", policy, "slack", slackState}
 }

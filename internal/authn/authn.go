@@ -52,13 +52,20 @@ type Tokens struct {
 	kv jetstream.KeyValue
 }
 
+// Options configures [Open].
+type Options struct {
+	// Replicas of the bucket in a clustered NATS; 0 means 1.
+	Replicas int
+}
+
 // Open opens (creating if needed) the token bucket.
-func Open(ctx context.Context, js jetstream.JetStream) (*Tokens, error) {
+func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Tokens, error) {
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      Bucket,
 		Description: "Countersign bearer token digests",
 		History:     1,
 		Storage:     jetstream.FileStorage,
+		Replicas:    max(opts.Replicas, 1),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("authn: open bucket: %w", err)

@@ -11,7 +11,7 @@ import (
 func TestIssueLookup(t *testing.T) {
 	js, _ := testnats.Start(t)
 	ctx := context.Background()
-	tok, err := Open(ctx, js)
+	tok, err := Open(ctx, js, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

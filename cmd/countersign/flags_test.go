@@ -1,0 +1,144 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/countersign/countersign/internal/app"
+)
+
+// unsetEnv unsets the environment variables for the rest of the test.
+func unsetEnv(t *testing.T, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		if v, ok := os.LookupEnv(name); ok {
+			t.Cleanup(func() { os.Setenv(name, v) })
+			os.Unsetenv(name)
+		}
+	}
+}
+
+// TestFlagDefaultsAreConfigDefaults: every flag of a setting defaults to
+// what app.Config.Defaults gives that setting, so the two cannot disagree.
+func TestFlagDefaultsAreConfigDefaults(t *testing.T) {
+	def := app.Config{}
+	def.Defaults()
+	table := []struct {
+		flag, env string
+		want      any // the default; "" for a setting derived from others
+	}{
+		{"data-dir", "COUNTERSIGN_DATA_DIR", def.DataDir},
+		{"addr", "COUNTERSIGN_ADDR", def.Addr},
+		{"public-url", "COUNTERSIGN_PUBLIC_URL", ""},
+		{"server-id", "COUNTERSIGN_SERVER_ID", def.ServerID},
+		{"temporal-address", "TEMPORAL_ADDRESS", def.TemporalAddress},
+		{"temporal-namespace", "TEMPORAL_NAMESPACE", def.TemporalNamespace},
+		{"nats-url", "NATS_URL", def.NATSURL},
+		{"nats-creds", "NATS_CREDS", def.NATSCreds},
+		{"nats-tls-ca", "NATS_TLS_CA", def.NATSTLSCA},
+		{"nats-tls-cert", "NATS_TLS_CERT", def.NATSTLSCert},
+		{"nats-tls-key", "NATS_TLS_KEY", def.NATSTLSKey},
+		{"nats-replicas", "COUNTERSIGN_NATS_REPLICAS", def.NATSReplicas},
+		{"slack-token", "SLACK_BOT_TOKEN", def.SlackToken},
+		{"slack-channel", "SLACK_CHANNEL", def.SlackChannel},
+		{"slack-signing-secret", "SLACK_SIGNING_SECRET", def.SlackSigningSecret},
+		{"policy", "COUNTERSIGN_POLICY", def.PolicyDir},
+		{"sqlite-sync", "COUNTERSIGN_SQLITE_SYNC", def.SQLiteSync},
+		{"rate-per-minute", "COUNTERSIGN_RATE_PER_MINUTE", def.RatePerMinute},
+		{"rate-burst", "COUNTERSIGN_RATE_BURST", def.RateBurst},
+		{"max-pending", "COUNTERSIGN_MAX_PENDING", def.MaxPendingPerPrincipal},
+		{"poll-interval", "", def.PollInterval},
+		{"result-retention", "COUNTERSIGN_RESULT_RETENTION", def.ResultRetention},
+		{"requests-per-second", "COUNTERSIGN_REQUESTS_PER_SECOND", def.RequestsPerSecond},
+		{"request-burst", "COUNTERSIGN_REQUEST_BURST", def.RequestBurst},
+		{"max-in-flight", "COUNTERSIGN_MAX_IN_FLIGHT", def.MaxInFlightPerPrincipal},
+		{"body-read-timeout", "COUNTERSIGN_BODY_READ_TIMEOUT", def.BodyReadTimeout},
+		{"max-slow-bodies", "COUNTERSIGN_MAX_SLOW_BODIES", def.MaxSlowBodies},
+		{"max-connections", "COUNTERSIGN_MAX_CONNECTIONS", def.MaxConnections},
+		{"audit-key-dir", "COUNTERSIGN_AUDIT_KEY_DIR", def.AuditKeyDir},
+		{"audit-redact", "COUNTERSIGN_AUDIT_REDACT", def.AuditRedact},
+		{"conformance", "", def.Conformance},
+		{"log-level", "COUNTERSIGN_LOG_LEVEL", "info"}, // not an app setting
+	}
+	inTable := map[string]bool{}
+	for _, tc := range table {
+		inTable[tc.flag] = true
+		if tc.env != "" {
+			unsetEnv(t, tc.env)
+		}
+	}
+	for _, tc := range table {
+		t.Run(tc.flag, func(t *testing.T) {
+			var cfg app.Config
+			fs, _ := serviceFlags("dev", &cfg, false)
+			f := fs.Lookup(tc.flag)
+			if f == nil {
+				t.Fatalf("no flag --%s", tc.flag)
+			}
+			if got, want := f.DefValue, fmt.Sprint(tc.want); got != want {
+				t.Errorf("--%s defaults to %q, app.Config.Defaults to %q", tc.flag, got, want)
+			}
+		})
+	}
+
+	// Every flag is in the table, and parsing no arguments yields exactly
+	// the defaults (the public URL stays empty: app derives it from --addr).
+	var cfg app.Config
+	fs, _ := serviceFlags("dev", &cfg, false)
+	fs.VisitAll(func(f *flag.Flag) {
+		if !inTable[f.Name] {
+			t.Errorf("--%s is not in the table", f.Name)
+		}
+	})
+	cfg, _, err := serviceConfig("dev", nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := def
+	want.PublicURL = ""
+	if diff := cmp.Diff(want, cfg); diff != "" {
+		t.Errorf("parsed defaults (-Config.Defaults +flags):\n%s", diff)
+	}
+}
+
+// TestConformanceLiftsLimitDefaults: --conformance lifts the limits' defaults
+// as app.Config.Defaults does, and an explicit setting still wins.
+func TestConformanceLiftsLimitDefaults(t *testing.T) {
+	unsetEnv(t, "COUNTERSIGN_RATE_PER_MINUTE", "COUNTERSIGN_REQUESTS_PER_SECOND", "COUNTERSIGN_REQUEST_BURST", "COUNTERSIGN_MAX_IN_FLIGHT")
+	lifted := app.Config{Conformance: true}
+	lifted.Defaults()
+	var plain app.Config
+	plain.Defaults()
+	if lifted.RatePerMinute <= plain.RatePerMinute || lifted.RequestsPerSecond <= plain.RequestsPerSecond {
+		t.Fatalf("conformance defaults %+v do not lift %+v", lifted, plain)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want app.Config // the limits only
+	}{
+		{"lifted", []string{"--conformance"}, app.Config{RatePerMinute: lifted.RatePerMinute, RequestsPerSecond: lifted.RequestsPerSecond,
+			RequestBurst: lifted.RequestBurst, MaxInFlightPerPrincipal: lifted.MaxInFlightPerPrincipal}},
+		{"explicit wins", []string{"--conformance", "--rate-per-minute", "7", "--max-in-flight", "3"}, app.Config{RatePerMinute: 7,
+			RequestsPerSecond: lifted.RequestsPerSecond, RequestBurst: lifted.RequestBurst, MaxInFlightPerPrincipal: 3}},
+		{"without conformance", nil, app.Config{RatePerMinute: plain.RatePerMinute, RequestsPerSecond: plain.RequestsPerSecond,
+			RequestBurst: plain.RequestBurst, MaxInFlightPerPrincipal: plain.MaxInFlightPerPrincipal}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, _, err := serviceConfig("dev", tc.args, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := app.Config{RatePerMinute: cfg.RatePerMinute, RequestsPerSecond: cfg.RequestsPerSecond,
+				RequestBurst: cfg.RequestBurst, MaxInFlightPerPrincipal: cfg.MaxInFlightPerPrincipal}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("limits (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
