@@ -21,6 +21,11 @@ go vet ./...
 echo "== staticcheck"
 go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
+# Workflow code must be deterministic; workflowcheck follows every call the
+# workflows make (an ignored line says why it is deterministic).
+echo "== workflowcheck"
+go run go.temporal.io/sdk/contrib/tools/workflowcheck@v0.6.0 ./workflows/...
+
 # Packages that link the Temporal server are slow and memory-hungry to build
 # with -race; they run without it. Everything else runs with -race.
 light=()

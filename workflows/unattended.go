@@ -46,7 +46,8 @@ func (w *approval) awaitStart(ctx workflow.Context) {
 				detail: "The client did not answer the task's input requests in time.", message: "Failed: input not provided in time"})
 			return
 		}
-		b, err := json.Marshal(w.input.answers) // keys sorted: deterministic
+		// encoding/json writes map keys sorted: deterministic.
+		b, err := json.Marshal(w.input.answers) //workflowcheck:ignore
 		if err != nil {
 			w.endAs(&ending{status: tasks.StatusFailed, approvalState: tasks.ApprovalFailed, event: "failed",
 				detail: "The answers could not be encoded.", message: "Failed: invalid input"})
@@ -137,7 +138,8 @@ func (w *approval) validateInputUpdate(_ workflow.Context, u tasks.InputUpdate) 
 // ignored) and answers once the read model shows what is still pending.
 func (w *approval) provideInput(ctx workflow.Context, u tasks.InputUpdate) (tasks.InputResult, error) {
 	n := 0
-	for id, answer := range u.Responses {
+	for _, id := range workflow.DeterministicKeys(u.Responses) {
+		answer := u.Responses[id]
 		if _, ok := w.input.pending[id]; ok && w.phase == phasePending {
 			w.input.answers[id] = answer
 			delete(w.input.pending, id)
