@@ -51,4 +51,10 @@
 // no end says the call was cancelled, expired, or not run while recording
 // its result ([RuleStoppedAfterClaim]); and the outcome lists exactly the
 // chain's accepted decisions ([RuleOutcomeApprovals]).
+//
+// [CheckChain] applies the same rules to one task's chain; it is the one
+// implementation of them, which [Verify] uses for every task of an export.
+// A holder of no public keys (the web server, showing a chain as a task's
+// timeline) asks for [CheckOptions.SkipSignatures] explicitly and gets
+// every check but the records' signatures.
 package audit

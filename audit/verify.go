@@ -26,7 +26,9 @@ import (
 // broke.
 const (
 	// RuleRecordIntegrity: each line is a canonical record with the known
-	// fields only, signed by one of the given keys.
+	// fields only, of the chain's task, signed by one of the given keys
+	// (without keys, [CheckOptions.SkipSignatures]: carrying a key ID and a
+	// signature).
 	RuleRecordIntegrity = "record-integrity"
 	// RuleChainLinks: seqs 0, 1, 2, …; prev is the hash of the previous
 	// record; no step is recorded twice.
@@ -179,12 +181,10 @@ func VerifyReader(r io.Reader, pubkeys []ed25519.PublicKey, opts VerifyOptions) 
 // key ID), chain links, the action hash recomputed from the recorded
 // arguments, every WebAuthn assertion against the recorded public key and
 // challenge, the outcome against the chain, and that the disposition is
-// consistent with the steps.
+// consistent with the steps. It groups the records by task and checks each
+// chain as [CheckChain] does.
 func Verify(lines [][]byte, pubkeys []ed25519.PublicKey, opts VerifyOptions) Report {
-	keys := make(map[string]ed25519.PublicKey, len(pubkeys))
-	for _, k := range pubkeys {
-		keys[KeyID(k)] = k
-	}
+	p := newRecordParser(pubkeys, false)
 	rep := Report{OK: true}
 	type chainAcc struct {
 		recs   []Record
@@ -194,7 +194,7 @@ func Verify(lines [][]byte, pubkeys []ed25519.PublicKey, opts VerifyOptions) Rep
 	chains := map[string]*chainAcc{}
 	var order []string
 	for i, line := range lines {
-		r, h, err := ParseRecord(line, keys)
+		r, h, err := p.parse(line)
 		if err != nil {
 			// Name the task if the line still says which.
 			var probe struct {
@@ -207,10 +207,10 @@ func Verify(lines [][]byte, pubkeys []ed25519.PublicKey, opts VerifyOptions) Rep
 					chains[probe.TaskID] = acc
 					order = append(order, probe.TaskID)
 				}
-				acc.bad = append(acc.bad, Failure{Rule: RuleRecordIntegrity, Record: -1, Message: fmt.Sprintf("line %d: %v", i+1, err)})
+				acc.bad = append(acc.bad, lineFailure(i, err))
 				continue
 			}
-			rep.Problems = append(rep.Problems, Failure{Rule: RuleRecordIntegrity, Record: -1, Message: fmt.Sprintf("line %d: %v", i+1, err)}.String())
+			rep.Problems = append(rep.Problems, lineFailure(i, err).String())
 			rep.OK = false
 			continue
 		}
@@ -225,15 +225,7 @@ func Verify(lines [][]byte, pubkeys []ed25519.PublicKey, opts VerifyOptions) Rep
 	}
 	for _, id := range order {
 		acc := chains[id]
-		v := verifyChain(id, acc.recs, acc.hashes, opts)
-		if len(acc.bad) > 0 {
-			v.Failures = append(acc.bad, v.Failures...)
-		}
-		v.Problems = nil
-		for _, f := range v.Failures {
-			v.Problems = append(v.Problems, f.String())
-		}
-		v.OK = len(v.Failures) == 0
+		v := checkTask(id, acc.recs, acc.hashes, acc.bad, opts)
 		if !v.OK {
 			rep.OK = false
 		}
@@ -244,6 +236,85 @@ func Verify(lines [][]byte, pubkeys []ed25519.PublicKey, opts VerifyOptions) Rep
 		rep.Problems = append(rep.Problems, Failure{Rule: RuleRecordIntegrity, Record: -1, Message: "the export holds no records"}.String())
 	}
 	return rep
+}
+
+// CheckOptions adjusts [CheckChain]. Set exactly one of Keys and
+// SkipSignatures: the zero value is refused, so no caller skips the
+// signatures by leaving the keys out.
+type CheckOptions struct {
+	// Keys are the audit public keys; every record must be signed by one.
+	Keys []ed25519.PublicKey
+	// SkipSignatures checks the chain without Keys, for a holder of none
+	// (the HTTP-only web server): each record must still carry a key ID
+	// and an Ed25519-sized signature, but the signature is not verified,
+	// so the verdict does not prove who wrote the records. Every other
+	// rule is checked, the WebAuthn assertions of accepted decisions
+	// included (their public keys are in the records).
+	SkipSignatures bool
+	// AllowIncomplete accepts a chain not sealed yet, as in
+	// [VerifyOptions].
+	AllowIncomplete bool
+}
+
+// ErrCheckOptions reports [CheckOptions] that set both or neither of Keys
+// and SkipSignatures.
+var ErrCheckOptions = errors.New("audit: check options need public keys, or SkipSignatures without keys")
+
+// CheckChain checks one task's chain, its lines in order, by every rule
+// [Verify] applies; with [CheckOptions.SkipSignatures], all but the
+// records' signatures. A line of another task breaks [RuleRecordIntegrity].
+// The verdict says whether the chain holds (OK) and which rules it breaks;
+// the records are those that parsed, in order, to be used only when the
+// verdict is OK. The error is [ErrInvalidTaskID] or [ErrCheckOptions]: the
+// chain was not checked.
+func CheckChain(taskID string, lines [][]byte, opts CheckOptions) (TaskVerdict, []Record, error) {
+	if (len(opts.Keys) == 0) != opts.SkipSignatures {
+		return TaskVerdict{}, nil, ErrCheckOptions
+	}
+	if !ValidTaskID(taskID) {
+		return TaskVerdict{}, nil, ErrInvalidTaskID
+	}
+	p := newRecordParser(opts.Keys, opts.SkipSignatures)
+	recs := make([]Record, 0, len(lines))
+	hashes := make([]string, 0, len(lines))
+	var bad []Failure
+	for i, line := range lines {
+		r, h, err := p.parse(line)
+		if err == nil && r.TaskID != taskID {
+			err = fmt.Errorf("audit: record of task %q, not %q", r.TaskID, taskID)
+		}
+		if err != nil {
+			bad = append(bad, lineFailure(i, err))
+			continue
+		}
+		recs = append(recs, r)
+		hashes = append(hashes, h)
+	}
+	v := checkTask(taskID, recs, hashes, bad, VerifyOptions{AllowIncomplete: opts.AllowIncomplete})
+	if opts.SkipSignatures {
+		v.Notes = append(v.Notes, "signatures not checked: no public keys")
+	}
+	return v, recs, nil
+}
+
+// lineFailure is the failure of the i-th line (0-based) to parse.
+func lineFailure(i int, err error) Failure {
+	return Failure{Rule: RuleRecordIntegrity, Record: -1, Message: fmt.Sprintf("line %d: %v", i+1, err)}
+}
+
+// checkTask checks one task's parsed records; bad are the failures of its
+// lines that did not parse, reported first.
+func checkTask(taskID string, recs []Record, hashes []string, bad []Failure, opts VerifyOptions) TaskVerdict {
+	v := verifyChain(taskID, recs, hashes, opts)
+	if len(bad) > 0 {
+		v.Failures = append(bad, v.Failures...)
+	}
+	v.Problems = nil
+	for _, f := range v.Failures {
+		v.Problems = append(v.Problems, f.String())
+	}
+	v.OK = len(v.Failures) == 0
+	return v
 }
 
 // verifyChain checks one task's records, given in file order.

@@ -1,14 +1,12 @@
 package web
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
-
-	"github.com/gowebpki/jcs"
 
 	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/tasks"
@@ -68,64 +66,26 @@ func (h *Handler) auditTimeline(ctx context.Context, rec tasks.Record) ([]tasks.
 	return chainEvents(recs, req)
 }
 
-// checkChain checks what the web server can check without the public keys
-// (an HTTP-only server holds none; `countersign audit verify` checks the
-// signatures): every record is canonical, signed, of this task, in sequence
-// and linked to the previous one by its hash; the chain starts with the
-// request of this very approval (reference, tool, action hash) and nothing
-// follows its outcome.
+// checkChain checks the chain by the audit verifier's rules, all but the
+// signatures (an HTTP-only server holds no public keys; `countersign audit
+// verify` checks them), accepting a chain not sealed yet; then that it
+// starts with the request of this very approval (reference, tool, action
+// hash).
 func checkChain(rec tasks.Record, lines [][]byte) ([]audit.Record, audit.Requested, error) {
 	var req audit.Requested
-	recs := make([]audit.Record, 0, len(lines))
-	ended := false
-	for i, line := range lines {
-		c, err := jcs.Transform(line)
-		if err != nil || !bytes.Equal(c, line) {
-			return nil, req, chainErr("record %d is not canonical JSON", i)
-		}
-		var r audit.Record
-		dec := json.NewDecoder(bytes.NewReader(line))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&r); err != nil {
-			return nil, req, chainErr("record %d: %v", i, err)
-		}
-		switch {
-		case r.Version != audit.RecordVersion:
-			return nil, req, chainErr("record %d has version %d", i, r.Version)
-		case r.TaskID != rec.TaskID:
-			return nil, req, chainErr("record %d belongs to another task", i)
-		case r.Seq != i:
-			return nil, req, chainErr("record %d has seq %d", i, r.Seq)
-		case r.Sig == "" || r.KeyID == "":
-			return nil, req, chainErr("record %d is not signed", i)
-		case i == 0 && r.Prev != "":
-			return nil, req, chainErr("record 0 links to a previous record")
-		case i > 0 && r.Prev != audit.Hash(lines[i-1]):
-			return nil, req, chainErr("record %d does not link to record %d", i, i-1)
-		case i == 0 && r.Kind != audit.KindRequested:
-			return nil, req, chainErr("the chain starts with %q", r.Kind)
-		case i > 0 && r.Kind == audit.KindRequested:
-			return nil, req, chainErr("record %d is a second request", i)
-		case ended && r.Kind != audit.KindOutcome:
-			return nil, req, chainErr("record %d follows the task's end", i)
-		case r.Kind == audit.KindOutcome && (!ended || i != len(lines)-1):
-			return nil, req, chainErr("misplaced outcome record %d", i)
-		}
-		if audit.IsTerminalKind(r.Kind) {
-			ended = true
-		}
-		if i == 0 {
-			if err := json.Unmarshal(r.Body, &req); err != nil {
-				return nil, req, chainErr("requested body: %v", err)
-			}
-			if req.ApprovalRef != rec.ApprovalRef || req.Envelope.Tool != rec.Tool || req.Envelope.ActionHash != rec.ActionHash {
-				return nil, req, chainErr("the chain records another call than this approval's")
-			}
-		}
-		recs = append(recs, r)
+	v, recs, err := audit.CheckChain(rec.TaskID, lines, audit.CheckOptions{SkipSignatures: true, AllowIncomplete: true})
+	if err != nil {
+		return nil, req, err
 	}
-	if len(recs) == 0 {
-		return nil, req, audit.ErrNotFound
+	if !v.OK {
+		return nil, req, chainErr("breaks %s: %s", strings.Join(v.Rules(), ", "), v.Failures[0])
+	}
+	// The check passed, so the chain starts with a well-formed request.
+	if err := json.Unmarshal(recs[0].Body, &req); err != nil {
+		return nil, req, chainErr("requested body: %v", err)
+	}
+	if req.ApprovalRef != rec.ApprovalRef || req.Envelope.Tool != rec.Tool || req.Envelope.ActionHash != rec.ActionHash {
+		return nil, req, chainErr("the chain records another call than this approval's")
 	}
 	return recs, req, nil
 }
@@ -182,7 +142,7 @@ func chainEvents(recs []audit.Record, req audit.Requested) ([]tasks.Event, error
 			// The summary of the steps above: nothing new to show.
 		default:
 			if !audit.IsTerminalKind(r.Kind) {
-				continue // a kind this server does not know: not shown
+				continue // unreachable: the audit check refuses unknown kinds
 			}
 			var e audit.Ended
 			if err := json.Unmarshal(r.Body, &e); err != nil {

@@ -3,6 +3,13 @@ package web
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -11,9 +18,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-webauthn/webauthn/protocol/webauthncbor"
+	"github.com/go-webauthn/webauthn/protocol/webauthncose"
 	"github.com/gowebpki/jcs"
 
 	"github.com/countersign/countersign/audit"
+	"github.com/countersign/countersign/internal/canon"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -88,14 +98,59 @@ const (
 	secretChallID = "challenge-id-never-shown"
 )
 
-func approvalStep(id, approverID, name string, at time.Time) audit.Step {
+// approvalStep is an accepted approval of rec by approverID with a real
+// WebAuthn assertion over rec's call, signed by a fresh passkey: the
+// timeline checks the assertions as the offline verifier does.
+func approvalStep(t *testing.T, rec tasks.Record, id, approverID, name string, at time.Time) audit.Step {
+	t.Helper()
+	a := signedApproval(t, rec, approverID, name, at)
 	return audit.Step{ID: id, Kind: audit.KindDecision, At: at, Body: audit.Decision{
-		Decision: tasks.DecisionApprove, Accepted: true, ChallengeID: secretChallID,
-		Approval: &audit.Approval{Decision: tasks.DecisionApprove, ApproverID: approverID, ApproverName: name,
-			CredentialID: secretCredID, PublicKey: []byte("cose-key"), ChallengeID: secretChallID, Challenge: "Y2hhbGxlbmdl",
-			AuthenticatorData: []byte("authdata"), ClientDataJSON: []byte(`{"challenge":"Y2hhbGxlbmdl"}`),
-			Signature: []byte("assertion-signature"), SignCount: 3, Comment: secretComment, At: at},
-	}}
+		Decision: tasks.DecisionApprove, Accepted: true, ChallengeID: secretChallID, Approval: &a}}
+}
+
+// signedApproval answers a fresh challenge bound to rec's action hash with
+// a new P-256 passkey for "localhost", as a browser would.
+func signedApproval(t *testing.T, rec tasks.Record, approverID, name string, at time.Time) audit.Approval {
+	t.Helper()
+	hash, err := canon.ParseActionHash(rec.ActionHash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k *ecdsa.PrivateKey
+	var pub []byte
+	for pub == nil || pub[1] == 0 || pub[33] == 0 { // COSE wants full 32-byte coordinates
+		if k, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
+			t.Fatal(err)
+		}
+		if pub, err = k.PublicKey.Bytes(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cose, err := webauthncbor.Marshal(webauthncose.EC2PublicKeyData{
+		PublicKeyData: webauthncose.PublicKeyData{KeyType: int64(webauthncose.EllipticKey), Algorithm: int64(webauthncose.AlgES256)},
+		Curve:         1, XCoord: pub[1:33], YCoord: pub[33:],
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nonce := make([]byte, 32)
+	rand.Read(nonce)
+	challenge := base64.RawURLEncoding.EncodeToString(append(nonce, hash[:]...))
+	cd, err := json.Marshal(map[string]any{"type": "webauthn.get", "challenge": challenge, "origin": testPublicURL, "crossOrigin": false})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := sha256.Sum256([]byte("localhost"))
+	ad := binary.BigEndian.AppendUint32(append(rp[:], 0x05), 3) // user present and verified, sign count 3
+	cdHash := sha256.Sum256(cd)
+	digest := sha256.Sum256(append(bytes.Clone(ad), cdHash[:]...))
+	sig, err := ecdsa.SignASN1(rand.Reader, k, digest[:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return audit.Approval{Decision: tasks.DecisionApprove, ApproverID: approverID, ApproverName: name,
+		CredentialID: secretCredID + "-" + approverID, PublicKey: cose, ChallengeID: secretChallID, Challenge: challenge,
+		AuthenticatorData: ad, ClientDataJSON: cd, Signature: sig, SignCount: 3, Comment: secretComment, At: at}
 }
 
 type viewTimeline struct {
@@ -141,13 +196,15 @@ func TestTimelineFromAuditChain(t *testing.T) {
 
 	t0 := time.Now().UTC().Truncate(time.Millisecond)
 	at := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Second) }
+	ann := approvalStep(t, rec, "decision/u2", "apv_ann", "Ann Lee", at(3))
+	bob := approvalStep(t, rec, "decision/u3", "apv_bob", "Bob Ortiz", at(4))
 	appendSteps(t, l, rec.TaskID,
 		requestedStep(t, rec, "", at(0)),
 		audit.Step{ID: "notify", Kind: audit.KindNotified, At: at(1), Body: struct{}{}},
 		audit.Step{ID: "decision/u1", Kind: audit.KindDecision, At: at(2), Body: audit.Decision{
 			Decision: tasks.DecisionApprove, Reason: "challenge_consumed", ChallengeID: secretChallID}},
-		approvalStep("decision/u2", "apv_ann", "Ann Lee", at(3)),
-		approvalStep("decision/u3", "apv_bob", "Bob Ortiz", at(4)),
+		ann,
+		bob,
 		audit.Step{ID: "reevaluated", Kind: audit.KindReevaluated, At: at(5), Body: audit.Policy{Allow: true, Effect: "allow", PolicyVersion: "pv-7"}},
 		audit.Step{ID: "claimed", Kind: audit.KindClaimed, At: at(6), Body: audit.Policy{Allow: true, Effect: "allow", PolicyVersion: "pv-7"}},
 	)
@@ -174,8 +231,12 @@ func TestTimelineFromAuditChain(t *testing.T) {
 			t.Errorf("event %d = %+v, want %+v", i, got[i], want[i])
 		}
 	}
-	for _, secret := range []string{rec.TaskID, secretComment, secretCredID, secretChallID, "held for approval",
-		"YXNzZXJ0aW9uLXNpZ25hdHVyZQ", "pv-1", strings.Repeat("ab", 32)} {
+	secrets := []string{rec.TaskID, secretComment, secretCredID, secretChallID, "held for approval", "pv-1", strings.Repeat("ab", 32)}
+	for _, s := range []audit.Step{ann, bob} {
+		a := s.Body.(audit.Decision).Approval
+		secrets = append(secrets, base64.StdEncoding.EncodeToString(a.Signature), base64.StdEncoding.EncodeToString(a.PublicKey), a.Challenge)
+	}
+	for _, secret := range secrets {
 		if strings.Contains(body, secret) {
 			t.Errorf("approval JSON shows %q:\n%s", secret, body)
 		}
@@ -226,12 +287,27 @@ func TestTimelineUnsignedDenyFromAuditChain(t *testing.T) {
 	wantInOrder(t, stepper, "Requested by "+testRequester, "Denied", "Denied by Ann Lee via slack (without a passkey): call me first")
 }
 
-// forgedLine is a well-formed record that links to nothing in the chain.
+// forgedLine is a well-formed record, signed by a key of the forger's, that
+// links to nothing in the chain. The web server holds no public keys, so
+// only the chain's links can give it away.
 func forgedLine(t *testing.T, taskID string, seq int) []byte {
 	t.Helper()
-	b, err := json.Marshal(audit.Record{Version: audit.RecordVersion, TaskID: taskID, Seq: seq, Kind: audit.KindClaimed,
-		StepID: "claimed", At: time.Now().UTC(), Prev: strings.Repeat("0", 64), KeyID: "ed25519-forged",
-		Body: json.RawMessage(`{"allow":true,"policyVersion":"forged"}`), Sig: "Zm9yZ2Vk"})
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := audit.Record{Version: audit.RecordVersion, TaskID: taskID, Seq: seq, Kind: audit.KindClaimed,
+		StepID: "claimed", At: time.Now().UTC(), Prev: strings.Repeat("0", 64), KeyID: audit.KeyID(pub),
+		Body: json.RawMessage(`{"allow":true,"policyVersion":"forged"}`)}
+	unsigned, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if unsigned, err = jcs.Transform(unsigned); err != nil {
+		t.Fatal(err)
+	}
+	r.Sig = base64.RawURLEncoding.EncodeToString(ed25519.Sign(priv, unsigned))
+	b, err := json.Marshal(r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,6 +318,22 @@ func forgedLine(t *testing.T, taskID string, seq int) []byte {
 	return line
 }
 
+// wantReadModelTimeline fails unless the API and the page show rec's read
+// model timeline, not its audit chain's.
+func (e *env) wantReadModelTimeline(t *testing.T, rec tasks.Record) {
+	t.Helper()
+	got, _ := e.timeline(t, rec.ApprovalRef)
+	if len(got) != 1 || got[0].Kind != "requested" || got[0].Detail != "held for approval" {
+		t.Fatalf("timeline = %+v, want the read model's", got)
+	}
+	r := e.do(t, "GET", "/approve/"+rec.ApprovalRef, nil)
+	wantStatus(t, r, http.StatusOK)
+	page := checkPage(t, r)
+	if !strings.Contains(page, "held for approval") || strings.Contains(page, "Policy re-checked: allowed") {
+		t.Fatalf("page timeline is not the read model's:\n%s", page)
+	}
+}
+
 func TestTimelineFallsBackOnForgedChain(t *testing.T) {
 	var l *audit.Log
 	var logs syncBuffer
@@ -249,19 +341,7 @@ func TestTimelineFallsBackOnForgedChain(t *testing.T) {
 	ctx := context.Background()
 	t0 := time.Now().UTC()
 
-	wantReadModel := func(t *testing.T, rec tasks.Record) {
-		t.Helper()
-		got, _ := e.timeline(t, rec.ApprovalRef)
-		if len(got) != 1 || got[0].Kind != "requested" || got[0].Detail != "held for approval" {
-			t.Fatalf("timeline = %+v, want the read model's", got)
-		}
-		r := e.do(t, "GET", "/approve/"+rec.ApprovalRef, nil)
-		wantStatus(t, r, http.StatusOK)
-		page := checkPage(t, r)
-		if !strings.Contains(page, "held for approval") || strings.Contains(page, "Policy re-checked: allowed") {
-			t.Fatalf("page timeline is not the read model's:\n%s", page)
-		}
-	}
+	wantReadModel := e.wantReadModelTimeline
 
 	t.Run("record linked to nothing", func(t *testing.T) {
 		rec := e.newTask(t, taskSpec{})
@@ -272,7 +352,7 @@ func TestTimelineFallsBackOnForgedChain(t *testing.T) {
 			t.Fatal(err)
 		}
 		wantReadModel(t, rec)
-		if !strings.Contains(logs.String(), "does not link to record 1") {
+		if !strings.Contains(logs.String(), "[chain-links] record 2 (claimed): prev does not match the hash of record 1") {
 			t.Errorf("the fallback is not logged with its reason:\n%s", logs.String())
 		}
 	})
@@ -301,4 +381,67 @@ func TestTimelineFallsBackOnForgedChain(t *testing.T) {
 	t.Run("missing chain", func(t *testing.T) {
 		wantReadModel(t, e.newTask(t, taskSpec{}))
 	})
+}
+
+// Chains whose every record is well formed and linked, but whose story
+// breaks the audit rules, which only `countersign audit verify` caught
+// before the web server used the audit package's check: the page shows the
+// read model's timeline and the log names the rule.
+func TestTimelineFallsBackOnChainBreakingRules(t *testing.T) {
+	var l *audit.Log
+	var logs syncBuffer
+	e := newEnv(t, withAudit(t, &l, &logs))
+	ctx := context.Background()
+	t0 := time.Now().UTC().Truncate(time.Millisecond)
+	at := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Second) }
+	policy := audit.Policy{Allow: true, Effect: "allow", PolicyVersion: "pv-7"}
+	claim := func(i int) []audit.Step {
+		return []audit.Step{
+			{ID: "reevaluated", Kind: audit.KindReevaluated, At: at(i), Body: policy},
+			{ID: "claimed", Kind: audit.KindClaimed, At: at(i + 1), Body: policy},
+		}
+	}
+
+	for _, tc := range []struct {
+		name   string
+		quorum int
+		build  func(t *testing.T, rec tasks.Record)
+		rule   string
+	}{
+		{"approval accepted after the claim", 1, func(t *testing.T, rec tasks.Record) {
+			appendSteps(t, l, rec.TaskID, requestedStep(t, rec, "", at(0)), approvalStep(t, rec, "decision/u1", "apv_ann", "Ann Lee", at(1)))
+			appendSteps(t, l, rec.TaskID, claim(2)...)
+			appendSteps(t, l, rec.TaskID, approvalStep(t, rec, "decision/u2", "apv_bob", "Bob Ortiz", at(4)))
+		}, audit.RuleDecisionAfterClaim},
+		{"claimed chain ending cancelled", 1, func(t *testing.T, rec tasks.Record) {
+			appendSteps(t, l, rec.TaskID, requestedStep(t, rec, "", at(0)), approvalStep(t, rec, "decision/u1", "apv_ann", "Ann Lee", at(1)))
+			appendSteps(t, l, rec.TaskID, claim(2)...)
+			if _, err := l.Seal(ctx, rec.TaskID, audit.End{Kind: audit.KindCancelled, At: at(4), Status: "cancelled"}); err != nil {
+				t.Fatal(err)
+			}
+		}, audit.RuleStoppedAfterClaim},
+		{"claimed below the quorum", 2, func(t *testing.T, rec tasks.Record) {
+			appendSteps(t, l, rec.TaskID, requestedStep(t, rec, "", at(0)), approvalStep(t, rec, "decision/u1", "apv_ann", "Ann Lee", at(1)))
+			appendSteps(t, l, rec.TaskID, claim(2)...)
+		}, audit.RuleQuorumBeforeClaim},
+		{"approval whose assertion does not verify", 1, func(t *testing.T, rec tasks.Record) {
+			s := approvalStep(t, rec, "decision/u1", "apv_ann", "Ann Lee", at(1))
+			s.Body.(audit.Decision).Approval.Signature[10] ^= 1
+			appendSteps(t, l, rec.TaskID, requestedStep(t, rec, "", at(0)), s)
+			appendSteps(t, l, rec.TaskID, claim(2)...)
+		}, audit.RuleApprovalEvidence},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := e.newTask(t, taskSpec{quorum: tc.quorum})
+			tc.build(t, rec)
+			e.wantReadModelTimeline(t, rec)
+			logged := false
+			for line := range strings.Lines(logs.String()) {
+				logged = logged || strings.Contains(line, "task_id="+rec.TaskID) && strings.Contains(line, "["+tc.rule+"]")
+			}
+			if !logged {
+				t.Errorf("the fallback is not logged with rule %s:\n%s", tc.rule, logs.String())
+			}
+		})
+	}
 }
