@@ -352,7 +352,7 @@ func (a *Activities) Complete(ctx context.Context, in CompleteInput) error {
 	if in.Status == tasks.StatusCompleted {
 		out := tasks.Outcome(in.Disposition, in.Tool, in.Detail, in.ToolResult)
 		if in.Disposition == "" && in.ToolResult != nil {
-			// An unattended task (workflows.ChangeUnattended): nothing was
+			// An unattended task (tasks.ModeUnattended): nothing was
 			// approved, so its result is the tool's own, as is.
 			out = *in.ToolResult
 			out.Meta = maps.Clone(out.Meta)

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
 
@@ -26,6 +25,18 @@ type ArgumentError struct {
 
 func (e *ArgumentError) Error() string {
 	return fmt.Sprintf("invalid arguments for tool %s: %s", e.Tool, e.Reason)
+}
+
+// ProtocolError is a tool failure that is a protocol error, not a tool
+// result: the tool refused before doing anything. A task that ends with one
+// is "failed" with this JSON-RPC error (SEP-2663), not "completed".
+type ProtocolError struct {
+	Code    int64
+	Message string
+}
+
+func (e *ProtocolError) Error() string {
+	return fmt.Sprintf("gateway: protocol error %d: %s", e.Code, e.Message)
 }
 
 // Call is one execution request.
@@ -49,26 +60,6 @@ type Tool struct {
 	OutputSchema json.RawMessage
 	// ReadOnly marks tools that never change anything.
 	ReadOnly bool
-	// Async marks a long-running tool: when policy allows a call and the
-	// client can hold a task, the call becomes a task that the approval
-	// workflow runs without approval, after Delay(arguments). A zero delay
-	// (or a client that cannot hold a task) runs the call at once.
-	Async bool
-	// Delay is how long an Async call waits, cancellable, before it runs.
-	Delay func(args json.RawMessage) time.Duration
-	// TaskRequired: the tool can only be called as a task; a client that
-	// cannot hold one gets an error, not a result.
-	TaskRequired bool
-	// InputRequests are the input requests (SEP-2322 MRTR, keyed by request
-	// ID, each {"method", "params"}) a call needs answered by the client
-	// before it runs. Honoured only for calls policy allows: answers are not
-	// covered by the action hash, so an approval could not vouch for them.
-	InputRequests func(args json.RawMessage) map[string]json.RawMessage
-	// TaskInputRequests are input requests an Async tool's TASK asks once it
-	// exists: the task waits in input_required until the client answers them
-	// all with tasks/update (2026-07-28), then runs with the answers.
-	// Honoured only for calls policy allows, like InputRequests.
-	TaskInputRequests func(args json.RawMessage) map[string]json.RawMessage
 	// Describe renders the approver-facing display text of a call. It must
 	// describe the arguments accurately: it is what the approver signs for.
 	Describe func(args json.RawMessage) string

@@ -43,7 +43,10 @@ func (s *Server) callTool(ctx context.Context, info *callInfo, p *mcp.CallToolPa
 	if err := s.opts.Tools.Validate(tool.Name, args); err != nil {
 		return nil, err
 	}
-	if tool.TaskRequired && !clientHoldsTask(info, tool) {
+	// Only conformance fixtures are asynchronous, require a task or ask
+	// for input; fx is the zero Fixture for every other tool.
+	fx, _ := s.opts.Fixtures.Lookup(tool.Name)
+	if fx.TaskRequired && !clientHoldsTask(info, tool) {
 		// The tool can only run as a task and this request cannot hold
 		// one: an error before policy runs, nothing stored (SEP-2663 for
 		// 2026-07-28; the 2025-11-25 tools text for taskSupport
@@ -72,10 +75,10 @@ func (s *Server) callTool(ctx context.Context, info *callInfo, p *mcp.CallToolPa
 		"action_hash", hash.String(), "decision", d.Effect, "policy_version", d.PolicyVersion)
 
 	c := &gatedCall{info: info, tool: tool, args: args, hash: hash, decision: d, now: now}
-	if d.Effect == pdp.EffectAllow && tool.InputRequests != nil {
-		// SEP-2322 MRTR: the tool needs the client's answers first. Only
-		// for allowed calls: the answers are not in the action hash.
-		inputs, ask, err := gatherInputs(info, tool, args, p.InputResponses)
+	if d.Effect == pdp.EffectAllow {
+		// SEP-2322 MRTR: the tool may need the client's answers first.
+		// Only for allowed calls: the answers are not in the action hash.
+		inputs, ask, err := gatherInputs(info, tool.Name, fx.InputRequests(args), p.InputResponses)
 		if err != nil || ask != nil {
 			return ask, err
 		}
@@ -84,14 +87,13 @@ func (s *Server) callTool(ctx context.Context, info *callInfo, p *mcp.CallToolPa
 	if d.Effect == pdp.EffectRequestable {
 		return s.requestApproval(ctx, c)
 	}
-	// A long-running tool: a task run by the workflow for a client that can
-	// hold one (see doc.go), else the call waits its delay here and runs.
-	var delay time.Duration
-	if d.Effect == pdp.EffectAllow && tool.Async {
-		delay = asyncDelay(tool, args)
-		if tool.TaskInputRequests != nil {
-			c.taskInputs = tool.TaskInputRequests(args)
-		}
+	// A long-running fixture: a task run by the workflow for a client that
+	// can hold one (see doc.go), else the call waits the fixture's delay
+	// (conformance.Fixture.Wait) and runs.
+	async := d.Effect == pdp.EffectAllow && fx.Async
+	if async {
+		delay := fx.Delay(args)
+		c.taskInputs = fx.TaskInputRequests(args)
 		if len(c.taskInputs) > 0 && (info.era != tasks.Era2026 || !c.canHoldTask()) {
 			return nil, invalidParams(fmt.Sprintf("Tool %s runs as a task that asks for input: call it with the tasks extension (protocol 2026-07-28)", tool.Name))
 		}
@@ -111,13 +113,9 @@ func (s *Server) callTool(ctx context.Context, info *callInfo, p *mcp.CallToolPa
 		return newToolResult(info.era, tasks.Outcome(tasks.DeniedNotExecuted, tool.Name, reasonTaskRate, nil)), nil
 	}
 	var result tasks.CallToolResult
-	if delay > 0 {
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		case <-t.C:
+	if async {
+		if err := fx.Wait(ctx, args); err != nil {
+			return nil, err
 		}
 	}
 	if d.Effect == pdp.EffectAllow {
@@ -152,17 +150,16 @@ type gatedCall struct {
 	taskInputs map[string]json.RawMessage
 }
 
-// gatherInputs returns the answers to the tool's input requests, or, when
+// gatherInputs returns the answers to a tool's input requests, or, when
 // some are missing, the InputRequiredResult that asks for them (SEP-2322,
 // 2026-07-28 only). Countersign keeps no requestState: a request is asked
 // again until the call that answers it arrives.
-func gatherInputs(info *callInfo, tool gateway.Tool, args json.RawMessage, got mcp.InputResponseMap) (json.RawMessage, mcp.Result, error) {
-	requests := tool.InputRequests(args)
+func gatherInputs(info *callInfo, tool string, requests map[string]json.RawMessage, got mcp.InputResponseMap) (json.RawMessage, mcp.Result, error) {
 	if len(requests) == 0 {
 		return nil, nil, nil
 	}
 	if info.era != tasks.Era2026 {
-		return nil, nil, invalidParams(fmt.Sprintf("Tool %s needs input from the client first (input requests, protocol 2026-07-28)", tool.Name))
+		return nil, nil, invalidParams(fmt.Sprintf("Tool %s needs input from the client first (input requests, protocol 2026-07-28)", tool))
 	}
 	missing := map[string]json.RawMessage{}
 	answers := map[string]mcp.InputResponse{}
@@ -190,19 +187,11 @@ func clientHoldsTask(info *callInfo, tool gateway.Tool) bool {
 	return c.canHoldTask()
 }
 
-// asyncDelay is how long an Async tool's call waits before it runs.
-func asyncDelay(tool gateway.Tool, args json.RawMessage) time.Duration {
-	if tool.Delay == nil {
-		return 0
-	}
-	return max(tool.Delay(args), 0)
-}
-
-// asyncRequirement is the requirement of an allowed call to an Async tool:
-// no approver group and quorum 0, so the workflow waits until the expiry
-// (now + delay), cancellably, then re-evaluates policy and runs the call.
-// Policy can never ask for this (pdp rejects quorum 0); only an allowed call
-// to an Async tool gets it.
+// asyncRequirement is the requirement of an allowed call to an Async
+// fixture, started in tasks.ModeUnattended: no approver group and quorum 0;
+// the workflow waits until its start (now + delay), cancellably, then
+// re-evaluates policy and runs the call. Policy can never ask for this (pdp
+// rejects quorum 0); only an allowed call to an Async fixture gets it.
 func asyncRequirement(delay time.Duration) tasks.Requirement {
 	return tasks.Requirement{
 		Quorum: 0,
@@ -295,7 +284,7 @@ func (s *Server) requestApproval(ctx context.Context, c *gatedCall) (mcp.Result,
 		Reason:             d.Reason,
 		SlackChannel:       d.SlackChannel,
 	}
-	return s.createTask(ctx, c, taskID, dedupKey, req, "Awaiting approval: "+d.Reason)
+	return s.createTask(ctx, c, taskID, dedupKey, tasks.ModeApproval, req, "Awaiting approval: "+d.Reason)
 }
 
 // startTask creates a task for an allowed call to an Async tool: no dedup
@@ -308,12 +297,12 @@ func (s *Server) startTask(ctx context.Context, c *gatedCall, req tasks.Requirem
 	if reason, ok := s.admitTask(ctx, c.info.principal, taskID, c.now); !ok {
 		return newToolResult(c.info.era, tasks.Outcome(tasks.DeniedNotExecuted, c.tool.Name, reason, nil)), nil
 	}
-	return s.createTask(ctx, c, taskID, "", req, statusMessage)
+	return s.createTask(ctx, c, taskID, "", tasks.ModeUnattended, req, statusMessage)
 }
 
-// createTask writes the task record, then starts its workflow. On failure
-// the record and the dedup slot (if any) are released.
-func (s *Server) createTask(ctx context.Context, c *gatedCall, taskID, dedupKey string, req tasks.Requirement, statusMessage string) (mcp.Result, error) {
+// createTask writes the task record, then starts its workflow in mode. On
+// failure the record and the dedup slot (if any) are released.
+func (s *Server) createTask(ctx context.Context, c *gatedCall, taskID, dedupKey string, mode tasks.Mode, req tasks.Requirement, statusMessage string) (mcp.Result, error) {
 	info, name, d := c.info, c.tool.Name, c.decision
 	env := tasks.Envelope{
 		Version:       tasks.EnvelopeVersion,
@@ -367,16 +356,23 @@ func (s *Server) createTask(ctx context.Context, c *gatedCall, taskID, dedupKey 
 		}
 		return nil, internal(err)
 	}
-	err := s.opts.Orchestrator.Start(ctx, tasks.ApprovalInput{
+	in := tasks.ApprovalInput{
 		Version:     tasks.ApprovalInputVersion,
 		Envelope:    env,
 		Requirement: req,
 		ApprovalRef: rec.ApprovalRef,
 		DisplayText: rec.DisplayText,
 		ExpiresAt:   rec.ExpiresAt,
+		Mode:        mode,
 		// Only unattended tasks ask for input (see doc.go).
 		InputRequests: c.taskInputs,
-	})
+	}
+	if mode == tasks.ModeUnattended {
+		// It runs when its wait ends (after its input requests, if any,
+		// are answered: then it waits req.TTL again).
+		in.StartAt = rec.ExpiresAt
+	}
+	err := s.opts.Orchestrator.Start(ctx, in)
 	if err != nil {
 		switch s.startOutcome(ctx, taskID, err) {
 		case startedNot:

@@ -12,7 +12,7 @@ import (
 	"github.com/countersign/countersign/tasks"
 )
 
-// The conformance fixtures (gateway.ConformanceTools) through the real
+// The conformance fixtures (gateway/conformance) through the real
 // pipeline: policy, task record, approval workflow (unattended), wire.
 
 var (
@@ -34,6 +34,7 @@ func newConformanceHarness(tb testing.TB) *harness {
 		Orchestrator: confEnv.orch,
 		PDP:          confEnv.engine,
 		Tools:        confEnv.tools,
+		Fixtures:     confEnv.fixtures,
 		NoAuth:       true,
 		PollInterval: 100e6,
 		Logger:       slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),

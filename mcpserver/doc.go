@@ -63,21 +63,24 @@
 //
 // # Asynchronous tools, required tasks and input requests
 //
-// Three properties of a gateway.Tool change the pipeline (the conformance
-// fixtures of `countersign dev --conformance` use them):
+// Only the conformance fixtures of `countersign dev --conformance`
+// (Options.Fixtures, package gateway/conformance) have these properties; a
+// gateway.Tool has none of them, and without Fixtures every tool is
+// synchronous:
 //
 //   - TaskRequired: a client that cannot hold a task gets -32021 with
 //     data.requiredCapabilities (2026-07-28) or -32601 (2025-11-25, whose
 //     tools/list shows execution.taskSupport "required"), before policy runs.
 //   - Async with Delay: when policy ALLOWS the call and Delay(arguments) > 0,
 //     a client that can hold a task gets one: the same record and approval
-//     workflow, with an "unattended" requirement (no group, quorum 0; pdp
-//     rejects quorum 0 from policy, so only this path creates one). The
-//     workflow waits until ExpiresAt = now + delay (tasks/cancel meanwhile
-//     ends it cancelled), re-evaluates policy and runs the tool once; the
-//     task's result is the tool's own, without a disposition. No dedup: two
-//     identical jobs are two jobs; the rate and pending limits apply. Other
-//     clients wait the delay in the request and get the result inline.
+//     workflow, started in tasks.ModeUnattended with a requirement without
+//     approvers (no group, quorum 0; pdp rejects quorum 0 from policy, so
+//     only this path creates one). The workflow waits until StartAt = now +
+//     delay (tasks/cancel meanwhile ends it cancelled), re-evaluates policy
+//     and runs the tool once; the task's result is the tool's own, without a
+//     disposition. No dedup: two identical jobs are two jobs; the rate and
+//     pending limits apply. Other clients wait the delay in the request
+//     (conformance.Fixture.Wait) and get the result inline.
 //   - InputRequests (2026-07-28, SEP-2322 MRTR): for an allowed call whose
 //     request lacks answers, the answer is an InputRequiredResult
 //     (resultType "input_required", no requestState); the call that carries

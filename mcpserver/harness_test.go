@@ -28,6 +28,7 @@ import (
 
 	"github.com/countersign/countersign/activities"
 	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/gateway/conformance"
 	"github.com/countersign/countersign/internal/natsrv"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
@@ -45,6 +46,7 @@ type testEnv struct {
 	store    *tasks.Store
 	ledger   *gateway.Ledger
 	tools    *gateway.Registry
+	fixtures *conformance.Set // nil unless conformance
 	engine   *pdp.Engine
 	temporal *temporaltest.TestServer
 	orch     *tasks.Orchestrator
@@ -77,9 +79,9 @@ func sharedEnv(tb testing.TB) *testEnv {
 	return env
 }
 
-// startEnv starts an environment; conformance adds the conformance fixture
+// startEnv starts an environment; withFixtures adds the conformance fixture
 // tools and policy (what `countersign dev --conformance` serves).
-func startEnv(conformance bool) (e *testEnv, err error) {
+func startEnv(withFixtures bool) (e *testEnv, err error) {
 	e = &testEnv{}
 	defer func() {
 		if err != nil {
@@ -108,8 +110,9 @@ func startEnv(conformance bool) (e *testEnv, err error) {
 	}
 	tools := gateway.DemoTools(e.ledger)
 	policyDir := ""
-	if conformance {
-		tools = append(tools, gateway.ConformanceTools()...)
+	if withFixtures {
+		e.fixtures = conformance.New()
+		tools = append(tools, e.fixtures.Tools()...)
 		policyDir = filepath.Join(e.dir, "policy")
 		if err := pdp.WriteConformancePolicy(policyDir); err != nil {
 			return nil, err

@@ -167,7 +167,7 @@ func (s *Server) legacyToolList(r *mcp.ListToolsResult) *legacyListToolsResult {
 		lt.Execution.TaskSupport = taskSupportOptional
 		if gt, ok := s.opts.Tools.Lookup(t.Name); !ok || gt.ReadOnly {
 			lt.Execution.TaskSupport = taskSupportForbidden
-		} else if gt.TaskRequired {
+		} else if fx, _ := s.opts.Fixtures.Lookup(t.Name); fx.TaskRequired {
 			lt.Execution.TaskSupport = taskSupportRequired
 		}
 		out.Tools = append(out.Tools, lt)

@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/gateway/conformance"
 	"github.com/countersign/countersign/internal/ratelimit"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
@@ -63,6 +64,11 @@ type Options struct {
 	Orchestrator *tasks.Orchestrator
 	PDP          *pdp.Engine
 	Tools        *gateway.Registry
+	// Fixtures are the conformance fixtures among Tools (`countersign dev
+	// --conformance`): asynchronous tools, tools that require a task, and
+	// tools that ask their client for input. Nil in production: every tool
+	// is then synchronous.
+	Fixtures *conformance.Set
 
 	// Authenticate maps a bearer token to the principal that owns the tasks
 	// it creates. Any error (or an empty principal) is answered with 401;

@@ -55,10 +55,53 @@ type ApprovalInput struct {
 	Requirement Requirement `json:"requirement"`
 	ApprovalRef string      `json:"approvalRef"`
 	DisplayText string      `json:"displayText"`
-	ExpiresAt   time.Time   `json:"expiresAt"`
+	// ExpiresAt is when an approval expires. An unattended task carries
+	// its record's expiry here too, but starts at StartAt.
+	ExpiresAt time.Time `json:"expiresAt"`
+	// Mode says whether the call waits for approvers or runs without
+	// them. Empty only in inputs written before it existed: see
+	// [ApprovalInput.Normalized].
+	Mode Mode `json:"mode,omitempty"`
+	// StartAt is when an unattended task runs (after its input requests
+	// are answered, it waits Requirement.TTL instead); zero for approvals.
+	StartAt time.Time `json:"startAt,omitzero"`
 	// InputRequests an unattended task asks its client before it runs
 	// (see input.go); empty for approvals.
 	InputRequests map[string]json.RawMessage `json:"inputRequests,omitempty"`
+}
+
+// Mode is how the approval workflow runs a task.
+type Mode string
+
+// Modes.
+const (
+	// ModeApproval: the call runs only once its quorum of approvers
+	// approves it before ExpiresAt.
+	ModeApproval Mode = "approval"
+	// ModeUnattended: policy allowed the call on an asynchronous tool
+	// (a conformance fixture); no one approves it. It waits, cancellably,
+	// until StartAt, then runs exactly as after an approval. Its
+	// requirement has no group and quorum 0, which policy can never ask
+	// for (pdp rejects quorum 0).
+	ModeUnattended Mode = "unattended"
+)
+
+// Normalized returns in with an explicit Mode and StartAt. An input written
+// before they existed (no Mode) encoded an unattended task as a requirement
+// with quorum 0 and no group, with ExpiresAt as its start time: it is read
+// as ModeUnattended with StartAt = ExpiresAt. Any other input without a Mode
+// is an approval. An input with a Mode is returned unchanged.
+func (in ApprovalInput) Normalized() ApprovalInput {
+	if in.Mode != "" {
+		return in
+	}
+	if in.Requirement.Quorum == 0 && in.Requirement.Group == "" {
+		in.Mode = ModeUnattended
+		in.StartAt = in.ExpiresAt
+		return in
+	}
+	in.Mode = ModeApproval
+	return in
 }
 
 // Decision values.

@@ -116,6 +116,8 @@ type approval struct {
 // Approval is the approval workflow of one held tool call. See the package
 // documentation for the state machine.
 func Approval(ctx workflow.Context, in tasks.ApprovalInput) (tasks.ApprovalOutcome, error) {
+	// An input from before tasks.Mode existed reads as it always did.
+	in = in.Normalized()
 	taskID := workflow.GetInfo(ctx).WorkflowExecution.ID
 	w := &approval{
 		in:     in,
@@ -160,7 +162,7 @@ func Approval(ctx workflow.Context, in tasks.ApprovalInput) (tasks.ApprovalOutco
 
 	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "requested", StepID: "requested", Input: &w.in})
 	w.emitState(ctx, "requested", in.Requirement.Reason)
-	if !unattended(in.Requirement) {
+	if !unattended(in) {
 		// Approvers are told in order: the request, each approval, the end.
 		// Disconnected: a cancelled workflow still reports its end.
 		// The request notification goes out once the request is in the read
@@ -171,7 +173,7 @@ func Approval(ctx workflow.Context, in tasks.ApprovalInput) (tasks.ApprovalOutco
 		workflow.Go(nctx, w.notifyLoop)
 	}
 
-	if unattended(in.Requirement) {
+	if unattended(in) {
 		w.awaitStart(ctx) // see unattended.go
 	} else {
 		w.awaitDecision(ctx)
@@ -196,10 +198,26 @@ func validateInput(in tasks.ApprovalInput, taskID string) error {
 		return fmt.Errorf("workflows: envelope version %d, want %d", in.Envelope.Version, tasks.EnvelopeVersion)
 	case in.Envelope.TaskID != taskID:
 		return errors.New("workflows: envelope task id differs from the workflow id")
-	case in.Requirement.Quorum < 1 && !unattended(in.Requirement):
-		return fmt.Errorf("workflows: quorum %d, want at least 1", in.Requirement.Quorum)
-	case in.ExpiresAt.IsZero():
-		return errors.New("workflows: no expiry time")
+	}
+	switch in.Mode {
+	case tasks.ModeApproval:
+		switch {
+		case in.Requirement.Quorum < 1:
+			return fmt.Errorf("workflows: quorum %d, want at least 1", in.Requirement.Quorum)
+		case in.ExpiresAt.IsZero():
+			return errors.New("workflows: no expiry time")
+		case !in.StartAt.IsZero():
+			return errors.New("workflows: an approval has no start time")
+		}
+	case tasks.ModeUnattended:
+		switch {
+		case in.Requirement.Quorum != 0 || in.Requirement.Group != "":
+			return fmt.Errorf("workflows: an unattended task has approvers (group %q, quorum %d)", in.Requirement.Group, in.Requirement.Quorum)
+		case in.StartAt.IsZero():
+			return errors.New("workflows: an unattended task has no start time")
+		}
+	default:
+		return fmt.Errorf("workflows: unknown mode %q", in.Mode)
 	}
 	return nil
 }
@@ -334,7 +352,7 @@ func (w *approval) executed(out activities.ExecuteToolOutput, err error) *ending
 	tool := w.in.Envelope.Tool
 	if err == nil {
 		res := out.Result
-		if unattended(w.in.Requirement) {
+		if unattended(w.in) {
 			return unattendedEnding(tool, res) // see unattended.go
 		}
 		if res.IsError {
@@ -519,7 +537,7 @@ func (w *approval) approvedBefore(n int, approver string) bool {
 }
 
 func (w *approval) statusMessage() string {
-	if unattended(w.in.Requirement) && w.end == nil {
+	if unattended(w.in) && w.end == nil {
 		return w.unattendedStatus()
 	}
 	switch w.phase {

@@ -823,6 +823,20 @@ func TestInvalidInputFailsTheTask(t *testing.T) {
 		{"task id differs from workflow id", func(in *tasks.ApprovalInput) { in.Envelope.TaskID = tasks.NewID("tsk_") }},
 		{"zero quorum", func(in *tasks.ApprovalInput) { in.Requirement.Quorum = 0 }},
 		{"no expiry", func(in *tasks.ApprovalInput) { in.ExpiresAt = time.Time{} }},
+		{"approval mode with quorum 0", func(in *tasks.ApprovalInput) {
+			in.Mode, in.Requirement.Quorum, in.Requirement.Group = tasks.ModeApproval, 0, ""
+		}},
+		{"approval mode with a start time", func(in *tasks.ApprovalInput) { in.Mode, in.StartAt = tasks.ModeApproval, t0 }},
+		{"unattended mode with a quorum", func(in *tasks.ApprovalInput) {
+			in.Mode, in.StartAt, in.Requirement.Group = tasks.ModeUnattended, t0, ""
+		}},
+		{"unattended mode with a group", func(in *tasks.ApprovalInput) {
+			in.Mode, in.StartAt, in.Requirement.Quorum = tasks.ModeUnattended, t0, 0
+		}},
+		{"unattended mode without a start time", func(in *tasks.ApprovalInput) {
+			in.Mode, in.Requirement.Quorum, in.Requirement.Group = tasks.ModeUnattended, 0, ""
+		}},
+		{"unknown mode", func(in *tasks.ApprovalInput) { in.Mode = "later" }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

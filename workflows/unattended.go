@@ -12,24 +12,24 @@ import (
 	"github.com/countersign/countersign/tasks"
 )
 
-// Unattended tasks: a call that policy allowed on an asynchronous tool (gateway.Tool.Async)
-// runs in this workflow without approval. Its requirement has no approver
-// group and quorum 0 (policy can never ask for quorum 0: pdp rejects it),
-// and ExpiresAt is when it starts. Until then tasks/cancel ends it
+// Unattended tasks (tasks.ModeUnattended): a call that policy allowed on an
+// asynchronous tool (a conformance fixture, gateway/conformance) runs in this
+// workflow without approval. Its requirement has no approver group and
+// quorum 0, and it starts at StartAt. Until then tasks/cancel ends it
 // cancelled; then policy is re-evaluated and the tool runs once, exactly as
-// after an approval.
+// after an approval. An input from before the mode existed is normalized
+// first (tasks.ApprovalInput.Normalized).
 //
-// unattended reports a requirement without approvers: quorum 0 and no
-// group. A quorum 0 with a group stays invalid.
-func unattended(r tasks.Requirement) bool {
-	return r.Quorum == 0 && r.Group == ""
+// unattended reports a (normalized) input that runs without approvers.
+func unattended(in tasks.ApprovalInput) bool {
+	return in.Mode == tasks.ModeUnattended
 }
 
 // awaitStart waits, cancellably, until the unattended task's start time,
 // then moves it on as if approved.
 func (w *approval) awaitStart(ctx workflow.Context) {
 	left := func() bool { return w.phase != phasePending }
-	start := w.in.ExpiresAt
+	start := w.in.StartAt
 	if w.input != nil {
 		// First the client's answers (tasks/update), then the wait.
 		answered := func() bool { return len(w.input.pending) == 0 || left() }
@@ -119,7 +119,7 @@ type inputWait struct {
 // registerInput sets up the input requests of an unattended task that has
 // any, and the update that answers them (tasks/update).
 func (w *approval) registerInput(ctx workflow.Context) error {
-	if !unattended(w.in.Requirement) || len(w.in.InputRequests) == 0 {
+	if !unattended(w.in) || len(w.in.InputRequests) == 0 {
 		return nil
 	}
 	w.input = &inputWait{pending: maps.Clone(w.in.InputRequests), answers: map[string]json.RawMessage{}}

@@ -14,12 +14,48 @@ import (
 )
 
 // unattendedHarness is a harness for an allowed call to an asynchronous
-// tool: no approver group, quorum 0, starting after wait.
+// tool, as mcpserver starts it: ModeUnattended, no approver group, quorum 0,
+// starting after wait.
 func unattendedHarness(t *testing.T, wait time.Duration) *harness {
 	h := newHarness(t, 0)
+	h.in.Mode = tasks.ModeUnattended
 	h.in.Requirement = tasks.Requirement{Quorum: 0, TTL: wait, Reason: "allowed by policy; runs asynchronously without approval"}
 	h.in.ExpiresAt = t0.Add(wait)
+	h.in.StartAt = t0.Add(wait)
 	return h
+}
+
+// TestUnattendedInputShapes starts the workflow with the input the previous
+// code wrote (no mode: quorum 0 and no group meant unattended, ExpiresAt
+// meant the start time) and with the explicit shape; both run unattended,
+// once, at their start time.
+func TestUnattendedInputShapes(t *testing.T) {
+	tests := []struct {
+		name  string
+		shape func(in *tasks.ApprovalInput)
+		want  time.Time
+	}{
+		{"previous shape", func(in *tasks.ApprovalInput) { in.Mode, in.StartAt = "", time.Time{} }, t0.Add(2 * time.Second)},
+		{"explicit mode and start", func(in *tasks.ApprovalInput) { in.ExpiresAt = t0.Add(time.Hour) }, t0.Add(2 * time.Second)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := unattendedHarness(t, 2*time.Second)
+			tt.shape(&h.in)
+
+			out, err := h.run()
+			require.NoError(t, err)
+			require.Equal(t, tasks.ApprovalOutcome{Status: tasks.StatusCompleted}, out, "nothing was approved: no disposition")
+			require.Equal(t, 1, h.executeCalls())
+			require.Empty(t, h.verifies)
+			require.Len(t, h.reevals, 1)
+			require.Equal(t, tt.want, h.reevals[0].At, "it runs at its start time")
+			c := h.complete()
+			require.Empty(t, c.Disposition)
+			require.NotNil(t, c.ToolResult, "the tool's own result is the task's result")
+			h.env.AssertActivityNumberOfCalls(t, "Notify", 0)
+		})
+	}
 }
 
 func TestUnattendedRunsOnceAfterItsWait(t *testing.T) {

@@ -24,6 +24,7 @@ import (
 	"github.com/countersign/countersign/activities"
 	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/gateway/conformance"
 	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/internal/devstack"
 	"github.com/countersign/countersign/internal/httplimit"
@@ -90,6 +91,9 @@ type App struct {
 	Audit        *audit.Log
 	Ledger       *gateway.Ledger
 	Tools        *gateway.Registry
+	// Fixtures are the conformance fixtures among Tools; nil unless
+	// Config.Conformance.
+	Fixtures *conformance.Set
 }
 
 // New starts every component the mode needs and returns once they are
@@ -145,7 +149,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	policyDir := cfg.PolicyDir
 	if cfg.Conformance && policyDir == "" {
 		// The default policy plus the conformance fixtures (see
-		// gateway.ConformanceTools), written out so the version hash and
+		// gateway/conformance), written out so the version hash and
 		// the files are inspectable.
 		policyDir = filepath.Join(cfg.DataDir, "conformance-policy")
 		if err := pdp.WriteConformancePolicy(policyDir); err != nil {
@@ -163,7 +167,8 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	}
 	tools := gateway.DemoTools(a.Ledger)
 	if cfg.Conformance {
-		tools = append(tools, gateway.ConformanceTools()...)
+		a.Fixtures = conformance.New()
+		tools = append(tools, a.Fixtures.Tools()...)
 	}
 	if a.Tools, err = gateway.NewRegistry(tools...); err != nil {
 		return nil, err
@@ -381,6 +386,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 		Orchestrator:           a.Orchestrator,
 		PDP:                    a.PDP,
 		Tools:                  a.Tools,
+		Fixtures:               a.Fixtures,
 		Authenticate:           a.Tokens.Agent,
 		NoAuth:                 a.cfg.Conformance,
 		RatePerMinute:          a.cfg.RatePerMinute,

@@ -1,4 +1,4 @@
-package gateway_test
+package conformance_test
 
 import (
 	"context"
@@ -9,11 +9,12 @@ import (
 	"time"
 
 	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/gateway/conformance"
 )
 
 func conformanceRegistry(t *testing.T) *gateway.Registry {
 	t.Helper()
-	r, err := gateway.NewRegistry(gateway.ConformanceTools()...)
+	r, err := gateway.NewRegistry(conformance.New().Tools()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,13 +55,13 @@ func TestConformanceFixtures(t *testing.T) {
 }
 
 func TestConformanceFixtureShapes(t *testing.T) {
-	r := conformanceRegistry(t)
-	greet, _ := r.Lookup("greet")
-	slow, _ := r.Lookup("slow_compute")
-	failing, _ := r.Lookup("failing_job")
-	proto, _ := r.Lookup("protocol_error_job")
+	fx := conformance.New()
+	greet, _ := fx.Lookup("greet")
+	slow, _ := fx.Lookup("slow_compute")
+	failing, _ := fx.Lookup("failing_job")
+	proto, _ := fx.Lookup("protocol_error_job")
 	switch {
-	case greet.Async || !greet.ReadOnly:
+	case greet.Async || !greet.Tool.ReadOnly:
 		t.Error("greet is synchronous and read-only")
 	case !slow.Async || slow.TaskRequired:
 		t.Error("slow_compute supports tasks without requiring them")
@@ -111,7 +112,8 @@ func TestConformanceInputFixtures(t *testing.T) {
 		_ = json.Unmarshal(res.Content[0], &b)
 		return b.Text
 	}
-	cd, _ := r.Lookup("confirm_delete")
+	fx := conformance.New()
+	cd, _ := fx.Lookup("confirm_delete")
 	if req := cd.TaskInputRequests(json.RawMessage(`{"filename":"a.txt"}`)); len(req) != 1 || !strings.Contains(string(req["confirm"]), "elicitation/create") {
 		t.Errorf("confirm_delete asks one confirmation: %s", req)
 	}
@@ -121,11 +123,11 @@ func TestConformanceInputFixtures(t *testing.T) {
 	if got := exec("confirm_delete", `{"filename":"a.txt"}`, `{"confirm":{"action":"decline"}}`); !strings.HasPrefix(got, "Kept a.txt") {
 		t.Errorf("declined: %q", got)
 	}
-	mi, _ := r.Lookup("multi_input")
+	mi, _ := fx.Lookup("multi_input")
 	if req := mi.TaskInputRequests(nil); len(req) != 2 {
 		t.Errorf("multi_input asks two questions: %v", req)
 	}
-	tw, _ := r.Lookup("test_tool_with_task")
+	tw, _ := fx.Lookup("test_tool_with_task")
 	if req := tw.InputRequests(nil); req["user_name"] == nil || !tw.TaskRequired {
 		t.Errorf("test_tool_with_task asks user_name first and requires a task: %v", req)
 	}
@@ -134,5 +136,32 @@ func TestConformanceInputFixtures(t *testing.T) {
 	}
 	if res, _ := r.Execute(context.Background(), "test_tool_with_task", gateway.Call{IdempotencyKey: "tsk_test", Arguments: json.RawMessage(`{}`)}); !res.IsError {
 		t.Error("test_tool_with_task without an answer must be a tool error")
+	}
+}
+
+func TestFixtureWaitAndLookup(t *testing.T) {
+	fx := conformance.New()
+	var none *conformance.Set
+	if _, ok := none.Lookup("slow_compute"); ok {
+		t.Error("a nil set has no fixtures")
+	}
+	if _, ok := fx.Lookup("transfer_funds"); ok {
+		t.Error("a real tool is not a fixture")
+	}
+	if got, want := len(fx.Tools()), 7; got != want {
+		t.Errorf("%d fixture tools, want %d", got, want)
+	}
+	slow, _ := fx.Lookup("slow_compute")
+	if err := slow.Wait(context.Background(), json.RawMessage(`{"seconds":0}`)); err != nil {
+		t.Errorf("no delay, no wait: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := slow.Wait(ctx, json.RawMessage(`{"seconds":60}`)); !errors.Is(err, context.Canceled) {
+		t.Errorf("a cancelled wait returns the context's error, got %v", err)
+	}
+	greet, _ := fx.Lookup("greet")
+	if greet.Delay(nil) != 0 || greet.InputRequests(nil) != nil || greet.TaskInputRequests(nil) != nil {
+		t.Error("greet neither waits nor asks")
 	}
 }
