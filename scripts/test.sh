@@ -31,7 +31,11 @@ go run go.temporal.io/sdk/contrib/tools/workflowcheck@v0.6.0 ./workflows/...
 light=()
 heavy=()
 for pkg in $(go list ./...); do
-  if go list -deps -test "$pkg" | grep -qx 'go.temporal.io/server/temporal'; then
+  # Read the whole list before matching: with `go list | grep -q` under
+  # pipefail, grep's early exit can kill go list (SIGPIPE) and misfile a
+  # heavy package as light.
+  deps=$(go list -deps -test "$pkg")
+  if grep -qx 'go.temporal.io/server/temporal' <<<"$deps"; then
     heavy+=("$pkg")
   else
     light+=("$pkg")
