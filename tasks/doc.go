@@ -51,6 +51,17 @@
 // one assumption: no step of a reservation or release stalls for longer than
 // the grace period, a minute in the server.)
 //
+// # Timeline vocabulary
+//
+// events.go names what can happen to a task: the timeline's [EventKind]s,
+// the workflow's update error types and its own rejection reason (the
+// passkey package names the rest). The workflows and the web edge share
+// these constants; their strings are wire and never change.
+// An [Event] carries structured fields (approver and count, rejection
+// reason, policy version) beside Detail, and [Event.Text] is the one place
+// that turns an event into words. Records written before the structured
+// fields have only Detail, which Text then returns as is.
+//
 // # Ownership
 //
 // Every record names the principal that created it. [Store.GetOwned] answers a

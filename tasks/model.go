@@ -114,13 +114,6 @@ type ApprovalEntry struct {
 	At           time.Time `json:"at"`
 }
 
-// Event is one step of a task's timeline.
-type Event struct {
-	At     time.Time `json:"at"`
-	Kind   string    `json:"kind"` // requested, notified, approval, denial, reevaluated, claimed, executed, denied, expired, cancelled, outcome-unknown, execution-error
-	Detail string    `json:"detail,omitempty"`
-}
-
 // RPCError is a JSON-RPC error object, for failed tasks.
 type RPCError struct {
 	Code    int64  `json:"code"`

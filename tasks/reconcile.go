@@ -73,7 +73,9 @@ func reconcileOrphans(ctx context.Context, s *Store, o *Orchestrator, grace time
 			r.StatusMessage = "The task could not be started; the tool did not run."
 			r.Error = &RPCError{Code: -32603, Message: "task could not be started"}
 			r.ApprovalState = ApprovalFailed
-			r.Timeline = append(r.Timeline, Event{At: now.UTC(), Kind: "failed", Detail: "workflow was never started"})
+			ev := NewEvent(EventFailed, "workflow was never started")
+			ev.At = now.UTC()
+			r.Timeline = append(r.Timeline, ev)
 			return nil
 		})
 		if err != nil && !errors.Is(err, ErrTerminal) {

@@ -34,9 +34,6 @@ const (
 // model shows the quota reached.
 const MaxRecordedRejections = 20
 
-// EventRejectedDecision is the timeline kind of a rejected decision.
-const EventRejectedDecision = "rejected-decision"
-
 // RejectedDecision is a decision the edge rejected: its evidence failed the
 // passkey check, so it never reached the workflow as a decision.
 type RejectedDecision struct {

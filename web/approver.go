@@ -138,9 +138,8 @@ func newApprovalView(rec tasks.Record) approvalView {
 		v.Approvals = append(v.Approvals, approvalEntry{ApproverName: a.ApproverName, Decision: a.Decision, At: a.At})
 	}
 	for _, e := range rec.Timeline {
-		// The workflow writes the details; keep the task ID out of them
-		// should one ever mention it.
-		detail := strings.ReplaceAll(e.Detail, rec.TaskID, "[task]")
+		// Keep the task ID out of the words should they ever mention it.
+		detail := strings.ReplaceAll(e.Text(), rec.TaskID, "[task]")
 		v.Timeline = append(v.Timeline, timelineEvent{At: e.At, Kind: e.Kind, Detail: detail})
 	}
 	return v
@@ -402,7 +401,7 @@ func (h *Handler) checkEvidence(ctx context.Context, rec tasks.Record, d tasks.D
 		return reason, nil
 	}
 	if err != nil {
-		return "", &apiError{status: http.StatusServiceUnavailable, code: "verification_unavailable",
+		return "", &apiError{status: http.StatusServiceUnavailable, code: tasks.ErrTypeVerificationUnavailable,
 			message: "the decision could not be verified; try again", cause: err}
 	}
 	return "", nil
@@ -415,7 +414,7 @@ func (h *Handler) checkEvidence(ctx context.Context, rec tasks.Record, d tasks.D
 func (h *Handler) recordRejection(ctx context.Context, rec tasks.Record, d tasks.DecisionUpdate, reason string) {
 	recorded := 0
 	for _, ev := range rec.Timeline {
-		if ev.Kind == tasks.EventRejectedDecision {
+		if tasks.EventKind(ev.Kind) == tasks.EventRejectedDecision {
 			recorded++
 		}
 	}
@@ -438,19 +437,13 @@ func clipID(id string) string {
 	return id
 }
 
-// Reasons of *tasks.UpdateRejected that are not a conflict with the task's
-// state (the workflow's ErrType constants; web does not import workflows).
-const (
-	rejectedMalformed   = "malformed_decision"
-	rejectedUnavailable = "verification_unavailable"
-)
-
-// rejectedStatus is the HTTP status of a decision the workflow refused.
+// rejectedStatus is the HTTP status of a decision the workflow refused:
+// a conflict with the task's state unless the reason says otherwise.
 func rejectedStatus(reason string) int {
 	switch reason {
-	case rejectedMalformed:
+	case tasks.ErrTypeMalformedDecision:
 		return http.StatusBadRequest
-	case rejectedUnavailable:
+	case tasks.ErrTypeVerificationUnavailable:
 		return http.StatusServiceUnavailable
 	}
 	return http.StatusConflict

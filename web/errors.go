@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/countersign/countersign/passkey"
+	"github.com/countersign/countersign/tasks"
 )
 
 // Error codes of the API's {"error", "message"} bodies. Passkey rejections
@@ -24,7 +25,7 @@ const (
 	codeNotFound             = "not_found"
 	codeMethodNotAllowed     = "method_not_allowed"
 	codeNameTaken            = "name_taken"
-	codeTaskNotPending       = "task_not_pending"
+	codeTaskNotPending       = tasks.ErrTypeTaskNotPending
 	codeInternal             = "internal"
 )
 

@@ -19,6 +19,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -260,8 +261,8 @@ func outcomeOf(rec tasks.Record, state tasks.ApprovalState) *outcome {
 		return &outcome{Kind: "ok", Title: "Approved and done", Text: rec.Tool + " ran once, with exactly the arguments shown here."}
 	case tasks.ApprovalDenied:
 		text := "The call did not run."
-		if final.Kind == "denied" && final.Detail != "" {
-			text = final.Detail + " The call did not run."
+		if tasks.EventKind(final.Kind) == tasks.EventDenied && final.Text() != "" {
+			text = final.Text() + " The call did not run."
 		}
 		return &outcome{Kind: "bad", Title: "Denied", Text: text}
 	case tasks.ApprovalExpired:
@@ -270,8 +271,8 @@ func outcomeOf(rec tasks.Record, state tasks.ApprovalState) *outcome {
 		return &outcome{Kind: "muted", Title: "Cancelled", Text: "The agent withdrew the request before it ran. The call did not run."}
 	case tasks.ApprovalFailed:
 		text := rec.Tool + " was started but reported an error or did not report back."
-		if final.Detail != "" {
-			text = final.Detail + "."
+		if final.Text() != "" {
+			text = final.Text() + "."
 		}
 		return &outcome{Kind: "bad", Title: "Approved, but it failed", Text: text}
 	}
@@ -287,18 +288,18 @@ func lastEvent(rec tasks.Record) tasks.Event {
 
 // refusals names, for the timeline, why the workflow refused a decision.
 var refusals = map[string]string{
-	"challenge_consumed":            "a confirmation was replayed",
-	"challenge_expired":             "the confirmation had expired",
-	"challenge_unknown":             "the confirmation was not recognised",
-	"challenge_wrong_task":          "the confirmation was for another request",
-	"challenge_wrong_decision":      "the confirmation was for the other decision",
-	"unknown_credential":            "an unknown passkey was used",
-	"signature_verification_failed": "a passkey signature did not verify",
-	"signature_counter_regression":  "a passkey looked cloned",
-	"argument_hash_mismatch":        "the confirmation did not match this call",
-	"approver_not_eligible":         "someone not eligible tried to decide",
-	"self_approval":                 "the requester tried to approve their own call",
-	"already_approved":              "an approver tried to approve twice",
+	passkey.ReasonChallengeConsumed:           "a confirmation was replayed",
+	passkey.ReasonChallengeExpired:            "the confirmation had expired",
+	passkey.ReasonChallengeUnknown:            "the confirmation was not recognised",
+	passkey.ReasonChallengeWrongTask:          "the confirmation was for another request",
+	passkey.ReasonChallengeWrongDecision:      "the confirmation was for the other decision",
+	passkey.ReasonUnknownCredential:           "an unknown passkey was used",
+	passkey.ReasonSignatureVerificationFailed: "a passkey signature did not verify",
+	passkey.ReasonSignatureCounterRegression:  "a passkey looked cloned",
+	passkey.ReasonArgumentHashMismatch:        "the confirmation did not match this call",
+	passkey.ReasonApproverNotEligible:         "someone not eligible tried to decide",
+	passkey.ReasonSelfApproval:                "the requester tried to approve their own call",
+	tasks.ReasonAlreadyApproved:               "an approver tried to approve twice",
 }
 
 // timeline turns the read model's events into the steps of a vertical
@@ -308,46 +309,46 @@ func timeline(rec tasks.Record, state tasks.ApprovalState) []step {
 	claimed := false
 	for _, e := range rec.Timeline {
 		s := step{Kind: "done", At: e.At.UTC().Format(time.RFC3339), AtLabel: e.At.UTC().Format("2 Jan 15:04:05 MST")}
-		switch e.Kind {
-		case "requested":
+		switch tasks.EventKind(e.Kind) {
+		case tasks.EventRequested:
 			s.Title = "Requested by " + rec.Owner
-			s.Detail = e.Detail
-		case "notified":
+			s.Detail = e.Text()
+		case tasks.EventNotified:
 			s.Title = "Approvers notified"
-		case "notify-failed":
+		case tasks.EventNotifyFailed:
 			s.Kind, s.Title = "warn", "Notification failed"
 			s.Detail = "Approvers can still decide through this page."
-		case "approval":
-			s.Kind, s.Title = "ok", upperFirst(e.Detail)
-		case "rejected-decision":
-			reason := strings.TrimPrefix(e.Detail, "rejected decision: ")
+		case tasks.EventApproval:
+			s.Kind, s.Title = "ok", upperFirst(e.Text())
+		case tasks.EventRejectedDecision:
+			reason := e.RejectionReason()
 			s.Kind, s.Title = "warn", "A decision was refused"
 			if text, ok := refusals[reason]; ok {
 				s.Detail = upperFirst(text) + "; nothing changed."
 			} else {
 				s.Detail = "Reason: " + reason + "; nothing changed."
 			}
-		case "claimed":
+		case tasks.EventClaimed:
 			claimed = true
 			s.Title = "Policy re-checked: allowed"
 			s.Detail = "The call is claimed and runs once."
-		case "executed":
-			s.Kind, s.Title, s.Detail = "ok", "Executed", e.Detail
-		case "execution-error":
-			s.Kind, s.Title, s.Detail = "bad", "Ran with an error", e.Detail
-		case "outcome-unknown":
-			s.Kind, s.Title, s.Detail = "bad", "Outcome unknown", e.Detail
-		case "denied":
-			s.Kind, s.Title, s.Detail = "bad", "Denied", e.Detail
-		case "expired":
+		case tasks.EventExecuted:
+			s.Kind, s.Title, s.Detail = "ok", "Executed", e.Text()
+		case tasks.EventExecutionError:
+			s.Kind, s.Title, s.Detail = "bad", "Ran with an error", e.Text()
+		case tasks.EventOutcomeUnknown:
+			s.Kind, s.Title, s.Detail = "bad", "Outcome unknown", e.Text()
+		case tasks.EventDenied:
+			s.Kind, s.Title, s.Detail = "bad", "Denied", e.Text()
+		case tasks.EventExpired:
 			s.Kind, s.Title, s.Detail = "bad", "Expired", "No decision in time; the call did not run."
-		case "cancelled":
-			s.Kind, s.Title, s.Detail = "muted", "Cancelled", e.Detail
-		case "failed":
-			s.Kind, s.Title, s.Detail = "bad", "Failed", e.Detail
+		case tasks.EventCancelled:
+			s.Kind, s.Title, s.Detail = "muted", "Cancelled", e.Text()
+		case tasks.EventFailed:
+			s.Kind, s.Title, s.Detail = "bad", "Failed", e.Text()
 		default:
 			s.Title = upperFirst(strings.ReplaceAll(e.Kind, "-", " "))
-			s.Detail = e.Detail
+			s.Detail = e.Text()
 		}
 		s.Detail = strings.ReplaceAll(s.Detail, rec.TaskID, "[task]")
 		out = append(out, s)

@@ -100,17 +100,18 @@ func chainEvents(recs []audit.Record, req audit.Requested) ([]tasks.Event, error
 	approvers := map[string]bool{}
 	claimed := false
 	out := make([]tasks.Event, 0, len(recs))
-	add := func(r audit.Record, kind, detail string) {
-		out = append(out, tasks.Event{At: r.At, Kind: kind, Detail: detail})
+	add := func(r audit.Record, e tasks.Event) {
+		e.At = r.At
+		out = append(out, e)
 	}
 	for _, r := range recs {
 		switch r.Kind {
 		case audit.KindRequested:
-			add(r, "requested", req.Requirement.Reason)
+			add(r, tasks.NewEvent(tasks.EventRequested, req.Requirement.Reason))
 		case audit.KindNotified:
-			add(r, "notified", "")
+			add(r, tasks.NewEvent(tasks.EventNotified, ""))
 		case audit.KindNotifyFail:
-			add(r, "notify-failed", "approvers could not be notified")
+			add(r, tasks.NewEvent(tasks.EventNotifyFailed, ""))
 		case audit.KindDecision:
 			var d audit.Decision
 			if err := json.Unmarshal(r.Body, &d); err != nil {
@@ -118,10 +119,10 @@ func chainEvents(recs []audit.Record, req audit.Requested) ([]tasks.Event, error
 			}
 			switch {
 			case !d.Accepted:
-				add(r, "rejected-decision", "rejected decision: "+d.Reason)
+				add(r, tasks.RejectedDecisionEvent(d.Reason))
 			case d.Decision == tasks.DecisionApprove && d.Approval != nil:
 				approvers[d.Approval.ApproverID] = true
-				add(r, "approval", fmt.Sprintf("approved by %s (%d of %d)", d.Approval.ApproverName, len(approvers), quorum))
+				add(r, tasks.ApprovalEvent(d.Approval.ApproverName, len(approvers), quorum))
 			}
 			// An accepted deny, with a passkey or unsigned through another
 			// channel, ends the task: the "denied" step that follows names
@@ -135,9 +136,9 @@ func chainEvents(recs []audit.Record, req audit.Requested) ([]tasks.Event, error
 				return nil, chainErr("claimed %d: %v", r.Seq, err)
 			}
 			claimed = true
-			add(r, "claimed", "policy allowed ("+p.PolicyVersion+")")
+			add(r, tasks.ClaimedEvent(p.PolicyVersion))
 		case audit.KindCancelRefused:
-			add(r, audit.KindCancelRefused, "cancel refused: the call was already claimed for execution")
+			add(r, tasks.NewEvent(tasks.EventCancelRefused, ""))
 		case audit.KindOutcome:
 			// The summary of the steps above: nothing new to show.
 		default:
@@ -148,7 +149,8 @@ func chainEvents(recs []audit.Record, req audit.Requested) ([]tasks.Event, error
 			if err := json.Unmarshal(r.Body, &e); err != nil {
 				return nil, chainErr("%s %d: %v", r.Kind, r.Seq, err)
 			}
-			add(r, r.Kind, endDetail(r.Kind, e, tool, quorum, claimed))
+			kind := tasks.EventKind(r.Kind) // the terminal audit kinds are the timeline's
+			add(r, tasks.NewEvent(kind, endDetail(kind, e, tool, quorum, claimed)))
 		}
 	}
 	return out, nil
@@ -158,32 +160,18 @@ func chainEvents(recs []audit.Record, req audit.Requested) ([]tasks.Event, error
 // Only a denial's recorded detail is shown as is (who denied and their
 // comment, or policy's reason); a failure's detail may hold a tool's error
 // text, which approvers never see.
-func endDetail(kind string, e audit.Ended, tool string, quorum int, claimed bool) string {
-	approved := "Approved; "
-	if quorum == 0 {
-		approved = "" // unattended: nothing was approved
-	}
+func endDetail(kind tasks.EventKind, e audit.Ended, tool string, quorum int, claimed bool) string {
 	switch kind {
-	case audit.KindExecuted:
-		return approved + tool + " ran once"
-	case audit.KindExecutionError:
-		return approved + tool + " ran and returned an error"
-	case audit.KindOutcomeUnknown:
-		return "Outcome unknown: " + tool + " was started but did not report back"
-	case audit.KindDenied:
+	case tasks.EventDenied:
 		if e.Detail != "" {
 			return e.Detail
 		}
 		return "Denied"
-	case audit.KindExpired:
-		return "Approval expired"
-	case audit.KindCancelled:
-		return "Cancelled before execution"
-	case audit.KindFailed:
-		if claimed {
-			return "Failed: " + tool + " reported a protocol error"
+	case tasks.EventFailed:
+		if !claimed {
+			return "Failed"
 		}
-		return "Failed"
 	}
-	return ""
+	// quorum 0 is unattended: nothing was approved.
+	return tasks.OutcomeText(kind, tool, quorum != 0)
 }

@@ -18,19 +18,21 @@ import (
 
 // Error types of the application errors the workflow's update handlers
 // return. tasks.Orchestrator surfaces them as tasks.UpdateRejected.Reason.
+// The edges read them through the same constants in tasks, the vocabulary
+// next to the task model.
 const (
 	// ErrTypeMalformedDecision: the decision is not approve/deny, or lacks a
 	// challenge ID or an assertion, or its comment is too long.
-	ErrTypeMalformedDecision = "malformed_decision"
+	ErrTypeMalformedDecision = tasks.ErrTypeMalformedDecision
 	// ErrTypeTaskNotPending: the task no longer takes decisions (decided,
 	// claimed, cancelled, expired or ended).
-	ErrTypeTaskNotPending = "task_not_pending"
+	ErrTypeTaskNotPending = tasks.ErrTypeTaskNotPending
 	// ErrTypeTooManyDecisions: the task has taken [MaxDecisionAttempts]
 	// decisions past validation; more would only grow its history.
-	ErrTypeTooManyDecisions = "too_many_decisions"
+	ErrTypeTooManyDecisions = tasks.ErrTypeTooManyDecisions
 	// ErrTypeVerificationUnavailable: the assertion could not be verified
 	// (infrastructure); nothing changed and the approver may try again.
-	ErrTypeVerificationUnavailable = "verification_unavailable"
+	ErrTypeVerificationUnavailable = tasks.ErrTypeVerificationUnavailable
 	// ErrTypeInvalidInput: the workflow was started with an input it cannot
 	// run; the task is failed.
 	ErrTypeInvalidInput = "invalid_input"
@@ -38,7 +40,7 @@ const (
 
 // ReasonAlreadyApproved is the DecisionResult.Reason when an approver who
 // already approved approves again.
-const ReasonAlreadyApproved = "already_approved"
+const ReasonAlreadyApproved = tasks.ReasonAlreadyApproved
 
 // MaxCommentLen bounds a decision's comment, in bytes.
 const MaxCommentLen = 1000
@@ -88,9 +90,9 @@ type ending struct {
 	status        tasks.Status
 	disposition   tasks.Disposition
 	approvalState tasks.ApprovalState
-	event         string // timeline kind
-	detail        string // outcome detail: the agent reads it in the result
-	message       string // status message
+	event         tasks.EventKind // timeline kind
+	detail        string          // outcome detail: the agent reads it in the result
+	message       string          // status message
 	toolResult    *tasks.CallToolResult
 }
 
@@ -134,7 +136,7 @@ func Approval(ctx workflow.Context, in tasks.ApprovalInput) (tasks.ApprovalOutco
 		w.endAs(&ending{
 			status:        tasks.StatusFailed,
 			approvalState: tasks.ApprovalFailed,
-			event:         "failed",
+			event:         tasks.EventFailed,
 			detail:        "The approval could not start.",
 			message:       "Failed: the approval could not start",
 		})
@@ -161,7 +163,7 @@ func Approval(ctx workflow.Context, in tasks.ApprovalInput) (tasks.ApprovalOutco
 	}
 
 	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "requested", StepID: "requested", Input: &w.in})
-	w.emitState(ctx, "requested", in.Requirement.Reason)
+	w.emitState(ctx, tasks.NewEvent(tasks.EventRequested, in.Requirement.Reason))
 	if !unattended(in) {
 		// Approvers are told in order: the request, each approval, the end.
 		// Disconnected: a cancelled workflow still reports its end.
@@ -293,7 +295,7 @@ func (w *approval) awaitDecision(ctx workflow.Context) {
 		}
 	}
 	if !ok {
-		w.endAs(denied("expired", "Approval expired.", "Approval expired", tasks.ApprovalExpired))
+		w.endAs(denied(tasks.EventExpired, "Approval expired.", tasks.OutcomeText(tasks.EventExpired, w.in.Envelope.Tool, true), tasks.ApprovalExpired))
 	}
 }
 
@@ -314,13 +316,13 @@ func (w *approval) reevaluateAndExecute(ctx workflow.Context) {
 	}
 	if err != nil {
 		w.log.Error("policy could not be evaluated; denying", "error", err)
-		w.endAs(denied("denied", "The policy could not be evaluated.", "Denied: policy could not be evaluated", tasks.ApprovalDenied))
+		w.endAs(denied(tasks.EventDenied, "The policy could not be evaluated.", "Denied: policy could not be evaluated", tasks.ApprovalDenied))
 		return
 	}
 	if !re.Allow {
 		w.log.Info("policy denied on re-evaluation", "decision", re.Effect, "policy_version", re.PolicyVersion)
 		w.emitAudit(ctx, activities.RecordAuditInput{Kind: "reevaluated", StepID: "reevaluated", Policy: &re})
-		w.endAs(denied("denied", "Denied by policy on re-evaluation: "+re.Reason, "Denied by policy: "+re.Reason, tasks.ApprovalDenied))
+		w.endAs(denied(tasks.EventDenied, "Denied by policy on re-evaluation: "+re.Reason, "Denied by policy: "+re.Reason, tasks.ApprovalDenied))
 		return
 	}
 
@@ -336,7 +338,7 @@ func (w *approval) reevaluateAndExecute(ctx workflow.Context) {
 	ctx, _ = workflow.NewDisconnectedContext(ctx)
 	w.log.Info("execution claimed", "policy_version", re.PolicyVersion)
 	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "reevaluated", StepID: "reevaluated", Policy: &re})
-	w.emitState(ctx, "claimed", "policy allowed ("+re.PolicyVersion+")")
+	w.emitState(ctx, tasks.ClaimedEvent(re.PolicyVersion))
 	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "claimed", StepID: "claimed", Policy: &re})
 
 	var out activities.ExecuteToolOutput
@@ -357,38 +359,38 @@ func (w *approval) executed(out activities.ExecuteToolOutput, err error) *ending
 		}
 		if res.IsError {
 			return &ending{status: tasks.StatusCompleted, disposition: tasks.ExecutionError, approvalState: tasks.ApprovalFailed,
-				event: "execution-error", message: "Approved; " + tool + " ran and returned an error", toolResult: &res}
+				event: tasks.EventExecutionError, message: tasks.OutcomeText(tasks.EventExecutionError, tool, true), toolResult: &res}
 		}
 		return &ending{status: tasks.StatusCompleted, disposition: tasks.ApprovedExecuted, approvalState: tasks.ApprovalExecuted,
-			event: "executed", message: "Approved; " + tool + " ran once", toolResult: &res}
+			event: tasks.EventExecuted, message: tasks.OutcomeText(tasks.EventExecuted, tool, true), toolResult: &res}
 	}
 	var appErr *temporal.ApplicationError
 	if errors.As(err, &appErr) {
 		switch appErr.Type() {
 		case activities.ErrTypeEnvelopeMismatch:
 			w.log.Error("envelope does not match its action hash; tool not run", "error", err)
-			return denied("denied", "The held call no longer matches what was approved.", "Denied: stale envelope", tasks.ApprovalDenied)
+			return denied(tasks.EventDenied, "The held call no longer matches what was approved.", "Denied: stale envelope", tasks.ApprovalDenied)
 		case activities.ErrTypeToolProtocolError:
 			w.log.Warn("tool failed with a protocol error; it did not act", "error", err)
 			return protocolErrorEnding(tool, appErr)
 		case activities.ErrTypeUnknownTool:
 			w.log.Error("tool not available; not run", "error", err)
-			return denied("denied", "The tool is not available.", "Denied: tool not available", tasks.ApprovalDenied)
+			return denied(tasks.EventDenied, "The tool is not available.", "Denied: tool not available", tasks.ApprovalDenied)
 		}
 	}
 	w.log.Error("execution outcome unknown", "error", err)
 	return &ending{status: tasks.StatusCompleted, disposition: tasks.OutcomeUnknown, approvalState: tasks.ApprovalFailed,
-		event: "outcome-unknown", message: "Outcome unknown: " + tool + " was started but did not report back"}
+		event: tasks.EventOutcomeUnknown, message: tasks.OutcomeText(tasks.EventOutcomeUnknown, tool, true)}
 }
 
-func denied(event, detail, message string, state tasks.ApprovalState) *ending {
+func denied(event tasks.EventKind, detail, message string, state tasks.ApprovalState) *ending {
 	return &ending{status: tasks.StatusCompleted, disposition: tasks.DeniedNotExecuted, approvalState: state,
 		event: event, detail: detail, message: message}
 }
 
 func cancelledEnding() *ending {
 	return &ending{status: tasks.StatusCancelled, approvalState: tasks.ApprovalCancelled,
-		event: "cancelled", message: "Cancelled before execution"}
+		event: tasks.EventCancelled, message: tasks.OutcomeText(tasks.EventCancelled, "", false)}
 }
 
 // endAs makes e the task's outcome. Only the first outcome counts.
@@ -428,11 +430,11 @@ func (w *approval) notify(ctx workflow.Context) {
 	}).Get(ctx, nil)
 	if err != nil {
 		w.log.Warn("approvers could not be notified", "error", err)
-		w.emitState(ctx, "notify-failed", "approvers could not be notified")
+		w.emitState(ctx, tasks.NewEvent(tasks.EventNotifyFailed, ""))
 		w.emitAudit(ctx, activities.RecordAuditInput{Kind: "notify-failed", StepID: "notify"})
 		return
 	}
-	w.emitState(ctx, "notified", "")
+	w.emitState(ctx, tasks.NewEvent(tasks.EventNotified, ""))
 	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "notified", StepID: "notify"})
 }
 
@@ -700,14 +702,14 @@ func (w *approval) decideLocked(ctx workflow.Context, d tasks.DecisionUpdate) (t
 		if d.Comment != "" {
 			detail = "Denied by " + v.ApproverName + ": " + d.Comment
 		}
-		w.endAs(denied("denied", detail, detail, tasks.ApprovalDenied))
+		w.endAs(denied(tasks.EventDenied, detail, detail, tasks.ApprovalDenied))
 		return w.decisionResult(true, ""), nil
 	}
 	n := w.approvedCount()
 	if n >= w.in.Requirement.Quorum {
 		w.phase = phaseApproved
 	}
-	w.emitState(ctx, "approval", fmt.Sprintf("approved by %s (%d of %d)", v.ApproverName, n, w.in.Requirement.Quorum))
+	w.emitState(ctx, tasks.ApprovalEvent(v.ApproverName, n, w.in.Requirement.Quorum))
 	w.queueNote(activities.NotifyProgress)
 	return w.decisionResult(true, ""), nil
 }
@@ -720,7 +722,7 @@ func (w *approval) emitRejection(ctx workflow.Context, decision, challengeID, re
 		return
 	}
 	w.rejected++
-	w.emitState(ctx, tasks.EventRejectedDecision, "rejected decision: "+reason)
+	w.emitState(ctx, tasks.RejectedDecisionEvent(reason))
 	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "decision",
 		StepID:   "decision/" + workflow.GetCurrentUpdateInfo(ctx).ID,
 		Decision: &activities.AuditDecision{Decision: decision, Accepted: false, Reason: reason, ChallengeID: challengeID}})
@@ -792,7 +794,7 @@ func (w *approval) denyUnsigned(ctx workflow.Context, d tasks.UnsignedDenial) (t
 	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "decision", StepID: "decision/" + workflow.GetCurrentUpdateInfo(ctx).ID,
 		Decision: &activities.AuditDecision{Decision: tasks.DecisionDeny, Accepted: true, Comment: d.Comment,
 			ApproverID: d.ApproverID, ApproverName: d.ApproverName, Via: d.Via}})
-	w.endAs(denied("denied", detail, detail, tasks.ApprovalDenied))
+	w.endAs(denied(tasks.EventDenied, detail, detail, tasks.ApprovalDenied))
 	w.mu.Unlock()
 	if err := workflow.Await(ctx, w.ended); err != nil {
 		return tasks.DecisionResult{}, err
@@ -812,7 +814,7 @@ func (w *approval) cancel(ctx workflow.Context, _ struct{}) (tasks.CancelResult,
 	case phaseClaimed:
 		if !w.refused {
 			w.refused = true
-			w.emitState(ctx, "cancel-refused", "cancel refused: the call was already claimed for execution")
+			w.emitState(ctx, tasks.NewEvent(tasks.EventCancelRefused, ""))
 			w.emitAudit(ctx, activities.RecordAuditInput{Kind: "cancel-refused", StepID: "cancel-refused"})
 		}
 		if err := w.awaitPublished(ctx, w.out.seq); err != nil {

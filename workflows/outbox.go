@@ -40,13 +40,14 @@ func (w *approval) emit(p activities.Projection) int64 {
 }
 
 // emitState queues the task's current state and one timeline event for the
-// read model.
-func (w *approval) emitState(ctx workflow.Context, kind, detail string) int64 {
+// read model, stamped with the workflow's time.
+func (w *approval) emitState(ctx workflow.Context, ev tasks.Event) int64 {
+	ev.At = workflow.Now(ctx)
 	return w.emit(activities.Projection{State: &activities.RecordStateInput{
 		StatusMessage: w.statusMessage(),
 		ApprovalState: w.approvalState(),
 		Approvals:     slices.Clone(w.approvals),
-		Event:         tasks.Event{At: workflow.Now(ctx), Kind: kind, Detail: detail},
+		Event:         ev,
 		Status:        w.inputStatus(),
 		InputRequests: w.pendingInputs(),
 	}})
@@ -71,7 +72,7 @@ func (w *approval) emitEnd(ctx workflow.Context) int64 {
 		StatusMessage: e.message,
 		ApprovalState: e.approvalState,
 		Approvals:     slices.Clone(w.approvals),
-		Event:         tasks.Event{At: workflow.Now(ctx), Kind: e.event, Detail: e.message},
+		Event:         tasks.Event{At: workflow.Now(ctx), Kind: string(e.event), Detail: e.message},
 		Audit:         true,
 	}})
 }

@@ -42,14 +42,14 @@ func (w *approval) awaitStart(ctx workflow.Context) {
 		case left():
 			return // cancelled
 		case !ok:
-			w.endAs(&ending{status: tasks.StatusFailed, approvalState: tasks.ApprovalExpired, event: "expired",
+			w.endAs(&ending{status: tasks.StatusFailed, approvalState: tasks.ApprovalExpired, event: tasks.EventExpired,
 				detail: "The client did not answer the task's input requests in time.", message: "Failed: input not provided in time"})
 			return
 		}
 		// encoding/json writes map keys sorted: deterministic.
 		b, err := json.Marshal(w.input.answers) //workflowcheck:ignore
 		if err != nil {
-			w.endAs(&ending{status: tasks.StatusFailed, approvalState: tasks.ApprovalFailed, event: "failed",
+			w.endAs(&ending{status: tasks.StatusFailed, approvalState: tasks.ApprovalFailed, event: tasks.EventFailed,
 				detail: "The answers could not be encoded.", message: "Failed: invalid input"})
 			return
 		}
@@ -86,19 +86,19 @@ func (w *approval) unattendedStatus() string {
 // tool did not act.
 func protocolErrorEnding(tool string, appErr *temporal.ApplicationError) *ending {
 	return &ending{status: tasks.StatusFailed, approvalState: tasks.ApprovalFailed,
-		event: "failed", detail: appErr.Message(), message: "Failed: " + tool + " reported a protocol error"}
+		event: tasks.EventFailed, detail: appErr.Message(), message: tasks.OutcomeText(tasks.EventFailed, tool, false)}
 }
 
 // unattendedEnding is the end of an unattended task whose tool ran: no
 // disposition, because nothing was approved, so the task's result is the
 // tool's own result, exactly as a synchronous allowed call returns it.
 func unattendedEnding(tool string, res tasks.CallToolResult) *ending {
-	message := tool + " ran once"
+	message := tasks.OutcomeText(tasks.EventExecuted, tool, false)
 	if res.IsError {
-		message = tool + " ran and returned an error"
+		message = tasks.OutcomeText(tasks.EventExecutionError, tool, false)
 	}
 	return &ending{status: tasks.StatusCompleted, approvalState: tasks.ApprovalExecuted,
-		event: "executed", message: message, toolResult: &res}
+		event: tasks.EventExecuted, message: message, toolResult: &res}
 }
 
 // InputWaitTimeout bounds how long an unattended task waits for its client's
@@ -107,7 +107,7 @@ const InputWaitTimeout = 24 * time.Hour
 
 // ErrTypeNotWaitingForInput rejects (without history) answers for a task that
 // is not waiting for any.
-const ErrTypeNotWaitingForInput = "not_waiting_for_input"
+const ErrTypeNotWaitingForInput = tasks.ErrTypeNotWaitingForInput
 
 // inputWait is an unattended task's input requests (SEP-2322) and the
 // answers so far.
@@ -147,7 +147,7 @@ func (w *approval) provideInput(ctx workflow.Context, u tasks.InputUpdate) (task
 		}
 	}
 	if n > 0 {
-		seq := w.emitState(ctx, "input", fmt.Sprintf("%d input request(s) answered, %d pending", n, len(w.input.pending)))
+		seq := w.emitState(ctx, tasks.NewEvent(tasks.EventInput, fmt.Sprintf("%d input request(s) answered, %d pending", n, len(w.input.pending))))
 		if err := w.awaitPublished(ctx, seq); err != nil {
 			return tasks.InputResult{}, err
 		}
