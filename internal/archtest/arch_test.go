@@ -1,0 +1,125 @@
+package archtest
+
+import (
+	"bufio"
+	"go/build"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/countersign/countersign"
+
+// testOnly are packages without code of their own (tests only); the
+// document names them in prose, not in the table.
+var testOnly = []string{"internal/e2e", "internal/browsertest", "internal/abusetest", "internal/archtest"}
+
+func TestArchitectureTableMatchesImports(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := readTable(t, filepath.Join(root, "docs", "architecture.md"))
+	code := modulePackages(t, root)
+
+	for pkg, imports := range code {
+		documented, ok := table[pkg]
+		if !ok {
+			t.Errorf("docs/architecture.md: package %s is missing from the table (it imports %v)", pkg, imports)
+			continue
+		}
+		if !slices.Equal(documented, imports) {
+			t.Errorf("docs/architecture.md: %s imports %v, the table says %v", pkg, imports, documented)
+		}
+	}
+	for pkg := range table {
+		if _, ok := code[pkg]; !ok {
+			t.Errorf("docs/architecture.md: the table lists %s, which is not a package with code", pkg)
+		}
+	}
+}
+
+// readTable parses the rows "| `pkg` | owns | `a`, `b` |" of the package
+// table: package → sorted module imports.
+func readTable(t *testing.T, path string) map[string][]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[string][]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		cells := strings.Split(sc.Text(), "|")
+		if len(cells) != 5 || !strings.HasPrefix(strings.TrimSpace(cells[1]), "`") {
+			continue
+		}
+		pkg := strings.Trim(strings.TrimSpace(cells[1]), "`")
+		imports := []string{}
+		for _, imp := range strings.Split(cells[3], ",") {
+			imp = strings.Trim(strings.TrimSpace(imp), "`")
+			if imp != "" && imp != "—" {
+				imports = append(imports, imp)
+			}
+		}
+		slices.Sort(imports)
+		out[pkg] = imports
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(out) == 0 {
+		t.Fatal("docs/architecture.md: no package table found")
+	}
+	return out
+}
+
+// modulePackages walks the module and returns each package with non-test
+// Go files and its sorted imports of other module packages.
+func modulePackages(t *testing.T, root string) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		name := d.Name()
+		if path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "node_modules") {
+			return filepath.SkipDir
+		}
+		p, err := build.ImportDir(path, 0)
+		if err != nil {
+			if _, ok := err.(*build.NoGoError); ok {
+				return nil
+			}
+			return err
+		}
+		rel, err := filepath.Rel(root, path)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		if slices.Contains(testOnly, rel) || len(p.GoFiles) == 0 {
+			return nil
+		}
+		imports := []string{}
+		for _, imp := range p.Imports {
+			if after, ok := strings.CutPrefix(imp, module+"/"); ok {
+				imports = append(imports, after)
+			}
+		}
+		slices.Sort(imports)
+		out[rel] = imports
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
