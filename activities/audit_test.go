@@ -18,17 +18,7 @@ import (
 func TestAuditChainFromActivities(t *testing.T) {
 	w := newWorld(t)
 	ctx := context.Background()
-	js, err := jetstream.New(w.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, err := audit.OpenKeyring(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if w.acts.Audit, err = audit.Open(ctx, js, audit.Options{Keys: keys}); err != nil {
-		t.Fatal(err)
-	}
+	keys := w.openAudit(t)
 	alice := w.enroll(t, "alice", "approvers")
 	req := tasks.Requirement{Group: "approvers", Quorum: 1, AuthenticatorClass: "platform", Reason: "big"}
 	env := envelope(t, "agent-1", `{"amount":5000,"to":"acme"}`)
@@ -105,17 +95,10 @@ func TestAuditChainFromActivities(t *testing.T) {
 func TestCompleteWithBrokenAuditChain(t *testing.T) {
 	w := newWorld(t)
 	ctx := context.Background()
-	js, _ := jetstream.New(w.nc)
-	keys, err := audit.OpenKeyring(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if w.acts.Audit, err = audit.Open(ctx, js, audit.Options{Keys: keys}); err != nil {
-		t.Fatal(err)
-	}
+	w.openAudit(t)
 	env := envelope(t, "agent-1", `{"amount":5000,"to":"acme"}`)
 	w.createTask(t, env)
-	err = w.run(t, w.acts.Complete, activities.CompleteInput{Version: activities.Version, TaskID: env.TaskID, Tool: env.Tool,
+	err := w.run(t, w.acts.Complete, activities.CompleteInput{Version: activities.Version, TaskID: env.TaskID, Tool: env.Tool,
 		Status: tasks.StatusCompleted, Disposition: tasks.DeniedNotExecuted, ApprovalState: tasks.ApprovalExpired,
 		Event: tasks.Event{At: env.CreatedAt.Add(time.Hour), Kind: "expired"}, Audit: true})
 	if err != nil {
@@ -128,4 +111,22 @@ func TestCompleteWithBrokenAuditChain(t *testing.T) {
 	if _, err := w.acts.Audit.Chain(ctx, env.TaskID); err != audit.ErrNotFound {
 		t.Fatalf("chain: %v, want ErrNotFound", err)
 	}
+}
+
+// openAudit gives the world's activities a real audit log on its NATS and
+// returns its keyring.
+func (w *world) openAudit(t *testing.T) *audit.Keyring {
+	t.Helper()
+	js, err := jetstream.New(w.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := audit.OpenKeyring(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.acts.Audit, err = audit.Open(context.Background(), js, audit.Options{Keys: keys}); err != nil {
+		t.Fatal(err)
+	}
+	return keys
 }

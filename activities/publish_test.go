@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/countersign/countersign/activities"
 	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/tasks"
@@ -17,17 +15,7 @@ import (
 func TestPublishIsOrderedAndIdempotent(t *testing.T) {
 	w := newWorld(t)
 	ctx := context.Background()
-	js, err := jetstream.New(w.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, err := audit.OpenKeyring(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if w.acts.Audit, err = audit.Open(ctx, js, audit.Options{Keys: keys}); err != nil {
-		t.Fatal(err)
-	}
+	w.openAudit(t)
 	env := envelope(t, "agent-1", `{"amount":5000,"to":"acme"}`)
 	rec := w.createTask(t, env)
 	in := tasks.ApprovalInput{Version: tasks.ApprovalInputVersion, Envelope: env, Requirement: rec.Requirement,

@@ -543,7 +543,7 @@ func verifyChain(taskID string, recs []Record, hashes []string, opts VerifyOptio
 			case tk.executed && claimedAt < 0:
 				fail(RuleExecutionWithoutClaim, i, "%s without an execution claim: the tool ran with no claim and no quorum committed before one", r.Kind)
 			case !tk.executed && claimedAt >= 0 && e.ResultDigest != "":
-				fail(RuleStoppedAfterClaim, i, "%s (%s) after the execution claim (record %d) records the tool's result: the tool ran", r.Kind, e.Disposition+e.Status, claimedAt)
+				fail(RuleStoppedAfterClaim, i, "%s (%s/%s) after the execution claim (record %d) records the tool's result: the tool ran", r.Kind, e.Status, e.Disposition, claimedAt)
 			case (r.Kind == KindCancelled || r.Kind == KindExpired) && claimedAt >= 0:
 				fail(RuleStoppedAfterClaim, i, "%s after the execution claim (record %d): a claimed call cannot be stopped", r.Kind, claimedAt)
 			case !tk.executed && e.ResultDigest != "":

@@ -348,9 +348,7 @@ func (s *Server) createTask(ctx context.Context, c *gatedCall, taskID, dedupKey 
 	// The record exists before the workflow, so a tasks/get for the ID we
 	// return always resolves (SEP-2663 strong consistency at creation).
 	if err := s.opts.Store.Create(ctx, rec); err != nil {
-		if rerr := s.opts.Store.ReleasePending(context.WithoutCancel(ctx), info.principal, taskID); rerr != nil {
-			s.log.ErrorContext(ctx, "mcpserver: release pending reservation", "task_id", taskID, "err", rerr)
-		}
+		s.releasePending(ctx, info.principal, taskID)
 		if dedupKey != "" {
 			s.opts.Store.ReleaseDedup(ctx, dedupKey, taskID)
 		}
@@ -406,9 +404,7 @@ func (s *Server) admitTask(ctx context.Context, principal, taskID string, now ti
 	}
 	if !s.limiter.Allow(principal, now) {
 		s.log.WarnContext(ctx, "mcpserver: task creation rate limit reached", "principal", principal)
-		if rerr := s.opts.Store.ReleasePending(context.WithoutCancel(ctx), principal, taskID); rerr != nil {
-			s.log.ErrorContext(ctx, "mcpserver: release pending reservation", "task_id", taskID, "err", rerr)
-		}
+		s.releasePending(ctx, principal, taskID)
 		return reasonRateLimited, false
 	}
 	return "", true
@@ -516,4 +512,12 @@ func (s *Server) startOutcome(ctx context.Context, taskID string, startErr error
 		return startedAnyway
 	}
 	return startedNot
+}
+
+// releasePending gives back a pending reservation whose task was not
+// created; the caller may have hung up, the release must still happen.
+func (s *Server) releasePending(ctx context.Context, principal, taskID string) {
+	if err := s.opts.Store.ReleasePending(context.WithoutCancel(ctx), principal, taskID); err != nil {
+		s.log.ErrorContext(ctx, "mcpserver: release pending reservation", "task_id", taskID, "err", err)
+	}
 }

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -214,7 +215,7 @@ const refusalPause = time.Second
 func (s *Server) refuse(w http.ResponseWriter, r *http.Request, principal, method string, id json.RawMessage, retry time.Duration) {
 	s.log.DebugContext(r.Context(), "mcpserver: request over budget", "principal", principal, "method", method)
 	// Jittered, so that a flood's refusals do not come back in waves.
-	pause := time.NewTimer(min(retry, refusalPause) + rand.N(refusalPause/2))
+	pause := time.NewTimer(refusalPause + rand.N(refusalPause/2))
 	select {
 	case <-pause.C:
 	case <-r.Context().Done():
@@ -256,12 +257,7 @@ func (c *recentPrincipals) put(token, principal string) {
 
 // bearerToken is the token of an "Authorization: Bearer X" header, or "".
 func bearerToken(r *http.Request) string {
-	scheme, token, found := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
-	token = strings.TrimSpace(token)
-	if !found || !strings.EqualFold(scheme, "Bearer") {
-		return ""
-	}
-	return token
+	return authn.BearerToken(strings.TrimSpace(r.Header.Get("Authorization")))
 }
 
 // WriteHTTPError answers a request the HTTP layer refused before it was

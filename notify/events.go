@@ -76,18 +76,16 @@ type Events struct {
 	js jetstream.JetStream
 }
 
-// NewEvents creates or updates the [EventsStream] stream.
-func NewEvents(ctx context.Context, js jetstream.JetStream, opts EventsOptions) (*Events, error) {
-	if js == nil {
-		return nil, errors.New("notify: JetStream is required")
-	}
+// EventsStreamConfig is the configuration of the [EventsStream] stream;
+// a copy of the stream (countersign dev's, for its NATS clients) uses it too.
+func EventsStreamConfig(opts EventsOptions) jetstream.StreamConfig {
 	if opts.Replicas == 0 {
 		opts.Replicas = 1
 	}
 	if opts.MaxAge == 0 {
 		opts.MaxAge = 30 * 24 * time.Hour
 	}
-	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	return jetstream.StreamConfig{
 		Name:        EventsStream,
 		Description: "Countersign approval events (JSON, v1)",
 		Subjects:    []string{SubjectRequested + ".>", SubjectResolved + ".>"},
@@ -95,7 +93,15 @@ func NewEvents(ctx context.Context, js jetstream.JetStream, opts EventsOptions) 
 		Replicas:    opts.Replicas,
 		MaxAge:      opts.MaxAge,
 		Duplicates:  eventsDedupWindow,
-	})
+	}
+}
+
+// NewEvents creates or updates the [EventsStream] stream.
+func NewEvents(ctx context.Context, js jetstream.JetStream, opts EventsOptions) (*Events, error) {
+	if js == nil {
+		return nil, errors.New("notify: JetStream is required")
+	}
+	_, err := js.CreateOrUpdateStream(ctx, EventsStreamConfig(opts))
 	if err != nil {
 		return nil, fmt.Errorf("notify: events stream: %w", err)
 	}

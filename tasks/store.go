@@ -268,6 +268,9 @@ func (s *Store) Update(ctx context.Context, taskID string, fn func(*Record) erro
 	return Record{}, fmt.Errorf("tasks: update %s: too much contention", taskID)
 }
 
+// retireTimeout bounds the index clean-up after a task ends.
+const retireTimeout = 10 * time.Second
+
 // retire gives back the pending reservation of a task that has just become
 // terminal and drops the indexes it no longer needs. It runs once per task:
 // only the writer whose compare-and-set made the record terminal calls it.
@@ -275,6 +278,10 @@ func (s *Store) Update(ctx context.Context, taskID string, fn func(*Record) erro
 // stricter until [Reconcile] recounts, and a stale dedup slot is detected as
 // terminal and replaced.
 func (s *Store) retire(ctx context.Context, r Record) {
+	// The record is terminal now: its release must not die with the
+	// caller's context (an activity's timeout, a request hung up).
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), retireTimeout)
+	defer cancel()
 	if err := s.ReleasePending(ctx, r.Owner, r.TaskID); err != nil {
 		s.log.Warn("tasks: release pending reservation", "task_id", r.TaskID, "err", err)
 	}

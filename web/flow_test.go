@@ -16,6 +16,7 @@ import (
 
 	"github.com/countersign/countersign/activities"
 	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/internal/testpasskey"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
@@ -338,7 +339,7 @@ func TestInvalidDecisionFloodLocksNobodyOut(t *testing.T) {
 	annBody := e.sign(t, ann, rec.ApprovalRef, "approve")
 	bobBody := e.sign(t, bob, rec.ApprovalRef, "approve")
 	forged := map[string]any{"challengeId": annBody["challengeId"], "decision": "approve",
-		"response": json.RawMessage(flipLastByte(t, annBody["response"].(json.RawMessage)))}
+		"response": testpasskey.FlipSignature(t, annBody["response"].(json.RawMessage))}
 	const flood = workflows.MaxDecisionAttempts + 20
 	var wg sync.WaitGroup
 	for i := range flood {
@@ -382,26 +383,4 @@ func TestInvalidDecisionFloodLocksNobodyOut(t *testing.T) {
 	if rejected == 0 || rejected > workflows.MaxRecordedRejections {
 		t.Errorf("%d rejected decisions recorded, want 1..%d", rejected, workflows.MaxRecordedRejections)
 	}
-}
-
-// flipLastByte breaks an assertion's signature, keeping its shape.
-func flipLastByte(t *testing.T, assertion json.RawMessage) json.RawMessage {
-	t.Helper()
-	var m map[string]any
-	if err := json.Unmarshal(assertion, &m); err != nil {
-		t.Fatal(err)
-	}
-	resp := m["response"].(map[string]any)
-	sig := []byte(resp["signature"].(string))
-	if sig[0] == 'A' {
-		sig[0] = 'B'
-	} else {
-		sig[0] = 'A'
-	}
-	resp["signature"] = string(sig)
-	b, err := json.Marshal(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"golang.org/x/net/netutil"
 	"io"
 	"net"
 	"net/http"
@@ -122,7 +123,7 @@ func startStack(t *testing.T, l limits) *stack {
 		t.Fatal(err)
 	}
 	if l.maxConns > 0 {
-		ln = httplimit.LimitListener(ln, l.maxConns)
+		ln = netutil.LimitListener(ln, l.maxConns)
 	}
 	srv := &http.Server{
 		Handler:           st.guard.Handler(mux),

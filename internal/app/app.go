@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/net/netutil"
 	"io"
 	"log/slog"
 	"net"
@@ -237,19 +238,14 @@ const devNATSClientUser = "countersign-client"
 // connects in process; its account (tasks, tokens, passkeys, ledger, audit)
 // is out of their reach. replicas is the configured replica count (always 1:
 // the embedded NATS is a single node).
-func devNATSClients(replicas int) *natsrv.Clients {
+func devNATSClients() *natsrv.Clients {
+	// The embedded NATS is one node: one replica (Config.Validate).
+	events := notify.EventsStreamConfig(notify.EventsOptions{})
+	events.Description = "Countersign approval events (JSON, v1), copied for NATS clients of countersign dev"
 	return &natsrv.Clients{
 		User:     devNATSClientUser,
 		Services: []string{"countersign.approver.v1.>"},
-		Streams: []jetstream.StreamConfig{{
-			Name:        notify.EventsStream,
-			Description: "Countersign approval events (JSON, v1), copied for NATS clients of countersign dev",
-			Subjects:    []string{notify.SubjectRequested + ".>", notify.SubjectResolved + ".>"},
-			Storage:     jetstream.FileStorage,
-			Replicas:    replicas,
-			MaxAge:      30 * 24 * time.Hour,
-			Duplicates:  time.Hour,
-		}},
+		Streams:  []jetstream.StreamConfig{events},
 	}
 }
 
@@ -260,7 +256,7 @@ func (a *App) startNATS(ctx context.Context) error {
 		if a.mode != ModeDev {
 			return errors.New("--nats-url is required outside dev mode")
 		}
-		srv, err := natsrv.Start(natsrv.Options{StoreDir: filepath.Join(a.cfg.DataDir, "nats"), Clients: devNATSClients(a.cfg.NATSReplicas)})
+		srv, err := natsrv.Start(natsrv.Options{StoreDir: filepath.Join(a.cfg.DataDir, "nats"), Clients: devNATSClients()})
 		if err != nil {
 			return err
 		}
@@ -440,7 +436,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", a.cfg.Addr, err)
 	}
-	a.listener = httplimit.LimitListener(ln, a.cfg.MaxConnections)
+	a.listener = netutil.LimitListener(ln, a.cfg.MaxConnections)
 	bodyTimeout := a.cfg.BodyReadTimeout
 	a.httpSrv = &http.Server{
 		Handler:           bodies.Handler(mux),

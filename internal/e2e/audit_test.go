@@ -12,6 +12,7 @@ import (
 
 	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/internal/app"
+	"github.com/countersign/countersign/internal/testpasskey"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -45,7 +46,7 @@ func TestAuditExportVerifiesOfflineAndTamperingFails(t *testing.T) {
 	executed := s.CreateTask(s.AgentToken, "transfer_funds", transferArgs)
 	ref := s.RefOf(executed.TaskID)
 	c := s.Challenge(ref, "approve")
-	if r := s.Decide(ref, c, "approve", flipSignature(t, alice.Sign(t, c))); r.Accepted {
+	if r := s.Decide(ref, c, "approve", testpasskey.FlipSignature(t, alice.Sign(t, c))); r.Accepted {
 		t.Fatalf("forged assertion accepted: %+v", r)
 	}
 	if r := s.Approve(alice, ref, "approve"); !r.Accepted {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/countersign/countersign/internal/app"
 	"github.com/countersign/countersign/internal/devtest"
+	"github.com/countersign/countersign/internal/testpasskey"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -137,7 +138,7 @@ func TestGatedCallLifecycle(t *testing.T) {
 		c := s.Challenge(ref, "approve")
 		sig := alice.Sign(t, c)
 		// Forged: a flipped byte in the signature.
-		forged := flipSignature(t, sig)
+		forged := testpasskey.FlipSignature(t, sig)
 		if r := s.Decide(ref, c, "approve", forged); r.Accepted || r.Reason != "signature_verification_failed" {
 			t.Fatalf("forged assertion: %+v", r)
 		}
@@ -306,24 +307,6 @@ func (s *stack) decideFresh(a *approver, ref, decision string) decisionResult {
 		return decisionResult{Reason: "challenge refused"}
 	}
 	return s.Decide(ref, c, decision, a.Sign(s.T, c))
-}
-
-func flipSignature(t *testing.T, assertion json.RawMessage) json.RawMessage {
-	t.Helper()
-	var m map[string]any
-	if err := json.Unmarshal(assertion, &m); err != nil {
-		t.Fatal(err)
-	}
-	resp := m["response"].(map[string]any)
-	sig := []byte(resp["signature"].(string))
-	if sig[10] == 'A' {
-		sig[10] = 'B'
-	} else {
-		sig[10] = 'A'
-	}
-	resp["signature"] = string(sig)
-	b, _ := json.Marshal(m)
-	return b
 }
 
 func TestPendingTaskSurvivesRestartAndRunsOnce(t *testing.T) {

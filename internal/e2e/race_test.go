@@ -24,6 +24,7 @@ import (
 	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/internal/app"
 	"github.com/countersign/countersign/internal/devtest"
+	"github.com/countersign/countersign/internal/testpasskey"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -324,7 +325,7 @@ func (r *racer) round(t *testing.T, v raceVariant, round int) (out roundOutcome)
 		sg := valid[i%len(valid)]
 		switch i % 5 {
 		case 0: // a flipped byte in a valid assertion's signature
-			ops = append(ops, &raceOp{kind: "forged", req: r.decisionRequest(ref, decisionBody(sg.c.ChallengeID, "approve", flipSignature(t, sg.resp)))})
+			ops = append(ops, &raceOp{kind: "forged", req: r.decisionRequest(ref, decisionBody(sg.c.ChallengeID, "approve", testpasskey.FlipSignature(t, sg.resp)))})
 		case 1: // a signed approval posted as a deny
 			ops = append(ops, &raceOp{kind: "wrong-decision", req: r.decisionRequest(ref, decisionBody(sg.c.ChallengeID, "deny", sg.resp))})
 		case 2: // an unknown challenge ID

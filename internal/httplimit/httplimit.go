@@ -34,6 +34,11 @@ import (
 	"time"
 )
 
+// DefaultMaxConns is the connection cap of the servers this repository
+// runs when none is configured (golang.org/x/net/netutil.LimitListener: at
+// the cap, Accept waits and new clients wait in the kernel's backlog).
+const DefaultMaxConns = 4096
+
 // Defaults for the zero values of [Options].
 const (
 	DefaultBodyTimeout   = 10 * time.Second

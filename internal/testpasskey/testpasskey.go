@@ -6,6 +6,8 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"encoding/json"
+	"testing"
 
 	"github.com/descope/virtualwebauthn"
 )
@@ -34,4 +36,28 @@ func NewEC2Credential() virtualwebauthn.Credential {
 		}
 		return virtualwebauthn.NewCredentialWithImportedKey(virtualwebauthn.KeyTypeEC2, der)
 	}
+}
+
+// FlipSignature returns the WebAuthn assertion (PublicKeyCredential JSON)
+// with one character of its signature changed: the same shape, a signature
+// that no longer verifies.
+func FlipSignature(t testing.TB, assertion json.RawMessage) json.RawMessage {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(assertion, &m); err != nil {
+		t.Fatal(err)
+	}
+	resp := m["response"].(map[string]any)
+	sig := []byte(resp["signature"].(string))
+	if sig[10] == 'A' {
+		sig[10] = 'B'
+	} else {
+		sig[10] = 'A'
+	}
+	resp["signature"] = string(sig)
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
