@@ -317,7 +317,8 @@ func checkTask(taskID string, recs []Record, hashes []string, bad []Failure, opt
 	return v
 }
 
-// verifyChain checks one task's records, given in file order.
+// verifyChain checks one task's records, given in file order; checkTask,
+// its one caller, sets the verdict's OK and Problems from its Failures.
 func verifyChain(taskID string, recs []Record, hashes []string, opts VerifyOptions) (v TaskVerdict) {
 	v = TaskVerdict{TaskID: taskID, Records: len(recs)}
 	// fail records that record at (-1: none) breaks rule.
@@ -328,8 +329,6 @@ func verifyChain(taskID string, recs []Record, hashes []string, opts VerifyOptio
 		}
 		v.Failures = append(v.Failures, f)
 	}
-	defer func() { v.OK = len(v.Failures) == 0 }()
-
 	// Links.
 	for i, r := range recs {
 		if r.Seq != i {
