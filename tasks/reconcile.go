@@ -29,6 +29,12 @@ func (o *Orchestrator) Running(ctx context.Context, taskID string) (bool, error)
 	return false, fmt.Errorf("tasks: describe %s: %w", taskID, err)
 }
 
+// WorkflowProbe tells whether a task's workflow exists: [*Orchestrator],
+// or an in-memory engine in tests.
+type WorkflowProbe interface {
+	Running(ctx context.Context, taskID string) (bool, error)
+}
+
 // Reconcile fails the orphans of a crash: records that were created but
 // whose workflow was never started (the process died between the two steps
 // of task creation). Without this, such a record would stay "working" and
@@ -36,7 +42,7 @@ func (o *Orchestrator) Running(ctx context.Context, taskID string) (bool, error)
 // It then repairs the pending cap with [Store.ReconcilePending]. Only
 // records and reservations older than grace are considered, so a creation
 // in flight is never touched. It returns how many records it failed.
-func Reconcile(ctx context.Context, s *Store, o *Orchestrator, grace time.Duration, log *slog.Logger) (int, error) {
+func Reconcile(ctx context.Context, s *Store, o WorkflowProbe, grace time.Duration, log *slog.Logger) (int, error) {
 	n, err := reconcileOrphans(ctx, s, o, grace, log)
 	if err != nil {
 		return n, err
@@ -47,7 +53,7 @@ func Reconcile(ctx context.Context, s *Store, o *Orchestrator, grace time.Durati
 	return n, nil
 }
 
-func reconcileOrphans(ctx context.Context, s *Store, o *Orchestrator, grace time.Duration, log *slog.Logger) (int, error) {
+func reconcileOrphans(ctx context.Context, s *Store, o WorkflowProbe, grace time.Duration, log *slog.Logger) (int, error) {
 	pending, err := s.nonTerminal(ctx, func(r Record) bool { return !r.Status.Terminal() })
 	if err != nil {
 		return 0, err

@@ -102,3 +102,14 @@ func (r Record) AwaitsApproval() bool {
 func (r Record) Expired(now time.Time) bool {
 	return r.TTL > 0 && now.After(r.CreatedAt.Add(r.TTL))
 }
+
+// Approved is the number of accepted approve decisions the read model holds:
+// the "approvals so far" every view shows.
+func (r Record) Approved() (n int) {
+	for _, a := range r.Approvals {
+		if a.Decision == DecisionApprove {
+			n++
+		}
+	}
+	return n
+}

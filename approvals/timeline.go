@@ -1,4 +1,4 @@
-package web
+package approvals
 
 import (
 	"context"
@@ -23,18 +23,18 @@ const auditTimelineTimeout = 3 * time.Second
 // (a task whose workflow has not written its first record yet, or started
 // before audit records) or does not hold together, rec keeps the read
 // model's timeline and the reason is logged.
-func (h *Handler) withAuditTimeline(ctx context.Context, rec tasks.Record) tasks.Record {
-	if h.audit == nil {
+func (s *Service) withAuditTimeline(ctx context.Context, rec tasks.Record) tasks.Record {
+	if s.audit == nil {
 		return rec
 	}
 	ctx, cancel := context.WithTimeout(ctx, auditTimelineTimeout)
 	defer cancel()
-	events, err := h.auditTimeline(ctx, rec)
+	events, err := s.auditTimeline(ctx, rec)
 	switch {
 	case errors.Is(err, audit.ErrNotFound):
-		h.log.DebugContext(ctx, "web: no audit records yet; timeline from the read model", "approval_ref", rec.ApprovalRef)
+		s.log.DebugContext(ctx, "approvals: no audit records yet; timeline from the read model", "approval_ref", rec.ApprovalRef)
 	case err != nil:
-		h.log.WarnContext(ctx, "web: audit chain unusable; timeline from the read model",
+		s.log.WarnContext(ctx, "approvals: audit chain unusable; timeline from the read model",
 			"approval_ref", rec.ApprovalRef, "task_id", rec.TaskID, "error", err)
 	default:
 		rec.Timeline = events
@@ -43,7 +43,7 @@ func (h *Handler) withAuditTimeline(ctx context.Context, rec tasks.Record) tasks
 }
 
 // errChain reports a chain that does not hold together for this task.
-var errChain = errors.New("web: audit chain")
+var errChain = errors.New("approvals: audit chain")
 
 func chainErr(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errChain, fmt.Sprintf(format, args...))
@@ -51,11 +51,11 @@ func chainErr(format string, args ...any) error {
 
 // auditTimeline reads and checks the task's chain and maps it to timeline
 // events.
-func (h *Handler) auditTimeline(ctx context.Context, rec tasks.Record) ([]tasks.Event, error) {
+func (s *Service) auditTimeline(ctx context.Context, rec tasks.Record) ([]tasks.Event, error) {
 	if !audit.ValidTaskID(rec.TaskID) {
 		return nil, audit.ErrInvalidTaskID
 	}
-	lines, err := h.audit.Chain(ctx, rec.TaskID)
+	lines, err := s.audit.Chain(ctx, rec.TaskID)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,332 @@
+package approvals
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/countersign/countersign/pdp"
+	"github.com/countersign/countersign/tasks"
+)
+
+// startTimeout bounds the creation of a task (record write plus durable
+// workflow start) so that an unreachable Temporal fails the call instead of
+// hanging it.
+const startTimeout = 30 * time.Second
+
+// Texts of a [Refused] call. They state plainly that nothing ran.
+const (
+	reasonRateLimited  = "Too many approval requests from this caller; try again later. No approval was requested."
+	reasonTaskRate     = "Too many task requests from this caller; try again later."
+	reasonPendingCap   = "This caller has too many approval requests waiting; wait for them to finish. No approval was requested."
+	reasonLimitUnknown = "The approval request limits could not be checked, so the call is denied. No approval was requested."
+)
+
+// Call is one tools/call that becomes a task: the exact call, who made it,
+// and what policy decided. The action hash, arguments and display text are
+// the edge's (the MCP endpoint computes them from the bytes it received).
+type Call struct {
+	Principal   string
+	Era         tasks.Era
+	Tool        string
+	Arguments   json.RawMessage
+	ActionHash  string
+	ServerID    string
+	DisplayText string
+	// Policy is the decision on the call: requestable for an approval;
+	// allow for an unattended task, whose policy version it records.
+	Policy pdp.Decision
+	// Mode is tasks.ModeApproval (the call waits for Policy's approvers)
+	// or tasks.ModeUnattended (policy allowed a call on an asynchronous
+	// tool: it runs after Delay, without approvers).
+	Mode tasks.Mode
+	// Delay is how long an unattended task waits before it runs (after its
+	// InputRequests, if any, are answered, it waits Delay again).
+	Delay time.Duration
+	// Inputs are the client's answers gathered before the task (unattended
+	// only: answers are not in the action hash).
+	Inputs json.RawMessage
+	// InputRequests are asked of the client before an unattended task runs.
+	InputRequests map[string]json.RawMessage
+	// At is when the call arrived.
+	At time.Time
+}
+
+// Opened is the task a call became. Joined is true when an identical
+// pending call by the same principal already had one (SEP-2848 dedup): the
+// call joined it and nothing new was created.
+type Opened struct {
+	Task   tasks.Record
+	Joined bool
+}
+
+// Open turns a call into a task: for an approval, an identical pending call
+// of the same principal is joined (dedup); then the per-principal pending cap
+// and creation rate apply (*Refused past them, nothing stored); then the
+// read-model record is written and the workflow started, in that order, so a
+// tasks/get for the returned ID always resolves. A failed start is
+// compensated: the record, the dedup slot and the pending reservation are
+// released unless the workflow may exist after all (see startOutcome).
+func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
+	switch c.Mode {
+	case tasks.ModeApproval:
+		if c.Policy.Effect != pdp.EffectRequestable {
+			return Opened{}, fmt.Errorf("approvals: an approval needs a requestable decision, not %q", c.Policy.Effect)
+		}
+	case tasks.ModeUnattended:
+		if c.Policy.Effect != pdp.EffectAllow {
+			return Opened{}, fmt.Errorf("approvals: an unattended task needs an allowed call, not %q", c.Policy.Effect)
+		}
+	default:
+		return Opened{}, fmt.Errorf("approvals: unknown mode %q", c.Mode)
+	}
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	taskID := tasks.NewID("tsk_")
+	dedupKey := ""
+	if c.Mode == tasks.ModeApproval {
+		// Two identical jobs are two jobs; two identical approval requests
+		// are one.
+		dedupKey = tasks.DedupKey(c.Principal, c.ActionHash)
+		existing, err := s.store.ClaimDedup(ctx, dedupKey, taskID)
+		if err != nil {
+			return Opened{}, err
+		}
+		if existing != "" {
+			rec, err := s.store.GetOwned(ctx, existing, c.Principal)
+			if err != nil {
+				return Opened{}, fmt.Errorf("approvals: dedup slot names task %s: %w", existing, err)
+			}
+			s.log.InfoContext(ctx, "approvals: identical call joined pending task", "task_id", rec.TaskID, "tool", c.Tool)
+			return Opened{Task: rec, Joined: true}, nil
+		}
+	}
+	if err := s.admit(ctx, c.Principal, taskID, c.At); err != nil {
+		if dedupKey != "" {
+			s.store.ReleaseDedup(ctx, dedupKey, taskID)
+		}
+		return Opened{}, err
+	}
+	rec, in := s.newTask(c, taskID, dedupKey)
+	if err := s.store.Create(ctx, rec); err != nil {
+		s.releasePending(ctx, c.Principal, taskID)
+		if dedupKey != "" {
+			s.store.ReleaseDedup(ctx, dedupKey, taskID)
+		}
+		return Opened{}, err
+	}
+	if err := s.engine.Start(ctx, in); err != nil {
+		switch s.startOutcome(ctx, taskID, err) {
+		case startedNot:
+			// Deleting the record gives back its dedup slot and pending
+			// reservation (tasks.Store.Delete).
+			if derr := s.store.Delete(context.WithoutCancel(ctx), rec); derr != nil {
+				s.log.ErrorContext(ctx, "approvals: could not undo task record after failed start", "task_id", taskID, "err", derr)
+			}
+			return Opened{}, err
+		case startedUnknown:
+			return Opened{}, err // the record stays; see startOutcome
+		}
+	}
+	s.log.InfoContext(ctx, "approvals: task opened", "task_id", taskID, "mode", c.Mode, "tool", c.Tool,
+		"principal", c.Principal, "action_hash", c.ActionHash, "approver_group", in.Requirement.Group, "quorum", in.Requirement.Quorum)
+	return Opened{Task: rec}, nil
+}
+
+// newTask builds the task's three views of one call: the read-model record
+// and the workflow input, which carries the envelope.
+func (s *Service) newTask(c Call, taskID, dedupKey string) (tasks.Record, tasks.ApprovalInput) {
+	d := c.Policy
+	var req tasks.Requirement
+	var msg string
+	switch c.Mode {
+	case tasks.ModeApproval:
+		req = tasks.Requirement{
+			Group:              d.ApproverGroup,
+			Quorum:             d.Quorum,
+			TTL:                d.ApprovalTTL,
+			AuthenticatorClass: d.AuthenticatorClass,
+			Reason:             d.Reason,
+			SlackChannel:       d.SlackChannel,
+		}
+		msg = "Awaiting approval: " + d.Reason
+	default:
+		// No approver group and quorum 0, which policy can never ask for
+		// (pdp rejects quorum 0): the workflow waits until its start,
+		// cancellably, then re-evaluates policy and runs the call.
+		req = tasks.Requirement{TTL: c.Delay, Reason: "allowed by policy; runs asynchronously without approval"}
+		msg = "Running: " + c.Tool + " starts in " + c.Delay.String()
+		if len(c.InputRequests) > 0 {
+			msg = fmt.Sprintf("Waiting for the client's input (%d request(s))", len(c.InputRequests))
+		}
+	}
+	status := tasks.StatusWorking
+	if len(c.InputRequests) > 0 {
+		status = tasks.StatusInputRequired
+	}
+	rec := tasks.Record{
+		InputRequests: c.InputRequests,
+		TaskID:        taskID,
+		Owner:         c.Principal,
+		Era:           c.Era,
+		Status:        status,
+		StatusMessage: msg,
+		CreatedAt:     c.At,
+		LastUpdatedAt: c.At,
+		TTL:           req.TTL + s.opts.ResultRetention,
+		PollInterval:  s.opts.PollInterval,
+		Tool:          c.Tool,
+		Arguments:     c.Arguments,
+		ActionHash:    c.ActionHash,
+		DisplayText:   c.DisplayText,
+		ApprovalRef:   tasks.NewID("apr_"),
+		Requirement:   req,
+		ExpiresAt:     c.At.Add(req.TTL),
+		ApprovalState: tasks.ApprovalPending,
+		// The timeline starts with the workflow's first step ("requested"),
+		// written with its audit record.
+		DedupKey: dedupKey,
+	}
+	in := tasks.ApprovalInput{
+		Version: tasks.ApprovalInputVersion,
+		Envelope: tasks.Envelope{
+			Version:        tasks.EnvelopeVersion,
+			TaskID:         taskID,
+			Tool:           c.Tool,
+			Arguments:      c.Arguments,
+			ActionHash:     c.ActionHash,
+			Principal:      c.Principal,
+			Resource:       "tool:" + c.Tool,
+			ServerID:       c.ServerID,
+			PolicyVersion:  d.PolicyVersion,
+			CreatedAt:      c.At,
+			InputResponses: c.Inputs,
+		},
+		Requirement:   req,
+		ApprovalRef:   rec.ApprovalRef,
+		DisplayText:   rec.DisplayText,
+		ExpiresAt:     rec.ExpiresAt,
+		Mode:          c.Mode,
+		InputRequests: c.InputRequests,
+	}
+	if c.Mode == tasks.ModeUnattended {
+		in.StartAt = rec.ExpiresAt
+	}
+	return rec, in
+}
+
+// admit applies the per-principal pending cap and creation rate. The cap is
+// a reservation for taskID (tasks.Store.ReservePending), exact under
+// concurrency; once admitted, the task's record holds it until the task
+// ends, and Open gives it back if the record is never written. An error
+// checking the cap refuses: the limits exist to protect the service.
+func (s *Service) admit(ctx context.Context, principal, taskID string, now time.Time) error {
+	err := s.store.ReservePending(ctx, principal, taskID, s.opts.MaxPendingPerPrincipal)
+	if errors.Is(err, tasks.ErrPendingCapReached) {
+		s.log.WarnContext(ctx, "approvals: pending task cap reached", "principal", principal, "cap", s.opts.MaxPendingPerPrincipal)
+		return &Refused{Reason: reasonPendingCap}
+	}
+	if err != nil {
+		s.log.ErrorContext(ctx, "approvals: reserve a pending task", "err", err)
+		return &Refused{Reason: reasonLimitUnknown}
+	}
+	if !s.creations.Allow(principal, now) {
+		s.log.WarnContext(ctx, "approvals: task creation rate limit reached", "principal", principal)
+		s.releasePending(ctx, principal, taskID)
+		return &Refused{Reason: reasonRateLimited}
+	}
+	return nil
+}
+
+// Charge spends one task creation of principal's rate for a call decided at
+// once that its client asked to receive as a task (a 2025-11-25 client that
+// sent params.task): *Refused when the rate is spent. Charge before running
+// the call; then [Service.Completed] stores its result.
+func (s *Service) Charge(principal string, at time.Time) error {
+	if !s.creations.Allow(principal, at) {
+		s.log.Warn("approvals: task creation rate limit reached", "principal", principal)
+		return &Refused{Reason: reasonTaskRate}
+	}
+	return nil
+}
+
+// Completed stores a call that has already been decided (and may have run)
+// as a completed task holding result. The caller answers with result itself
+// if this fails: the call has been decided, and saying so beats an error
+// that invites a retry.
+func (s *Service) Completed(ctx context.Context, c Call, result tasks.CallToolResult) (tasks.Record, error) {
+	raw, err := json.Marshal(result)
+	if err != nil {
+		return tasks.Record{}, fmt.Errorf("approvals: encode tool result: %w", err)
+	}
+	msg := "The call ran; the task holds its result."
+	if result.IsError {
+		msg = "The call ended with an error or was denied; the task holds the result."
+	}
+	rec := tasks.Record{
+		TaskID:        tasks.NewID("tsk_"),
+		Owner:         c.Principal,
+		Era:           c.Era,
+		Status:        tasks.StatusCompleted,
+		StatusMessage: msg,
+		CreatedAt:     c.At,
+		LastUpdatedAt: s.now().UTC(),
+		TTL:           s.opts.ResultRetention,
+		PollInterval:  s.opts.PollInterval,
+		Result:        raw,
+		Disposition:   tasks.DispositionOf(raw),
+		Tool:          c.Tool,
+		Arguments:     c.Arguments,
+		ActionHash:    c.ActionHash,
+		DisplayText:   c.DisplayText,
+	}
+	if err := s.store.Create(context.WithoutCancel(ctx), rec); err != nil {
+		return tasks.Record{}, err
+	}
+	return rec, nil
+}
+
+// What became of a workflow start that returned an error.
+const (
+	startedNot     = iota // the engine has never heard of the workflow
+	startedAnyway         // the start took effect (a timeout or lost answer after the commit)
+	startedUnknown        // the engine cannot tell right now
+)
+
+// startOutcome finds out whether a failed workflow start took effect all the
+// same. Only a workflow the engine has never heard of may have its record
+// deleted: deleting the record of a running workflow would hide a task that
+// can still run its tool. When the engine cannot tell, the record stays and
+// the caller gets an error: an identical retry joins the task through the
+// dedup slot, and Reconcile fails the record later if the workflow really
+// never started.
+func (s *Service) startOutcome(ctx context.Context, taskID string, startErr error) int {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	running, err := s.engine.Running(cctx, taskID)
+	switch {
+	case err != nil:
+		s.log.ErrorContext(ctx, "approvals: workflow start failed and its state is unknown; keeping the task record", "task_id", taskID, "start_err", startErr, "err", err)
+		return startedUnknown
+	case running:
+		s.log.WarnContext(ctx, "approvals: workflow start reported an error but the workflow exists", "task_id", taskID, "start_err", startErr)
+		return startedAnyway
+	}
+	return startedNot
+}
+
+// releasePending gives back a pending reservation whose task was not
+// created; the caller may have hung up, the release must still happen.
+func (s *Service) releasePending(ctx context.Context, principal, taskID string) {
+	if err := s.store.ReleasePending(context.WithoutCancel(ctx), principal, taskID); err != nil {
+		s.log.ErrorContext(ctx, "approvals: release pending reservation", "task_id", taskID, "err", err)
+	}
+}
+
+// Reconcile fails the orphans of a crash (records whose workflow never
+// started) and repairs the pending cap; see tasks.Reconcile.
+func (s *Service) Reconcile(ctx context.Context, grace time.Duration) (int, error) {
+	return tasks.Reconcile(ctx, s.store, s.engine, grace, s.log)
+}
