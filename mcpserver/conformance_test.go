@@ -2,18 +2,19 @@ package mcpserver
 
 import (
 	"encoding/json"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/tasks"
 )
 
 // The conformance fixtures (gateway/conformance) through the real
-// pipeline: policy, task record, approval workflow (unattended), wire.
+// pipeline: policy, approval service, task record, the workflow's
+// activities (unattended; in the in-memory engine), wire.
 
 var (
 	confOnce   sync.Once
@@ -27,24 +28,8 @@ func newConformanceHarness(tb testing.TB) *harness {
 	if confEnvErr != nil {
 		tb.Fatalf("conformance environment: %v", confEnvErr)
 	}
-	logs := &lockedBuffer{}
-	srv, err := New(Options{
-		ServerID:     "countersign-test",
-		Store:        confEnv.store,
-		Orchestrator: confEnv.orch,
-		PDP:          confEnv.engine,
-		Tools:        confEnv.tools,
-		Fixtures:     confEnv.fixtures,
-		NoAuth:       true,
-		PollInterval: 100e6,
-		Logger:       slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ts := httptest.NewServer(srv.Handler())
-	tb.Cleanup(ts.Close)
-	return &harness{env: confEnv, srv: srv, ts: ts, log: logs}
+	return confEnv.serve(tb, func(o *Options) { o.NoAuth = true },
+		func(a *approvals.Options) { a.PollInterval = 100 * time.Millisecond })
 }
 
 type confTask struct {

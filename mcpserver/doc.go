@@ -35,7 +35,9 @@
 // on a tool whose execution.taskSupport is "optional". Any other client gets
 // the degraded result SEP-2848 recommends: isError, disposition
 // denied-not-executed in _meta and in the text, saying approval is required,
-// the tool did not run, and how to retry. Then:
+// the tool did not run, and how to retry. Otherwise the call goes to the
+// approval service (Options.Approvals, package approvals: the one place that
+// changes a task), which:
 //
 //   - Dedup: tasks.Store.ClaimDedup on (principal, action hash). An identical
 //     call while the first is pending returns the same task, in the caller's
@@ -43,21 +45,28 @@
 //   - Limits: the per-principal pending cap (Store.ReservePending: exact,
 //     O(1), released when the task ends) and the
 //     creation rate (a token bucket per principal, per process). Over either,
-//     the answer is a plain denial result, not a task (SEP-2848).
+//     it refuses (*approvals.Refused) and the answer is a plain denial
+//     result, not a task (SEP-2848).
 //   - The record (status working, approval reference, display text, expiry =
-//     now + approval TTL, TTL = approval TTL + ResultRetention) is written
-//     before the workflow starts, so a tasks/get for the returned ID always
-//     resolves (SEP-2663). If the start fails the record is deleted and the
-//     caller gets -32603. From then on only the workflow writes the record.
+//     now + approval TTL, TTL = approval TTL + the service's result
+//     retention) is written before the workflow starts, so a tasks/get for
+//     the returned ID always resolves (SEP-2663). If the start fails the
+//     record is deleted and the caller gets -32603. From then on only the
+//     workflow writes the record.
+//
+// This package computes what the service records from the bytes it
+// received (the action hash, the arguments, the display text) and renders
+// the task it gets back in the caller's era.
 //
 // A 2025-11-25 client that sent params.task gets a task even when the call
 // is decided at once (allowed or denied): the TypeScript SDK 1.x fails with
 // "Task creation did not return a task" on anything else, and the
 // 2025-11-25 spec says a receiver that accepts a task-augmented request
 // returns a CreateTaskResult. Such a task is stored already completed, with
-// the result, and no workflow; tasks/result returns that result. These
-// creations also spend the per-principal rate, which bounds the storage a
-// caller can cause. (Their CreateTaskResult shows status completed at once;
+// the result, and no workflow (approvals.Service.Completed); tasks/result
+// returns that result. These creations also spend the per-principal rate
+// (approvals.Service.Charge, before the call runs), which bounds the
+// storage a caller can cause. (Their CreateTaskResult shows status completed at once;
 // SEP-2663 allows a non-working seed status, the 2025-11-25 text says tasks
 // begin working, and no client we know checks.)
 //

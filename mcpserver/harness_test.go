@@ -20,25 +20,24 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.temporal.io/sdk/client"
-	sdklog "go.temporal.io/sdk/log"
-	"go.temporal.io/sdk/worker"
-	"go.temporal.io/sdk/workflow"
-	"go.temporal.io/server/temporaltest"
 
 	"github.com/countersign/countersign/activities"
+	"github.com/countersign/countersign/approvals"
+	"github.com/countersign/countersign/approvals/approvalstest"
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/gateway/conformance"
 	"github.com/countersign/countersign/internal/natsrv"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
-	"github.com/countersign/countersign/workflows"
 )
 
-// testEnv is the real backing of every test in this package: an embedded
-// NATS with the task store and demo ledger, the default policy, the demo
-// tools, and an in-memory Temporal server with a worker running the real
-// approval workflow. It is shared: tests isolate themselves by principal.
+// testEnv is the backing of every test in this package: an embedded NATS
+// with the task store and demo ledger, the default policy, the demo tools,
+// and the in-memory approval engine (approvals/approvalstest), which runs
+// the workflow's activities against them without Temporal. Each harness
+// puts its own approvals.Service (its own limits) over it. It is shared:
+// tests isolate themselves by principal. The real workflow is exercised in
+// internal/e2e.
 type testEnv struct {
 	dir      string
 	nats     *natsrv.Server
@@ -48,8 +47,7 @@ type testEnv struct {
 	tools    *gateway.Registry
 	fixtures *conformance.Set // nil unless conformance
 	engine   *pdp.Engine
-	temporal *temporaltest.TestServer
-	orch     *tasks.Orchestrator
+	workflow *approvalstest.Engine
 }
 
 var (
@@ -124,33 +122,15 @@ func startEnv(withFixtures bool) (e *testEnv, err error) {
 	if e.engine, err = pdp.New(ctx, pdp.Options{Dir: policyDir}); err != nil {
 		return nil, err
 	}
-	quiet := sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler))
-	func() {
-		defer func() {
-			if v := recover(); v != nil {
-				err = fmt.Errorf("temporal test server: %v", v)
-			}
-		}()
-		e.temporal = temporaltest.NewServer(temporaltest.WithBaseClientOptions(client.Options{Logger: quiet}))
-	}()
-	if err != nil {
-		return nil, err
-	}
-	c := e.temporal.GetDefaultClient()
-	e.orch = tasks.NewOrchestrator(c)
-	e.temporal.NewWorker(tasks.TaskQueue, func(r worker.Registry) {
-		r.RegisterWorkflowWithOptions(workflows.Approval, workflow.RegisterOptions{Name: tasks.WorkflowName})
-		r.RegisterActivity(&activities.Activities{Tasks: e.store, PDP: e.engine, Tools: e.tools})
+	e.workflow = approvalstest.New(approvalstest.Options{
+		Activities: &activities.Activities{Tasks: e.store, PDP: e.engine, Tools: e.tools},
 	})
 	return e, nil
 }
 
 func (e *testEnv) close() {
-	if e.temporal != nil {
-		func() {
-			defer func() { _ = recover() }() // Stop logs through a nil *testing.T on error
-			e.temporal.Stop()
-		}()
+	if e.workflow != nil {
+		e.workflow.Close()
 	}
 	if e.nc != nil {
 		e.nc.Close()
@@ -179,7 +159,8 @@ func testAuth(_ context.Context, bearer string) (string, error) {
 	return p, nil
 }
 
-// harness is one Countersign MCP endpoint over the shared environment.
+// harness is one Countersign MCP endpoint, with its own approval service,
+// over the shared environment.
 type harness struct {
 	env *testEnv
 	srv *Server
@@ -187,19 +168,41 @@ type harness struct {
 	log *lockedBuffer
 }
 
-func newHarness(tb testing.TB, tweak func(*Options)) *harness {
+// newHarness serves an endpoint over the shared environment. tweak adjusts
+// the endpoint's options; limits adjust its approval service's (creation
+// rate, pending cap, poll interval, result retention).
+func newHarness(tb testing.TB, tweak func(*Options), limits ...func(*approvals.Options)) *harness {
 	tb.Helper()
-	e := sharedEnv(tb)
+	return sharedEnv(tb).serve(tb, func(o *Options) {
+		o.PublicURL = "http://countersign.test"
+		o.Authenticate = testAuth
+		if tweak != nil {
+			tweak(o)
+		}
+	}, limits...)
+}
+
+// serve builds an approval service over e and an endpoint over it, and
+// serves the endpoint until the test ends.
+func (e *testEnv) serve(tb testing.TB, tweak func(*Options), limits ...func(*approvals.Options)) *harness {
+	tb.Helper()
 	logs := &lockedBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	ao := approvals.Options{Store: e.store, Engine: e.workflow, Logger: log}
+	for _, f := range limits {
+		f(&ao)
+	}
+	svc, err := approvals.New(ao)
+	if err != nil {
+		tb.Fatalf("approvals.New: %v", err)
+	}
 	opts := Options{
-		ServerID:     "countersign-test",
-		PublicURL:    "http://countersign.test",
-		Store:        e.store,
-		Orchestrator: e.orch,
-		PDP:          e.engine,
-		Tools:        e.tools,
-		Authenticate: testAuth,
-		Logger:       slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		ServerID:  "countersign-test",
+		Approvals: svc,
+		PDP:       e.engine,
+		Tools:     e.tools,
+		Fixtures:  e.fixtures,
+		Logger:    log,
 	}
 	if tweak != nil {
 		tweak(&opts)

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/internal/canon"
 	"github.com/countersign/countersign/tasks"
@@ -215,7 +216,7 @@ func TestDeniedCallIsErrorResult(t *testing.T) {
 // added to a new task's approval window.
 func TestResultRetentionSetsTTL(t *testing.T) {
 	const retention = 36 * time.Hour
-	h := newHarness(t, func(o *Options) { o.ResultRetention = retention })
+	h := newHarness(t, nil, func(o *approvals.Options) { o.ResultRetention = retention })
 	p, to := principal(t, "a"), acct(t, "kept")
 	r := h.do(t, call{token: tok(p), era: tasks.Era2026, tasks: true, method: "tools/call",
 		params: map[string]any{"name": "transfer_funds", "arguments": map[string]any{"currency": "EUR", "to": to, "amount": 5000}}})
@@ -237,7 +238,7 @@ func TestRequestableBecomesTask2026(t *testing.T) {
 	if res.ResultType != "task" || res.Status != "working" || res.StatusMessage == "" {
 		t.Fatalf("CreateTaskResult: %s", r.Result)
 	}
-	if want := (24*time.Hour + DefaultResultRetention).Milliseconds(); res.TTLMs == nil || *res.TTLMs != want {
+	if want := (24*time.Hour + approvals.DefaultResultRetention).Milliseconds(); res.TTLMs == nil || *res.TTLMs != want {
 		t.Errorf("ttlMs %v, want %d", res.TTLMs, want)
 	}
 	if res.PollIntervalMs == nil || *res.PollIntervalMs != 2000 {
@@ -498,7 +499,7 @@ func TestDedupReturnsSameTask(t *testing.T) {
 
 func TestLimitsDenyInsteadOfTask(t *testing.T) {
 	t.Run("rate", func(t *testing.T) {
-		h := newHarness(t, func(o *Options) { o.RatePerMinute, o.Burst = 1, 1 })
+		h := newHarness(t, nil, func(o *approvals.Options) { o.RatePerMinute, o.Burst = 1, 1 })
 		p := principal(t, "a")
 		h.createTask(t, p, tasks.Era2026, acct(t, "r1"))
 		// An identical call joins its task without spending the rate.
@@ -515,7 +516,7 @@ func TestLimitsDenyInsteadOfTask(t *testing.T) {
 		}
 	})
 	t.Run("pending cap", func(t *testing.T) {
-		h := newHarness(t, func(o *Options) { o.MaxPendingPerPrincipal = 2 })
+		h := newHarness(t, nil, func(o *approvals.Options) { o.MaxPendingPerPrincipal = 2 })
 		p := principal(t, "a")
 		h.createTask(t, p, tasks.Era2026, acct(t, "c1"))
 		h.createTask(t, p, tasks.Era2025, acct(t, "c2"))
@@ -666,7 +667,7 @@ func TestLegacyTasksResultBlocksUntilTerminal(t *testing.T) {
 		t.Fatalf("tasks/result returned before the task ended: %s", r.Body)
 	case <-time.After(300 * time.Millisecond):
 	}
-	if _, err := h.env.orch.Cancel(context.Background(), id); err != nil {
+	if _, err := h.env.workflow.Cancel(context.Background(), id); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -810,7 +811,7 @@ func TestPanicsBecomeInternalErrors(t *testing.T) {
 }
 
 func TestLegacyImmediateTasksSpendTheRate(t *testing.T) {
-	h := newHarness(t, func(o *Options) { o.RatePerMinute, o.Burst = 1, 1 })
+	h := newHarness(t, nil, func(o *approvals.Options) { o.RatePerMinute, o.Burst = 1, 1 })
 	p, to := principal(t, "a"), acct(t, "imm")
 	send := func() rpc {
 		return h.do(t, call{token: tok(p), era: tasks.Era2025, method: "tools/call", params: map[string]any{
@@ -833,15 +834,19 @@ func TestLegacyImmediateTasksSpendTheRate(t *testing.T) {
 
 func TestNewValidatesOptions(t *testing.T) {
 	e := sharedEnv(t)
-	base := Options{ServerID: "s", Store: e.store, Orchestrator: e.orch, PDP: e.engine, Tools: e.tools, Authenticate: testAuth}
+	svc, err := approvals.New(approvals.Options{Store: e.store, Engine: e.workflow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := Options{ServerID: "s", Approvals: svc, PDP: e.engine, Tools: e.tools, Authenticate: testAuth}
 	for name, tweak := range map[string]func(*Options){
-		"no server id":    func(o *Options) { o.ServerID = "" },
-		"no store":        func(o *Options) { o.Store = nil },
-		"no orchestrator": func(o *Options) { o.Orchestrator = nil },
-		"no pdp":          func(o *Options) { o.PDP = nil },
-		"no tools":        func(o *Options) { o.Tools = nil },
-		"no auth":         func(o *Options) { o.Authenticate = nil },
-		"negative limit":  func(o *Options) { o.Burst = -1 },
+		"no server id":   func(o *Options) { o.ServerID = "" },
+		"no approvals":   func(o *Options) { o.Approvals = nil },
+		"no pdp":         func(o *Options) { o.PDP = nil },
+		"no tools":       func(o *Options) { o.Tools = nil },
+		"no auth":        func(o *Options) { o.Authenticate = nil },
+		"negative limit": func(o *Options) { o.RequestBurst = -1 },
+		"negative body":  func(o *Options) { o.MaxBodyBytes = -1 },
 	} {
 		o := base
 		tweak(&o)

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -18,7 +19,7 @@ import (
 // place back.
 func TestPendingCapIsExactUnderConcurrency(t *testing.T) {
 	const limit, calls, workers = 5, 40, 8
-	h := newHarness(t, func(o *Options) {
+	h := newHarness(t, nil, func(o *approvals.Options) {
 		o.MaxPendingPerPrincipal = limit
 		o.RatePerMinute, o.Burst = 1_000_000, 1_000_000
 	})

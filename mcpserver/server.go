@@ -12,6 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/gateway/conformance"
 	"github.com/countersign/countersign/internal/ratelimit"
@@ -19,16 +20,13 @@ import (
 	"github.com/countersign/countersign/tasks"
 )
 
-// Defaults for the zero values of [Options].
+// Defaults for the zero values of [Options]. The task limits (creation
+// rate, pending cap, poll interval, result retention) are the approval
+// service's: approvals.Default*.
 const (
-	DefaultMaxBodyBytes           = 1 << 20 // 1 MiB
-	DefaultRatePerMinute          = 30
-	DefaultBurst                  = 10
-	DefaultMaxPendingPerPrincipal = 100
-	DefaultPollInterval           = 2 * time.Second
-	DefaultResultRetention        = tasks.DefaultResultRetention
+	DefaultMaxBodyBytes = 1 << 20 // 1 MiB
 	// The per-principal request budget: far above what an agent polling a
-	// few tasks needs (one tasks/get every PollInterval each), far below
+	// few tasks needs (one tasks/get every poll interval each), far below
 	// what it takes to slow the endpoint for everyone else.
 	DefaultRequestsPerSecond       = 50
 	DefaultRequestBurst            = 100
@@ -47,8 +45,8 @@ const (
 )
 
 // Options configures a [Server]. Zero values take the documented defaults;
-// ServerID, Store, Orchestrator, PDP and Tools are required, and so is
-// Authenticate unless NoAuth is set.
+// ServerID, Approvals, PDP and Tools are required, and so is Authenticate
+// unless NoAuth is set.
 type Options struct {
 	// ServerID binds action hashes to this server (SEP-2672 §4.6); it must
 	// be stable across restarts and replicas and differ between servers.
@@ -60,10 +58,11 @@ type Options struct {
 	// fronts an OAuth authorization server.
 	PublicURL string
 
-	Store        *tasks.Store
-	Orchestrator *tasks.Orchestrator
-	PDP          *pdp.Engine
-	Tools        *gateway.Registry
+	// Approvals opens the tasks that calls become and serves their owners
+	// (*approvals.Service); the task limits are configured there.
+	Approvals Approvals
+	PDP       *pdp.Engine
+	Tools     *gateway.Registry
 	// Fixtures are the conformance fixtures among Tools (`countersign dev
 	// --conformance`): asynchronous tools, tools that require a task, and
 	// tools that ask their client for input. Nil in production: every tool
@@ -81,14 +80,6 @@ type Options struct {
 	// MaxBodyBytes caps a request body (default 1 MiB). A larger body is
 	// answered with HTTP 413 and a JSON-RPC error, and nothing runs.
 	MaxBodyBytes int64
-	// RatePerMinute and Burst limit task creation per principal (default
-	// 30 per minute, burst 10). Over the limit a gated call gets a plain
-	// policy denial, not a task (SEP-2848).
-	RatePerMinute int
-	Burst         int
-	// MaxPendingPerPrincipal bounds the non-terminal tasks of one principal
-	// (default 100).
-	MaxPendingPerPrincipal int
 	// RequestsPerSecond and RequestBurst budget every request of one
 	// principal, whatever its method (default 50 a second, burst 100), and
 	// MaxInFlightPerPrincipal caps its concurrent requests (default 16;
@@ -98,26 +89,43 @@ type Options struct {
 	RequestsPerSecond       float64
 	RequestBurst            int
 	MaxInFlightPerPrincipal int
-	// PollInterval is suggested to clients polling a task (default 2s).
-	PollInterval time.Duration
-	// ResultRetention is how long a finished task stays readable; a task's
-	// TTL is its approval TTL plus this (default 7 days).
-	ResultRetention time.Duration
 
 	// Logger receives operational logs; nil discards them.
 	Logger *slog.Logger
 }
 
+// Approvals is what the endpoint needs of the approval service
+// (*approvals.Service), the one place that changes a task: this package maps
+// the protocol to these calls and their answers and errors back to the wire.
+type Approvals interface {
+	// Open turns a call into a task (or joins an identical pending one);
+	// *approvals.Refused when a limit turns it away.
+	Open(ctx context.Context, c approvals.Call) (approvals.Opened, error)
+	// Charge spends one task creation of the principal's rate for a
+	// 2025-11-25 call decided at once (*approvals.Refused when spent), and
+	// Completed then stores its result as a completed task.
+	Charge(principal string, at time.Time) error
+	Completed(ctx context.Context, c approvals.Call, result tasks.CallToolResult) (tasks.Record, error)
+	// The owner's side: approvals.ErrNotFound (also for another
+	// principal's task), approvals.ErrExpired, approvals.ErrUnknownCursor.
+	Get(ctx context.Context, owner, taskID string) (tasks.Record, error)
+	List(ctx context.Context, owner, cursor string, limit int) ([]tasks.Record, string, error)
+	Await(ctx context.Context, owner, taskID string) (tasks.Record, error)
+	Cancel(ctx context.Context, owner, taskID string) (tasks.Record, bool, error)
+	ProvideInput(ctx context.Context, owner, taskID string, responses map[string]json.RawMessage) error
+}
+
+var _ Approvals = (*approvals.Service)(nil)
+
 // Server is Countersign's MCP endpoint: the policy enforcement point for
 // tools/call and the owner of the tasks/* methods in both protocol eras.
 // Create it with [New] and mount [Server.Handler] at /mcp.
 type Server struct {
-	opts    Options
-	log     *slog.Logger
-	now     func() time.Time
-	limiter *ratelimit.Limiter
-	budget  *ratelimit.Budget
-	recent  recentPrincipals
+	opts   Options
+	log    *slog.Logger
+	now    func() time.Time
+	budget *ratelimit.Budget
+	recent recentPrincipals
 	// pageSize is the tasks/list page size (tests shrink it).
 	pageSize int
 	mcp      *mcp.Server
@@ -130,35 +138,19 @@ func New(opts Options) (*Server, error) {
 	switch {
 	case opts.ServerID == "":
 		return nil, errors.New("mcpserver: ServerID is required")
-	case opts.Store == nil:
-		return nil, errors.New("mcpserver: Store is required")
-	case opts.Orchestrator == nil:
-		return nil, errors.New("mcpserver: Orchestrator is required")
+	case opts.Approvals == nil:
+		return nil, errors.New("mcpserver: Approvals is required")
 	case opts.PDP == nil:
 		return nil, errors.New("mcpserver: PDP is required")
 	case opts.Tools == nil:
 		return nil, errors.New("mcpserver: Tools is required")
 	case opts.Authenticate == nil && !opts.NoAuth:
 		return nil, errors.New("mcpserver: Authenticate is required unless NoAuth is set")
-	case opts.MaxBodyBytes < 0, opts.RatePerMinute < 0, opts.Burst < 0,
-		opts.MaxPendingPerPrincipal < 0, opts.PollInterval < 0, opts.ResultRetention < 0,
-		opts.RequestsPerSecond < 0, opts.RequestBurst < 0, opts.MaxInFlightPerPrincipal < 0:
+	case opts.MaxBodyBytes < 0, opts.RequestsPerSecond < 0, opts.RequestBurst < 0, opts.MaxInFlightPerPrincipal < 0:
 		return nil, errors.New("mcpserver: limits must not be negative")
 	}
 	if opts.MaxBodyBytes == 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if opts.RatePerMinute == 0 {
-		opts.RatePerMinute = DefaultRatePerMinute
-	}
-	if opts.Burst == 0 {
-		opts.Burst = DefaultBurst
-	}
-	if opts.MaxPendingPerPrincipal == 0 {
-		opts.MaxPendingPerPrincipal = DefaultMaxPendingPerPrincipal
-	}
-	if opts.PollInterval == 0 {
-		opts.PollInterval = DefaultPollInterval
 	}
 	if opts.RequestsPerSecond == 0 {
 		opts.RequestsPerSecond = DefaultRequestsPerSecond
@@ -168,9 +160,6 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.MaxInFlightPerPrincipal == 0 {
 		opts.MaxInFlightPerPrincipal = DefaultMaxInFlightPerPrincipal
-	}
-	if opts.ResultRetention == 0 {
-		opts.ResultRetention = DefaultResultRetention
 	}
 	log := opts.Logger
 	if log == nil {
@@ -184,7 +173,6 @@ func New(opts Options) (*Server, error) {
 		opts:     opts,
 		log:      log,
 		now:      time.Now,
-		limiter:  ratelimit.New(opts.RatePerMinute, opts.Burst),
 		budget:   ratelimit.NewBudget(opts.RequestsPerSecond, opts.RequestBurst, opts.MaxInFlightPerPrincipal),
 		pageSize: listPageSize,
 	}

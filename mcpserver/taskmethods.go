@@ -5,17 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/tasks"
 )
-
-// cancelSettle bounds how long a 2025-11-25 tasks/cancel waits for the
-// workflow to write the cancelled status to the read model.
-const cancelSettle = 5 * time.Second
 
 // listPageSize is the tasks/list page size.
 const listPageSize = 50
@@ -98,17 +94,24 @@ func (s *Server) taskHandler(method string, h func(context.Context, *callInfo, *
 // lookup returns the caller's task. A task owned by someone else is
 // answered exactly as an unknown one.
 func (s *Server) lookup(ctx context.Context, info *callInfo, id string) (tasks.Record, error) {
-	rec, err := s.opts.Store.GetOwned(ctx, id, info.principal)
-	if errors.Is(err, tasks.ErrTaskNotFound) {
-		return tasks.Record{}, taskNotFound()
-	}
+	rec, err := s.opts.Approvals.Get(ctx, info.principal, id)
 	if err != nil {
-		return tasks.Record{}, internal(err)
-	}
-	if rec.Expired(s.now()) {
-		return tasks.Record{}, invalidParams(msgTaskExpired)
+		return tasks.Record{}, ownerError(err)
 	}
 	return rec, nil
+}
+
+// ownerError maps the approval service's answer to a task's owner to the
+// wire: an unknown task (or another principal's) and an expired one are
+// -32602 with fixed texts; anything else is internal.
+func ownerError(err error) error {
+	switch {
+	case errors.Is(err, approvals.ErrNotFound):
+		return taskNotFound()
+	case errors.Is(err, approvals.ErrExpired):
+		return invalidParams(msgTaskExpired)
+	}
+	return internal(err)
 }
 
 func (s *Server) tasksGet(ctx context.Context, info *callInfo, p *taskParams) (mcp.Result, error) {
@@ -138,8 +141,11 @@ func (s *Server) tasksResult(ctx context.Context, info *callInfo, p *taskParams)
 			stop := context.AfterFunc(info.httpCtx, cancel)
 			defer stop()
 		}
-		if rec, err = s.opts.Store.WaitTerminal(wctx, p.TaskID, info.principal); err != nil {
-			return nil, err
+		if rec, err = s.opts.Approvals.Await(wctx, info.principal, p.TaskID); err != nil {
+			if errors.Is(err, approvals.ErrNotFound) {
+				return nil, taskNotFound()
+			}
+			return nil, err // a client that hung up: see wireError
 		}
 	}
 	related := mcp.Meta{tasks.MetaRelatedTask: map[string]string{"taskId": rec.TaskID}}
@@ -174,85 +180,47 @@ func (s *Server) tasksResult(ctx context.Context, info *callInfo, p *taskParams)
 // tasks/get shows what is still pending. Answers to unknown request IDs, or
 // for a task that no longer waits, are acknowledged and ignored.
 func (s *Server) tasksUpdate(ctx context.Context, info *callInfo, p *taskParams) (mcp.Result, error) {
-	rec, err := s.lookup(ctx, info, p.TaskID)
-	if err != nil {
-		return nil, err
-	}
 	var responses map[string]json.RawMessage
 	if len(p.InputResponses) > 0 && string(p.InputResponses) != "null" {
 		if err := json.Unmarshal(p.InputResponses, &responses); err != nil {
+			// An unknown or expired task is the answer before malformed
+			// params are.
+			if _, lerr := s.lookup(ctx, info, p.TaskID); lerr != nil {
+				return nil, lerr
+			}
 			return nil, invalidParams("Invalid params: inputResponses must be an object")
 		}
 	}
-	if rec.Status == tasks.StatusInputRequired && len(responses) > 0 {
-		_, err := s.opts.Orchestrator.ProvideInput(ctx, rec.TaskID, tasks.InputUpdate{Responses: responses})
-		if err != nil && !cancelSettled(err) {
-			return nil, internal(err)
-		}
+	if err := s.opts.Approvals.ProvideInput(ctx, info.principal, p.TaskID, responses); err != nil {
+		return nil, ownerError(err)
 	}
 	return &ackResult{ResultType: resultTypeComplete}, nil
 }
 
 func (s *Server) tasksCancel(ctx context.Context, info *callInfo, p *taskParams) (mcp.Result, error) {
-	rec, err := s.lookup(ctx, info, p.TaskID)
+	rec, cancelled, err := s.opts.Approvals.Cancel(ctx, info.principal, p.TaskID)
 	if err != nil {
-		return nil, err
+		return nil, ownerError(err)
 	}
 	if info.era == tasks.Era2026 {
-		// SEP-2663: an acknowledgement; the outcome shows in tasks/get.
-		if !rec.Status.Terminal() {
-			if _, err := s.opts.Orchestrator.Cancel(ctx, rec.TaskID); err != nil && !cancelSettled(err) {
-				return nil, internal(err)
-			}
-		}
+		// SEP-2663: an acknowledgement, whatever became of the request;
+		// the outcome shows in tasks/get.
 		return &ackResult{ResultType: resultTypeComplete}, nil
 	}
-
 	// 2025-11-25: the answer is the task, cancelled, or -32602 if it is
-	// terminal (or can no longer be cancelled).
-	if rec.Status.Terminal() {
+	// terminal or can no longer be cancelled.
+	switch {
+	case cancelled:
+		return &legacyTaskResult{LegacyTask: rec.Legacy()}, nil
+	case rec.Status.Terminal():
 		return nil, cannotCancel(rec.Status)
 	}
-	res, err := s.opts.Orchestrator.Cancel(ctx, rec.TaskID)
-	if err != nil && !cancelSettled(err) {
-		return nil, internal(err)
-	}
-	if err == nil && res.Cancelled {
-		return &legacyTaskResult{LegacyTask: s.awaitCancelled(ctx, info, rec).Legacy()}, nil
-	}
-	// Too late: the call was claimed for execution or the task ended.
-	if now, gerr := s.opts.Store.GetOwned(ctx, rec.TaskID, info.principal); gerr == nil && now.Status.Terminal() {
-		return nil, cannotCancel(now.Status)
-	}
+	// Too late: the call was claimed for execution.
 	return nil, invalidParams("Cannot cancel task: its execution has already started")
-}
-
-// cancelSettled reports a cancel that failed only because the task is past
-// cancelling: the workflow is gone or refused it.
-func cancelSettled(err error) bool {
-	var rejected *tasks.UpdateRejected
-	return errors.Is(err, tasks.ErrWorkflowGone) || errors.As(err, &rejected)
 }
 
 func cannotCancel(st tasks.Status) *rpcError {
 	return invalidParams(fmt.Sprintf("Cannot cancel task: already in terminal status '%s'", st))
-}
-
-// awaitCancelled waits briefly for the workflow to record the cancellation
-// it has just accepted. The workflow's history is the source of truth, so
-// if the read model lags the answer is still "cancelled".
-func (s *Server) awaitCancelled(ctx context.Context, info *callInfo, rec tasks.Record) tasks.Record {
-	wctx, cancel := context.WithTimeout(ctx, cancelSettle)
-	defer cancel()
-	final, err := s.opts.Store.WaitTerminal(wctx, rec.TaskID, info.principal)
-	if err == nil && final.Status == tasks.StatusCancelled {
-		return final
-	}
-	s.log.WarnContext(ctx, "mcpserver: read model has not caught up with an accepted cancel", "task_id", rec.TaskID, "err", err)
-	rec.Status = tasks.StatusCancelled
-	rec.StatusMessage = "Cancelled by the requester"
-	rec.LastUpdatedAt = s.now().UTC()
-	return rec
 }
 
 // tasksList is 2025-11-25 only: the caller's tasks, newest first.
@@ -264,17 +232,12 @@ func (s *Server) tasksList(ctx context.Context, info *callInfo, p *listParams) (
 	if p != nil {
 		cursor = p.Cursor
 	}
-	if cursor != "" {
-		// The cursor is the last task ID of the previous page: it must be
-		// one of the caller's tasks.
-		if _, err := s.opts.Store.GetOwned(ctx, cursor, info.principal); err != nil {
-			if errors.Is(err, tasks.ErrTaskNotFound) {
-				return nil, invalidParams("Invalid params: unknown cursor")
-			}
-			return nil, internal(err)
-		}
+	// The cursor is the last task ID of the previous page: it must be one
+	// of the caller's tasks.
+	page, next, err := s.opts.Approvals.List(ctx, info.principal, cursor, s.pageSize)
+	if errors.Is(err, approvals.ErrUnknownCursor) {
+		return nil, invalidParams("Invalid params: unknown cursor")
 	}
-	page, next, err := s.opts.Store.List(ctx, info.principal, cursor, s.pageSize)
 	if err != nil {
 		return nil, internal(err)
 	}

@@ -8,13 +8,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/countersign/countersign/approvals"
+	"github.com/countersign/countersign/internal/approverapi"
+	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -22,6 +24,8 @@ import (
 // approver API. Each request is a JSON object: the HTTP body of the
 // endpoint plus "ref", the approval reference. The reply is exactly the
 // HTTP response body, with the HTTP status in the [StatusHeader] header.
+// Both edges speak the wire of package internal/approverapi over the same
+// approvals service; neither calls the other.
 const (
 	SubjectApproval  = "countersign.approver.v1.approval"  // {ref} → GET /approver/v1/approvals/{ref}
 	SubjectChallenge = "countersign.approver.v1.challenge" // {ref, decision} → POST …/challenge
@@ -32,51 +36,69 @@ const (
 	StatusHeader = "Countersign-Status"
 )
 
-// decisionTimeout bounds one request (a decision waits on the workflow).
+// decisionTimeout bounds one request (a decision waits on the workflow,
+// up to approverapi.DecideTimeout).
 const decisionTimeout = 40 * time.Second
 
 // maxInflight bounds concurrent requests per process.
 const maxInflight = 64
 
+// Approvals is what the decision service uses of *approvals.Service.
+type Approvals interface {
+	View(ctx context.Context, ref string) (tasks.Record, error)
+	Challenge(ctx context.Context, ref, decision string) (passkey.Challenge, error)
+	Decide(ctx context.Context, ref string, d tasks.DecisionUpdate) (approvals.Verdict, error)
+}
+
 // DecisionOptions configures [NewDecisionService].
 type DecisionOptions struct {
-	// API is the approver API's HTTP handler (web.Handler). The service
-	// hands it each request in-process, so the same parsing, limits and
-	// verification apply as over HTTP.
-	API http.Handler
+	// Approvals shows and decides approvals (*approvals.Service, the one
+	// the approver site uses). Required.
+	Approvals Approvals
+	// MaxBodyBytes caps a request's body (without "ref"), as the site caps
+	// HTTP bodies. Zero means approverapi.DefaultMaxBodyBytes.
+	MaxBodyBytes int64
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
 
 // DecisionService answers approver API requests over NATS request/reply.
 type DecisionService struct {
-	api  http.Handler
-	log  *slog.Logger
-	subs []*nats.Subscription
-	sem  chan struct{}
-	wg   sync.WaitGroup
-	ctx  context.Context
-	stop context.CancelFunc
+	approvals Approvals
+	maxBody   int64
+	log       *slog.Logger
+	subs      []*nats.Subscription
+	sem       chan struct{}
+	wg        sync.WaitGroup
+	ctx       context.Context
+	stop      context.CancelFunc
 }
 
 // NewDecisionService subscribes to the decision subjects on nc, in the
 // [DecisionQueue] queue group.
 func NewDecisionService(nc *nats.Conn, opts DecisionOptions) (*DecisionService, error) {
-	if nc == nil || opts.API == nil {
-		return nil, errors.New("notify: decision service needs a NATS connection and the approver API")
+	if nc == nil || opts.Approvals == nil {
+		return nil, errors.New("notify: decision service needs a NATS connection and the approvals service")
+	}
+	if opts.MaxBodyBytes < 0 {
+		return nil, errors.New("notify: MaxBodyBytes must not be negative")
 	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	maxBody := opts.MaxBodyBytes
+	if maxBody == 0 {
+		maxBody = approverapi.DefaultMaxBodyBytes
+	}
 	ctx, stop := context.WithCancel(context.Background())
-	d := &DecisionService{api: opts.API, log: log, sem: make(chan struct{}, maxInflight), ctx: ctx, stop: stop}
-	for subj, ep := range map[string]endpoint{
-		SubjectApproval:  {method: http.MethodGet, suffix: ""},
-		SubjectChallenge: {method: http.MethodPost, suffix: "/challenge"},
-		SubjectDecision:  {method: http.MethodPost, suffix: "/decision"},
+	d := &DecisionService{approvals: opts.Approvals, maxBody: maxBody, log: log, sem: make(chan struct{}, maxInflight), ctx: ctx, stop: stop}
+	for subj, handle := range map[string]endpoint{
+		SubjectApproval:  d.view,
+		SubjectChallenge: d.challenge,
+		SubjectDecision:  d.decide,
 	} {
-		sub, err := nc.QueueSubscribe(subj, DecisionQueue, func(m *nats.Msg) { d.dispatch(m, ep) })
+		sub, err := nc.QueueSubscribe(subj, DecisionQueue, func(m *nats.Msg) { d.dispatch(m, handle) })
 		if err != nil {
 			d.Close()
 			return nil, fmt.Errorf("notify: subscribe %s: %w", subj, err)
@@ -86,10 +108,9 @@ func NewDecisionService(nc *nats.Conn, opts DecisionOptions) (*DecisionService, 
 	return d, nil
 }
 
-type endpoint struct {
-	method string
-	suffix string
-}
+// endpoint answers one request: ref and the other fields of its object.
+// err, when not nil, is the failure the reply answers, for the log.
+type endpoint func(ctx context.Context, ref string, fields map[string]json.RawMessage) (approverapi.Reply, error)
 
 // Close unsubscribes and waits for requests in flight. It is idempotent.
 func (d *DecisionService) Close() {
@@ -115,13 +136,13 @@ func (d *DecisionService) dispatch(m *nats.Msg, ep endpoint) {
 	d.wg.Add(1)
 	go func() {
 		defer func() { <-d.sem; d.wg.Done() }()
-		status, body := d.handle(m.Data, ep)
+		status, body := d.handle(m.Subject, m.Data, ep)
 		respond(m, status, body)
 	}()
 }
 
 func errBody(code, message string) []byte {
-	b, _ := json.Marshal(map[string]string{"error": code, "message": message})
+	b, _ := json.Marshal(approverapi.ErrorBody{Error: code, Message: message})
 	return b
 }
 
@@ -132,64 +153,97 @@ func respond(m *nats.Msg, status int, body []byte) {
 	_ = m.RespondMsg(r)
 }
 
-// handle turns one NATS request into an in-process HTTP request.
-func (d *DecisionService) handle(data []byte, ep endpoint) (int, []byte) {
+// handle answers one request: the envelope ({ref, …}) is checked here, the
+// rest by the endpoint. A panic is a 500, as over HTTP.
+func (d *DecisionService) handle(subject string, data []byte, ep endpoint) (status int, body []byte) {
+	defer func() {
+		if v := recover(); v != nil {
+			d.log.Error("notify: decision service: panic", "subject", subject, "panic", fmt.Sprint(v))
+			status, body = http.StatusInternalServerError, errBody(approverapi.CodeInternal, approverapi.MsgInternal)
+		}
+	}()
 	var fields map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&fields); err != nil || fields == nil {
-		return http.StatusBadRequest, errBody("invalid_request", "the request must be a JSON object with \"ref\"")
+		return http.StatusBadRequest, errBody(approverapi.CodeInvalidRequest, "the request must be a JSON object with \"ref\"")
 	}
 	if dec.More() {
-		return http.StatusBadRequest, errBody("invalid_request", "the request must contain a single JSON object")
+		return http.StatusBadRequest, errBody(approverapi.CodeInvalidRequest, "the request must contain a single JSON object")
 	}
 	var ref string
 	if raw, ok := fields["ref"]; !ok || json.Unmarshal(raw, &ref) != nil || ref == "" {
-		return http.StatusBadRequest, errBody("invalid_request", "\"ref\" (the approval reference) is required and must be a string")
-	}
-	if !tasks.ValidID(ref) {
-		return http.StatusNotFound, errBody("not_found", "no such approval")
+		return http.StatusBadRequest, errBody(approverapi.CodeInvalidRequest, "\"ref\" (the approval reference) is required and must be a string")
 	}
 	delete(fields, "ref")
-	var body []byte
-	if ep.method == http.MethodPost {
-		body, _ = json.Marshal(fields)
-	} else if len(fields) > 0 {
-		return http.StatusBadRequest, errBody("invalid_request", "only \"ref\" is accepted")
-	}
 	ctx, cancel := context.WithTimeout(d.ctx, decisionTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, ep.method, "/approver/v1/approvals/"+url.PathEscape(ref)+ep.suffix, bytes.NewReader(body))
+	var rep approverapi.Reply
+	var err error
+	if !tasks.ValidID(ref) {
+		// Refused before the body is read, as over HTTP.
+		rep, err = approverapi.ErrorReply(approvals.ErrNotFound), approvals.ErrNotFound
+	} else {
+		rep, err = ep(ctx, ref, fields)
+	}
+	if err != nil && rep.Status == http.StatusInternalServerError {
+		d.log.Error("notify: decision service: internal error", "subject", subject, "error", err)
+	} else if err != nil {
+		d.log.Debug("notify: decision service: request refused", "subject", subject, "status", rep.Status, "error", err)
+	}
+	b, merr := json.Marshal(rep.Body)
+	if merr != nil {
+		d.log.Error("notify: decision service: encode reply", "subject", subject, "error", merr)
+		return http.StatusInternalServerError, errBody(approverapi.CodeInternal, approverapi.MsgInternal)
+	}
+	return rep.Status, b
+}
+
+// body decodes the request's fields but "ref" into dst as the site decodes
+// an HTTP body: bounded, strict (approverapi.Decode).
+func (d *DecisionService) body(fields map[string]json.RawMessage, dst any) error {
+	b, err := json.Marshal(fields)
 	if err != nil {
-		return http.StatusBadRequest, errBody("invalid_request", "malformed request")
+		return approverapi.BadRequest("malformed request")
 	}
-	req.RemoteAddr = "nats"
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+	if int64(len(b)) > d.maxBody {
+		return approverapi.BodyTooLarge(d.maxBody)
 	}
-	w := &memResponse{header: http.Header{}}
-	d.api.ServeHTTP(w, req)
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.status, bytes.TrimRight(w.body.Bytes(), "\n")
+	return approverapi.Decode(b, dst)
 }
 
-// memResponse is an in-memory http.ResponseWriter.
-type memResponse struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
+// view: {ref} → GET /approver/v1/approvals/{ref}.
+func (d *DecisionService) view(ctx context.Context, ref string, fields map[string]json.RawMessage) (approverapi.Reply, error) {
+	if len(fields) > 0 {
+		err := approverapi.BadRequest("only \"ref\" is accepted")
+		return approverapi.ErrorReply(err), err
+	}
+	rec, err := d.approvals.View(ctx, ref)
+	return approverapi.ViewReply(rec, err), err
 }
 
-func (w *memResponse) Header() http.Header { return w.header }
-func (w *memResponse) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
+// challenge: {ref, decision} → POST /approver/v1/approvals/{ref}/challenge.
+func (d *DecisionService) challenge(ctx context.Context, ref string, fields map[string]json.RawMessage) (approverapi.Reply, error) {
+	var req approverapi.ChallengeRequest
+	if err := d.body(fields, &req); err != nil {
+		return approverapi.ErrorReply(err), err
 	}
+	ch, err := d.approvals.Challenge(ctx, ref, req.Decision)
+	return approverapi.ChallengeReply(ch, req.Decision, err), err
 }
-func (w *memResponse) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
+
+// decide: {ref, challengeId, decision, comment?, response} → POST
+// /approver/v1/approvals/{ref}/decision.
+func (d *DecisionService) decide(ctx context.Context, ref string, fields map[string]json.RawMessage) (approverapi.Reply, error) {
+	var req approverapi.DecisionRequest
+	err := d.body(fields, &req)
+	if err == nil {
+		err = req.Validate()
 	}
-	return w.body.Write(b)
+	if err != nil {
+		return approverapi.ErrorReply(err), err
+	}
+	ctx, cancel := context.WithTimeout(ctx, approverapi.DecideTimeout)
+	defer cancel()
+	v, err := d.approvals.Decide(ctx, ref, req.Update())
+	return approverapi.DecisionReply(v, err), err
 }

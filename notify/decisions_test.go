@@ -6,25 +6,33 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/descope/virtualwebauthn"
 	"github.com/nats-io/nats.go"
 
+	"github.com/countersign/countersign/activities"
+	"github.com/countersign/countersign/approvals"
+	"github.com/countersign/countersign/approvals/approvalstest"
 	"github.com/countersign/countersign/internal/authn"
+	"github.com/countersign/countersign/internal/testpasskey"
 	"github.com/countersign/countersign/notify"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
 	"github.com/countersign/countersign/web"
 )
 
-// decisionEnv is the real approver API (web.Handler over NATS KV stores and
-// the passkey service) behind the NATS decision service.
+// decisionEnv is the NATS decision service and the approver site (its HTTP
+// mirror) over one real approvals service: NATS KV stores, the passkey
+// service and the in-memory engine, running the real activities.
 type decisionEnv struct {
 	nc       *nats.Conn
 	store    *tasks.Store
 	passkeys *passkey.Service
+	engine   *approvalstest.Engine
 	site     *web.Handler
 }
 
@@ -44,20 +52,23 @@ func newDecisionEnv(t *testing.T) *decisionEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// No Temporal here: every request below is answered before a decision
-	// would reach a workflow. A nil-client orchestrator would panic (and
-	// the API answer 500) if one did.
-	site, err := web.New(web.Options{PublicURL: "http://localhost:8080", Store: store,
-		Orchestrator: tasks.NewOrchestrator(nil), Passkeys: pk, Tokens: tokens})
+	engine := approvalstest.New(approvalstest.Options{Activities: &activities.Activities{
+		Tasks: store, Passkeys: pk, PublicURL: "http://localhost:8080"}})
+	t.Cleanup(engine.Close)
+	approvalsSvc, err := approvals.New(approvals.Options{Store: store, Engine: engine, Passkeys: pk})
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := notify.NewDecisionService(nc, notify.DecisionOptions{API: site})
+	site, err := web.New(web.Options{PublicURL: "http://localhost:8080", Approvals: approvalsSvc, Passkeys: pk, Tokens: tokens})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := notify.NewDecisionService(nc, notify.DecisionOptions{Approvals: approvalsSvc})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(svc.Close)
-	return &decisionEnv{nc: nc, store: store, passkeys: pk, site: site}
+	return &decisionEnv{nc: nc, store: store, passkeys: pk, engine: engine, site: site}
 }
 
 func (e *decisionEnv) request(t *testing.T, subject string, body []byte) (int, map[string]any) {
@@ -152,10 +163,15 @@ func TestDecisionServiceMalformedRequests(t *testing.T) {
 	}
 }
 
-// The NATS service answers exactly what the HTTP API answers.
+// The NATS service answers exactly what the HTTP API answers: the same
+// status and the same body, request by request, over the same approvals
+// service.
 func TestDecisionServiceMirrorsHTTP(t *testing.T) {
 	e := newDecisionEnv(t)
 	rec := e.addTask(t, nil)
+	closed := e.addTask(t, func(r *tasks.Record) {
+		r.Status, r.Disposition, r.ApprovalState = tasks.StatusCompleted, tasks.DeniedNotExecuted, tasks.ApprovalDenied
+	})
 	if _, _, err := e.passkeys.AddApprover(testCtx(t), "alice", []string{"approvers"}); err != nil {
 		t.Fatal(err)
 	}
@@ -180,6 +196,61 @@ func TestDecisionServiceMirrorsHTTP(t *testing.T) {
 	if st == http.StatusInternalServerError {
 		t.Errorf("challenge answered 500: %v", ch)
 	}
+
+	// Request by request, the whole answer.
+	unknown := tasks.NewID("apr_")
+	for _, tc := range []struct {
+		name    string
+		subject string
+		ref     string
+		fields  string // the body's members but "ref"
+		status  int
+	}{
+		{"approval view", notify.SubjectApproval, rec.ApprovalRef, "", 200},
+		{"unknown approval", notify.SubjectApproval, unknown, "", 404},
+		{"challenge without an eligible passkey", notify.SubjectChallenge, rec.ApprovalRef, `"decision":"deny"`, 409},
+		{"challenge for no decision", notify.SubjectChallenge, rec.ApprovalRef, ``, 400},
+		{"challenge for a bad decision", notify.SubjectChallenge, rec.ApprovalRef, `"decision":"maybe"`, 400},
+		{"challenge with an unknown field", notify.SubjectChallenge, rec.ApprovalRef, `"decision":"approve","admin":true`, 400},
+		{"challenge of the wrong type", notify.SubjectChallenge, rec.ApprovalRef, `"decision":7`, 400},
+		{"challenge on a closed approval", notify.SubjectChallenge, closed.ApprovalRef, `"decision":"deny"`, 409},
+		{"challenge on an unknown approval", notify.SubjectChallenge, unknown, `"decision":"deny"`, 404},
+		{"decision with rejected evidence", notify.SubjectDecision, rec.ApprovalRef,
+			`"challengeId":"abc","decision":"approve","comment":"ok","response":{"id":"x"}`, 422},
+		{"decision with a malformed challenge ID", notify.SubjectDecision, rec.ApprovalRef,
+			`"challengeId":"a/b","decision":"approve","response":{}`, 400},
+		{"decision with control characters", notify.SubjectDecision, rec.ApprovalRef,
+			`"challengeId":"abc","decision":"deny","comment":"a\u0007b","response":{}`, 400},
+		{"decision without assertion", notify.SubjectDecision, rec.ApprovalRef, `"challengeId":"abc","decision":"approve"`, 400},
+		{"decision on a closed approval", notify.SubjectDecision, closed.ApprovalRef,
+			`"challengeId":"abc","decision":"approve","response":{"id":"x"}`, 409},
+		{"decision on an unknown approval", notify.SubjectDecision, unknown,
+			`"challengeId":"abc","decision":"approve","response":{"id":"x"}`, 404},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msg := `{"ref":"` + tc.ref + `"`
+			if tc.fields != "" {
+				msg += "," + tc.fields
+			}
+			st, got := e.request(t, tc.subject, []byte(msg+"}"))
+			method, path, body := http.MethodPost, "/approver/v1/approvals/"+tc.ref, []byte("{"+tc.fields+"}")
+			switch tc.subject {
+			case notify.SubjectApproval:
+				method, body = http.MethodGet, nil
+			case notify.SubjectChallenge:
+				path += "/challenge"
+			case notify.SubjectDecision:
+				path += "/decision"
+			}
+			hst, want := e.overHTTP(t, method, path, body)
+			if st != hst || !reflect.DeepEqual(got, want) {
+				t.Errorf("NATS %d %v\nHTTP %d %v", st, got, hst, want)
+			}
+			if st != tc.status {
+				t.Errorf("status %d, want %d: %v", st, tc.status, got)
+			}
+		})
+	}
 }
 
 // A decision for a finished task is refused with task_not_pending and
@@ -197,5 +268,82 @@ func TestDecisionServiceFinishedTask(t *testing.T) {
 	st, out = e.request(t, notify.SubjectChallenge, []byte(`{"ref":"`+rec.ApprovalRef+`","decision":"deny"}`))
 	if st != http.StatusConflict || out["error"] != "task_not_pending" {
 		t.Errorf("challenge: got %d %v, want 409 task_not_pending", st, out)
+	}
+}
+
+// enroll adds an approver with one software passkey, enrolled through the
+// passkey service as the site's enrollment page would.
+func (e *decisionEnv) enroll(t *testing.T, name string) (virtualwebauthn.Authenticator, virtualwebauthn.Credential) {
+	t.Helper()
+	ctx := testCtx(t)
+	a, token, err := e.passkeys.AddApprover(ctx, name, []string{"approvers"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	creation, err := e.passkeys.BeginEnrollment(ctx, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(creation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := virtualwebauthn.ParseAttestationOptions(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth := virtualwebauthn.NewAuthenticatorWithOptions(virtualwebauthn.AuthenticatorOptions{UserHandle: []byte(a.ID)})
+	cred := testpasskey.NewEC2Credential()
+	if _, err := e.passkeys.FinishEnrollment(ctx, token, []byte(virtualwebauthn.CreateAttestationResponse(testRP, auth, cred, *opts))); err != nil {
+		t.Fatal(err)
+	}
+	auth.AddCredential(cred)
+	return auth, cred
+}
+
+var testRP = virtualwebauthn.RelyingParty{ID: "localhost", Name: "Countersign", Origin: "http://localhost:8080"}
+
+// A whole decision over NATS, and the same request again over HTTP: one
+// decision, one answer, whichever edge it comes through.
+func TestDecisionServiceDecides(t *testing.T) {
+	e := newDecisionEnv(t)
+	rec := e.addTask(t, nil)
+	if err := e.engine.Start(testCtx(t), tasks.ApprovalInput{
+		Version: tasks.ApprovalInputVersion,
+		Envelope: tasks.Envelope{Version: tasks.EnvelopeVersion, TaskID: rec.TaskID, Tool: rec.Tool, Arguments: rec.Arguments,
+			ActionHash: rec.ActionHash, Principal: rec.Owner, Resource: "tool:" + rec.Tool, ServerID: "countersign-test", CreatedAt: rec.CreatedAt},
+		Requirement: rec.Requirement, ApprovalRef: rec.ApprovalRef, DisplayText: rec.DisplayText, ExpiresAt: rec.ExpiresAt,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	auth, cred := e.enroll(t, "alice")
+
+	st, ch := e.request(t, notify.SubjectChallenge, []byte(`{"ref":"`+rec.ApprovalRef+`","decision":"approve"}`))
+	if st != http.StatusOK || ch["decision"] != "approve" || ch["displayText"] != rec.DisplayText {
+		t.Fatalf("challenge: %d %v", st, ch)
+	}
+	ro, err := json.Marshal(ch["requestOptions"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := virtualwebauthn.ParseAssertionOptions(string(ro))
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertion := virtualwebauthn.CreateAssertionResponse(testRP, auth, cred, *opts)
+	fields := `"challengeId":"` + ch["challengeId"].(string) + `","decision":"approve","comment":"fine","response":` + assertion
+
+	st, got := e.request(t, notify.SubjectDecision, []byte(`{"ref":"`+rec.ApprovalRef+`",`+fields+`}`))
+	want := map[string]any{"accepted": true, "status": "pending", "approved": 1.0, "needed": 2.0}
+	if st != http.StatusOK || !reflect.DeepEqual(got, want) {
+		t.Fatalf("decision over NATS: %d %v, want 200 %v", st, got, want)
+	}
+	hst, hgot := e.overHTTP(t, http.MethodPost, "/approver/v1/approvals/"+rec.ApprovalRef+"/decision", []byte("{"+fields+"}"))
+	if hst != st || !reflect.DeepEqual(hgot, got) {
+		t.Errorf("the same decision over HTTP: %d %v, want NATS's %d %v", hst, hgot, st, got)
+	}
+	st, view := e.request(t, notify.SubjectApproval, []byte(`{"ref":"`+rec.ApprovalRef+`"}`))
+	if st != http.StatusOK || view["approved"] != 1.0 {
+		t.Errorf("view after the decision: %d %v", st, view)
 	}
 }

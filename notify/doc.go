@@ -22,16 +22,18 @@
 //   - [Interactions] is the Slack interactivity endpoint. It verifies every
 //     request's signature (bad or stale: 401), refuses replays (409, NATS KV
 //     create on a digest of timestamp and body), maps the Slack user to an
-//     approver ([SlackUsers]) and delivers an unsigned deny
-//     (tasks.UpdateDenyUnsigned). A deny needs no passkey because it can only
+//     approver ([SlackUsers]) and asks the approvals service to deny without
+//     a passkey (DenyUnsigned, which checks the approver's group and reaches
+//     the workflow's tasks.UpdateDenyUnsigned). A deny needs no passkey because it can only
 //     stop a call; the workflow records who denied, via Slack, and when.
 //     Unknown users and non-eligible approvers get an ephemeral error and
 //     nothing changes.
 //   - [DecisionService] mirrors the approver API over NATS request/reply
-//     (countersign.approver.v1.approval, .challenge, .decision). It hands
-//     each request to the approver API's own http.Handler in-process, so
-//     parsing, limits and passkey verification are the same code as over
-//     HTTP; the reply is the HTTP body with the status in a header.
+//     (countersign.approver.v1.approval, .challenge, .decision). Like the
+//     HTTP API it calls the approvals service and speaks the wire of
+//     internal/approverapi, so parsing, limits and passkey verification are
+//     the same code as over HTTP; the reply is the HTTP body with the
+//     status in a header.
 //
 // Nothing here blocks or fails a task: Slack and NATS failures are returned
 // to the activity, which retries with backoff and then gives up, while the

@@ -12,13 +12,12 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
-	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/slack-go/slack"
 
-	"github.com/countersign/countersign/passkey"
+	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -29,10 +28,12 @@ const maxInteractionBody = 64 << 10
 // 5 minutes after which its signature is stale anyway.
 const replayWindow = 10 * time.Minute
 
-// Denier delivers an unsigned deny to a task's workflow
-// (*tasks.Orchestrator).
-type Denier interface {
-	DenyUnsigned(ctx context.Context, taskID string, d tasks.UnsignedDenial) (tasks.DecisionResult, error)
+// UnsignedDenier takes a deny without a passkey: *approvals.Service, the one
+// place that changes a task. DenyUnsigned answers approvals.ErrUnknownApprover,
+// approvals.ErrNotFound, approvals.ErrNotEligible, approvals.ErrNotPending,
+// an error wrapping approvals.ErrInProgress, or another (internal) error.
+type UnsignedDenier interface {
+	DenyUnsigned(ctx context.Context, ref, approverID, via string, at time.Time) error
 }
 
 // InteractionsOptions configures [NewInteractions].
@@ -42,10 +43,9 @@ type InteractionsOptions struct {
 	// Slack answers the user (chat.postEphemeral). Required.
 	Slack *Slack
 	// Users maps Slack users to approvers. Required.
-	Users    *SlackUsers
-	Store    *tasks.Store
-	Passkeys *passkey.Service
-	Denier   Denier
+	Users *SlackUsers
+	// Approvals takes the deny. Required.
+	Approvals UnsignedDenier
 	// Replicas of the replay bucket in a clustered NATS; 0 means 1.
 	Replicas int
 	Logger   *slog.Logger
@@ -54,28 +54,29 @@ type InteractionsOptions struct {
 }
 
 // Interactions is the Slack interactivity endpoint (mount it at
-// /slack/interactivity). It handles one action, the Deny button:
+// /slack/interactivity), a thin adapter over the approvals service. It
+// handles one action, the Deny button:
 //
 //  1. the request signature is verified (slack.NewSecretsVerifier): a bad
 //     or stale (> 5 min) signature is 401 and nothing else happens;
 //  2. a replay of an already seen request (same timestamp and body) is 409;
-//  3. the Slack user must be mapped to an approver ([SlackUsers]) in the
-//     task's approver group, else they get an ephemeral error;
-//  4. the task's workflow takes an unsigned deny (tasks.UpdateDenyUnsigned)
-//     naming the approver and "slack"; the workflow records who and when.
+//  3. the Slack user must be mapped to an approver ([SlackUsers]), else they
+//     get an ephemeral error;
+//  4. the approvals service denies on the approver's behalf, via "slack"
+//     (it checks the approver is in the approval's group; the workflow
+//     records who and when), and the user is told the outcome in an
+//     ephemeral message.
 //
 // A deny needs no passkey because it can only stop a call. Approving never
 // happens in Slack.
 type Interactions struct {
-	secret   string
-	slack    *Slack
-	users    *SlackUsers
-	store    *tasks.Store
-	passkeys *passkey.Service
-	denier   Denier
-	replay   jetstream.KeyValue
-	log      *slog.Logger
-	now      func() time.Time
+	secret    string
+	slack     *Slack
+	users     *SlackUsers
+	approvals UnsignedDenier
+	replay    jetstream.KeyValue
+	log       *slog.Logger
+	now       func() time.Time
 }
 
 // NewInteractions validates opts and opens the replay bucket.
@@ -83,8 +84,8 @@ func NewInteractions(ctx context.Context, js jetstream.JetStream, opts Interacti
 	switch {
 	case opts.SigningSecret == "":
 		return nil, errors.New("notify: Slack signing secret is required")
-	case opts.Slack == nil || opts.Users == nil || opts.Store == nil || opts.Passkeys == nil || opts.Denier == nil:
-		return nil, errors.New("notify: interactions need Slack, Users, Store, Passkeys and Denier")
+	case opts.Slack == nil || opts.Users == nil || opts.Approvals == nil:
+		return nil, errors.New("notify: interactions need Slack, Users and Approvals")
 	case js == nil:
 		return nil, errors.New("notify: JetStream is required")
 	}
@@ -98,8 +99,8 @@ func NewInteractions(ctx context.Context, js jetstream.JetStream, opts Interacti
 	if err != nil {
 		return nil, fmt.Errorf("notify: slack replay bucket: %w", err)
 	}
-	i := &Interactions{secret: opts.SigningSecret, slack: opts.Slack, users: opts.Users, store: opts.Store,
-		passkeys: opts.Passkeys, denier: opts.Denier, replay: kv, log: opts.Logger, now: opts.Now}
+	i := &Interactions{secret: opts.SigningSecret, slack: opts.Slack, users: opts.Users,
+		approvals: opts.Approvals, replay: kv, log: opts.Logger, now: opts.Now}
 	if i.log == nil {
 		i.log = slog.New(slog.DiscardHandler)
 	}
@@ -198,40 +199,31 @@ func (i *Interactions) deny(ctx context.Context, cb slack.InteractionCallback, r
 		tell("Countersign could not check your account right now; nothing changed. Try again, or deny on the approval page.")
 		return
 	}
-	ap, err := i.passkeys.Approver(ctx, approverID)
-	if err != nil {
-		i.log.InfoContext(ctx, "notify: slack deny: approver not found", "approver_id", approverID, "error", err)
-		tell("Your Slack account is linked to an approver that no longer exists; nothing changed.")
-		return
-	}
-	if !tasks.ValidID(ref) {
-		tell("This approval is unknown; nothing changed.")
-		return
-	}
-	rec, err := i.store.ByRef(ctx, ref)
-	if err != nil {
-		tell("This approval is unknown or no longer kept; nothing changed.")
-		return
-	}
-	if !slices.Contains(ap.Groups, rec.Requirement.Group) {
-		i.log.InfoContext(ctx, "notify: slack deny by a non-eligible approver refused", "approver_id", ap.ID, "approval_ref", ref)
-		tell("You are not in the approver group for this call (" + rec.Requirement.Group + "); nothing changed.")
-		return
-	}
 	dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	_, err = i.denier.DenyUnsigned(dctx, rec.TaskID, tasks.UnsignedDenial{
-		ApproverID: ap.ID, ApproverName: ap.Name, Via: "slack", At: i.now(),
-	})
-	var rejected *tasks.UpdateRejected
+	err = i.approvals.DenyUnsigned(dctx, ref, approverID, "slack", i.now())
 	switch {
 	case err == nil:
-		i.log.InfoContext(ctx, "notify: denied from slack", "approval_ref", ref, "approver_id", ap.ID, "slack_user", cb.User.ID)
+		i.log.InfoContext(ctx, "notify: denied from slack", "approval_ref", ref, "approver_id", approverID, "slack_user", cb.User.ID)
 		tell("Denied. The call will not run; the denial is recorded under your name.")
-	case errors.As(err, &rejected), errors.Is(err, tasks.ErrWorkflowGone):
+	case errors.Is(err, approvals.ErrUnknownApprover):
+		i.log.InfoContext(ctx, "notify: slack deny: approver not found", "approver_id", approverID, "slack_user", cb.User.ID)
+		tell("Your Slack account is linked to an approver that no longer exists; nothing changed.")
+	case errors.Is(err, approvals.ErrNotFound) && !tasks.ValidID(ref):
+		tell("This approval is unknown; nothing changed.")
+	case errors.Is(err, approvals.ErrNotFound):
+		tell("This approval is unknown or no longer kept; nothing changed.")
+	case errors.Is(err, approvals.ErrNotEligible):
+		i.log.InfoContext(ctx, "notify: slack deny by a non-eligible approver refused", "approver_id", approverID, "approval_ref", ref)
+		tell("You are not in the approver group for this call; nothing changed.")
+	case errors.Is(err, approvals.ErrNotPending):
 		tell("This approval is no longer pending; nothing changed.")
+	case errors.Is(err, approvals.ErrInProgress):
+		// The outcome is unknown; a deny pressed again is harmless.
+		i.log.WarnContext(ctx, "notify: slack deny still in progress", "approval_ref", ref, "approver_id", approverID, "error", err)
+		tell("The denial could not be delivered right now; try again, or deny on the approval page.")
 	default:
-		i.log.ErrorContext(ctx, "notify: slack deny failed", "approval_ref", ref, "error", err)
+		i.log.ErrorContext(ctx, "notify: slack deny failed", "approval_ref", ref, "approver_id", approverID, "error", err)
 		tell("The denial could not be delivered right now; try again, or deny on the approval page.")
 	}
 }

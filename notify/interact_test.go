@@ -7,6 +7,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -16,6 +18,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/countersign/countersign/activities"
+	"github.com/countersign/countersign/approvals"
+	"github.com/countersign/countersign/approvals/approvalstest"
+	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/notify"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
@@ -23,44 +31,88 @@ import (
 
 const signingSecret = "8f742231b10e8888abcd99yyyzzz85a5"
 
-// recordingDenier records the unsigned denials it is given; the workflow's
-// side of the deny is tested in workflows (TestUnsignedDeny*).
-type recordingDenier struct {
+// recordingEngine is the in-memory approval workflow with the unsigned
+// denials it is given recorded; err, when set, is returned instead (the
+// workflow's own side of the deny is tested in workflows, TestUnsignedDeny*).
+type recordingEngine struct {
+	*approvalstest.Engine
 	mu     sync.Mutex
 	denies []tasks.UnsignedDenial
 	ids    []string
 	err    error
 }
 
-func (d *recordingDenier) DenyUnsigned(_ context.Context, taskID string, u tasks.UnsignedDenial) (tasks.DecisionResult, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.err != nil {
-		return tasks.DecisionResult{}, d.err
+func (e *recordingEngine) DenyUnsigned(ctx context.Context, taskID string, u tasks.UnsignedDenial) (tasks.DecisionResult, error) {
+	e.mu.Lock()
+	if e.err != nil {
+		defer e.mu.Unlock()
+		return tasks.DecisionResult{}, e.err
 	}
-	d.denies = append(d.denies, u)
-	d.ids = append(d.ids, taskID)
-	return tasks.DecisionResult{Accepted: true, Status: tasks.ApprovalDenied}, nil
+	e.denies = append(e.denies, u)
+	e.ids = append(e.ids, taskID)
+	e.mu.Unlock()
+	return e.Engine.DenyUnsigned(ctx, taskID, u)
 }
 
-func (d *recordingDenier) count() int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return len(d.denies)
+func (e *recordingEngine) count() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.denies)
+}
+
+func (e *recordingEngine) fail(err error) {
+	e.mu.Lock()
+	e.err = err
+	e.mu.Unlock()
+}
+
+// denyCall is one call of a fakeDenier.
+type denyCall struct {
+	ref, approverID, via string
+	at                   time.Time
+}
+
+// fakeDenier stands in for the approvals service: it records the calls and
+// returns err.
+type fakeDenier struct {
+	mu    sync.Mutex
+	calls []denyCall
+	err   error
+}
+
+func (f *fakeDenier) DenyUnsigned(_ context.Context, ref, approverID, via string, at time.Time) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, denyCall{ref, approverID, via, at})
+	return f.err
 }
 
 type interactEnv struct {
+	js       jetstream.JetStream
 	slack    *fakeSlack
 	h        *notify.Interactions
 	users    *notify.SlackUsers
 	store    *tasks.Store
 	passkeys *passkey.Service
-	denier   *recordingDenier
+	engine   *recordingEngine
 	rec      tasks.Record
 	alice    passkey.Approver
 }
 
+// newInteractEnv is the Slack endpoint over the real approvals service, task
+// store and passkeys, with the in-memory workflow engine running one pending
+// approval (group "approvers") and approver alice in that group.
 func newInteractEnv(t *testing.T) *interactEnv {
+	return buildInteractEnv(t, nil, nil)
+}
+
+// newInteractEnvWith is the Slack endpoint over d instead of the approvals
+// service (no engine: e.engine is nil), with the clock now.
+func newInteractEnvWith(t *testing.T, d notify.UnsignedDenier, now func() time.Time) *interactEnv {
+	return buildInteractEnv(t, d, now)
+}
+
+func buildInteractEnv(t *testing.T, d notify.UnsignedDenier, now func() time.Time) *interactEnv {
 	t.Helper()
 	js, _ := startNATS(t)
 	ctx := testCtx(t)
@@ -81,22 +133,80 @@ func newInteractEnv(t *testing.T) *interactEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &recordingDenier{}
+	var re *recordingEngine
+	if d == nil {
+		eng := approvalstest.New(approvalstest.Options{Activities: &activities.Activities{Tasks: store, Passkeys: pk}})
+		t.Cleanup(eng.Close)
+		re = &recordingEngine{Engine: eng}
+		svc, err := approvals.New(approvals.Options{Store: store, Engine: re, Passkeys: pk})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d = svc
+	}
 	h, err := notify.NewInteractions(ctx, js, notify.InteractionsOptions{
-		SigningSecret: signingSecret, Slack: s, Users: users, Store: store, Passkeys: pk, Denier: d,
+		SigningSecret: signingSecret, Slack: s, Users: users, Approvals: d, Now: now,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := pendingRecord()
+	at := time.Now().UTC().Truncate(time.Millisecond)
+	rec.CreatedAt, rec.LastUpdatedAt, rec.ExpiresAt = at, at, at.Add(rec.Requirement.TTL)
 	if err := store.Create(ctx, rec); err != nil {
 		t.Fatal(err)
+	}
+	if re != nil {
+		if err := re.Start(ctx, approvalInput(rec)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	alice, _, err := pk.AddApprover(ctx, "alice", []string{"approvers"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &interactEnv{slack: f, h: h, users: users, store: store, passkeys: pk, denier: d, rec: rec, alice: alice}
+	return &interactEnv{js: js, slack: f, h: h, users: users, store: store, passkeys: pk, engine: re, rec: rec, alice: alice}
+}
+
+// approvalInput is the workflow input of a pending approval's record, as
+// approvals.Service.Open starts it.
+func approvalInput(rec tasks.Record) tasks.ApprovalInput {
+	return tasks.ApprovalInput{
+		Version: tasks.ApprovalInputVersion,
+		Envelope: tasks.Envelope{
+			Version:    tasks.EnvelopeVersion,
+			TaskID:     rec.TaskID,
+			Tool:       rec.Tool,
+			Arguments:  rec.Arguments,
+			ActionHash: rec.ActionHash,
+			Principal:  rec.Owner,
+			Resource:   "tool:" + rec.Tool,
+			CreatedAt:  rec.CreatedAt,
+		},
+		Requirement: rec.Requirement,
+		ApprovalRef: rec.ApprovalRef,
+		DisplayText: rec.DisplayText,
+		ExpiresAt:   rec.ExpiresAt,
+		Mode:        tasks.ModeApproval,
+	}
+}
+
+// state returns the approval state the read model shows once it is want, or
+// after a few seconds without it.
+func (e *interactEnv) state(t *testing.T, want tasks.ApprovalState) tasks.ApprovalState {
+	t.Helper()
+	var got tasks.Record
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		got, err = e.store.Get(testCtx(t), e.rec.TaskID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.ApprovalState == want || time.Now().After(deadline) {
+			return got.ApprovalState
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func denyPayload(user, ref string) []byte {
@@ -147,22 +257,25 @@ func TestSlackDenyFromLinkedApprover(t *testing.T) {
 	if w := e.post(t, body, now, sign(signingSecret, now, body)); w.Code != http.StatusOK {
 		t.Fatalf("status %d: %s", w.Code, w.Body)
 	}
-	if e.denier.count() != 1 {
-		t.Fatalf("%d denials delivered, want 1", e.denier.count())
+	if e.engine.count() != 1 {
+		t.Fatalf("%d denials delivered, want 1", e.engine.count())
 	}
-	d := e.denier.denies[0]
-	if e.denier.ids[0] != e.rec.TaskID || d.ApproverID != e.alice.ID || d.ApproverName != "alice" || d.Via != "slack" || d.At.IsZero() {
-		t.Errorf("denial = %+v to %s", d, e.denier.ids[0])
+	d := e.engine.denies[0]
+	if e.engine.ids[0] != e.rec.TaskID || d.ApproverID != e.alice.ID || d.ApproverName != "alice" || d.Via != "slack" || d.At.IsZero() {
+		t.Errorf("denial = %+v to %s", d, e.engine.ids[0])
 	}
 	if eph := e.ephemerals(); len(eph) != 1 || !strings.Contains(eph[0], "U0ALICE: Denied") {
 		t.Errorf("ephemeral replies = %q", eph)
+	}
+	if got := e.state(t, tasks.ApprovalDenied); got != tasks.ApprovalDenied {
+		t.Errorf("approval state after the deny = %s, want denied", got)
 	}
 
 	// The very same signed request again is a replay.
 	if w := e.post(t, body, now, sign(signingSecret, now, body)); w.Code != http.StatusConflict {
 		t.Errorf("replay: status %d, want 409", w.Code)
 	}
-	if e.denier.count() != 1 {
+	if e.engine.count() != 1 {
 		t.Errorf("replay delivered another denial")
 	}
 }
@@ -192,8 +305,8 @@ func TestSlackInteractionsRejected(t *testing.T) {
 			}
 		})
 	}
-	if e.denier.count() != 0 || len(e.slack.Calls()) != 0 {
-		t.Errorf("a forged callback had an effect: %d denials, %d Slack calls", e.denier.count(), len(e.slack.Calls()))
+	if e.engine.count() != 0 || len(e.slack.Calls()) != 0 {
+		t.Errorf("a forged callback had an effect: %d denials, %d Slack calls", e.engine.count(), len(e.slack.Calls()))
 	}
 }
 
@@ -210,10 +323,20 @@ func TestSlackDenyRefusedWithEphemeralError(t *testing.T) {
 	if err := e.users.Link(ctx, e.alice.ID, "U0ALICE"); err != nil {
 		t.Fatal(err)
 	}
+	// A link to an approver that no longer exists (links are only made to
+	// existing approvers: write it behind the handler's back).
+	kv, err := e.js.KeyValue(ctx, notify.SlackUsersBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "U0GONE", []byte(`{"approverId":"0123456789abcdef0123456789abcdef"}`)); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name, user, ref, want string
 	}{
 		{"unknown Slack user", "U0MALLORY", e.rec.ApprovalRef, "does not know your Slack account"},
+		{"approver gone", "U0GONE", e.rec.ApprovalRef, "approver that no longer exists"},
 		{"not in the group", "U0BOB", e.rec.ApprovalRef, "not in the approver group"},
 		{"unknown approval", "U0ALICE", tasks.NewID("apr_"), "unknown"},
 		{"malformed ref", "U0ALICE", "../../x", "unknown"},
@@ -231,28 +354,116 @@ func TestSlackDenyRefusedWithEphemeralError(t *testing.T) {
 			}
 		})
 	}
-	if e.denier.count() != 0 {
-		t.Errorf("%d denials delivered, want none", e.denier.count())
+	if e.engine.count() != 0 {
+		t.Errorf("%d denials delivered, want none", e.engine.count())
 	}
 	got, err := e.store.Get(ctx, e.rec.TaskID)
 	if err != nil || got.ApprovalState != tasks.ApprovalPending {
 		t.Errorf("record changed: %+v %v", got.ApprovalState, err)
 	}
+	if running, err := e.engine.Running(ctx, e.rec.TaskID); err != nil || !running {
+		t.Errorf("workflow running = %v, %v; want still waiting", running, err)
+	}
 }
 
 func TestSlackDenyOnFinishedTask(t *testing.T) {
-	e := newInteractEnv(t)
+	t.Run("refused by the workflow", func(t *testing.T) {
+		e := newInteractEnv(t)
+		if err := e.users.Link(testCtx(t), e.alice.ID, "U0ALICE"); err != nil {
+			t.Fatal(err)
+		}
+		e.engine.fail(&tasks.UpdateRejected{Reason: "task_not_pending", Message: "task is no longer pending"})
+		body := denyPayload("U0ALICE", e.rec.ApprovalRef)
+		now := time.Now().Unix()
+		if w := e.post(t, body, now, sign(signingSecret, now, body)); w.Code != http.StatusOK {
+			t.Fatalf("status %d", w.Code)
+		}
+		if eph := e.ephemerals(); len(eph) != 1 || !strings.Contains(eph[0], "no longer pending") {
+			t.Errorf("ephemeral replies = %q", eph)
+		}
+	})
+	t.Run("already denied", func(t *testing.T) {
+		e := newInteractEnv(t)
+		if err := e.users.Link(testCtx(t), e.alice.ID, "U0ALICE"); err != nil {
+			t.Fatal(err)
+		}
+		body := denyPayload("U0ALICE", e.rec.ApprovalRef)
+		now := time.Now().Unix()
+		if w := e.post(t, body, now, sign(signingSecret, now, body)); w.Code != http.StatusOK {
+			t.Fatalf("first deny: status %d", w.Code)
+		}
+		if got := e.state(t, tasks.ApprovalDenied); got != tasks.ApprovalDenied {
+			t.Fatalf("approval state after the first deny = %s, want denied", got)
+		}
+		// Pressed again: another signed request (not a replay).
+		if w := e.post(t, body, now+1, sign(signingSecret, now+1, body)); w.Code != http.StatusOK {
+			t.Fatalf("second deny: status %d", w.Code)
+		}
+		if eph := e.ephemerals(); len(eph) != 2 || !strings.Contains(eph[0], "Denied") || !strings.Contains(eph[1], "no longer pending") || !strings.Contains(eph[1], "nothing changed") {
+			t.Errorf("ephemeral replies = %q", eph)
+		}
+	})
+}
+
+// TestSlackDenyErrorMapping: every answer of the approvals service has its
+// ephemeral reply, and the service is asked with the approver, "slack" and
+// the endpoint's clock.
+func TestSlackDenyErrorMapping(t *testing.T) {
+	at := time.Date(2026, 11, 2, 9, 30, 0, 0, time.UTC)
+	f := &fakeDenier{}
+	e := newInteractEnvWith(t, f, func() time.Time { return at })
 	if err := e.users.Link(testCtx(t), e.alice.ID, "U0ALICE"); err != nil {
 		t.Fatal(err)
 	}
-	e.denier.err = &tasks.UpdateRejected{Reason: "task_not_pending", Message: "task is no longer pending"}
-	body := denyPayload("U0ALICE", e.rec.ApprovalRef)
+	ref := e.rec.ApprovalRef
+	for i, tc := range []struct {
+		name string
+		ref  string
+		err  error
+		want string
+	}{
+		{"denied", ref, nil, "Denied. The call will not run; the denial is recorded under your name."},
+		{"unknown approver", ref, approvals.ErrUnknownApprover, "Your Slack account is linked to an approver that no longer exists; nothing changed."},
+		{"unknown approval", ref, approvals.ErrNotFound, "This approval is unknown or no longer kept; nothing changed."},
+		{"malformed ref", "../../x", approvals.ErrNotFound, "This approval is unknown; nothing changed."},
+		{"not eligible", ref, approvals.ErrNotEligible, "You are not in the approver group for this call; nothing changed."},
+		{"not pending", ref, approvals.ErrNotPending, "This approval is no longer pending; nothing changed."},
+		{"in progress", ref, fmt.Errorf("%w: %w", approvals.ErrInProgress, tasks.ErrUpdateInProgress), "The denial could not be delivered right now; try again, or deny on the approval page."},
+		{"internal", ref, errors.New("approvals: deny: temporal unavailable"), "The denial could not be delivered right now; try again, or deny on the approval page."},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f.mu.Lock()
+			f.err, f.calls = tc.err, nil
+			f.mu.Unlock()
+			before := len(e.ephemerals())
+			body := denyPayload("U0ALICE", tc.ref)
+			now := time.Now().Unix() - int64(i) // a new request, not a replay
+			if w := e.post(t, body, now, sign(signingSecret, now, body)); w.Code != http.StatusOK {
+				t.Fatalf("status %d: %s", w.Code, w.Body)
+			}
+			f.mu.Lock()
+			calls := f.calls
+			f.mu.Unlock()
+			if want := (denyCall{tc.ref, e.alice.ID, "slack", at}); len(calls) != 1 || calls[0] != want {
+				t.Errorf("calls = %+v, want one %+v", calls, want)
+			}
+			if eph := e.ephemerals(); len(eph) != before+1 || eph[len(eph)-1] != "U0ALICE: "+tc.want {
+				t.Errorf("ephemeral replies = %q, want a last one %q", eph, tc.want)
+			}
+		})
+	}
+
+	// A Slack user linked to no approver never reaches the service.
+	f.mu.Lock()
+	f.err, f.calls = nil, nil
+	f.mu.Unlock()
+	body := denyPayload("U0MALLORY", ref)
 	now := time.Now().Unix()
 	if w := e.post(t, body, now, sign(signingSecret, now, body)); w.Code != http.StatusOK {
-		t.Fatalf("status %d", w.Code)
+		t.Fatalf("status %d: %s", w.Code, w.Body)
 	}
-	if eph := e.ephemerals(); len(eph) != 1 || !strings.Contains(eph[0], "no longer pending") {
-		t.Errorf("ephemeral replies = %q", eph)
+	if len(f.calls) != 0 {
+		t.Errorf("an unmapped Slack user reached the service: %+v", f.calls)
 	}
 }
 
@@ -281,19 +492,35 @@ func TestSlackInteractionsMalformed(t *testing.T) {
 	if w.Code != http.StatusMethodNotAllowed {
 		t.Errorf("GET: %d", w.Code)
 	}
-	if e.denier.count() != 0 {
+	if e.engine.count() != 0 {
 		t.Errorf("denials delivered")
 	}
 }
 
 func TestSlackUserLinkHandler(t *testing.T) {
 	e := newInteractEnv(t)
+	ctx := testCtx(t)
+	tokens, err := authn.Open(ctx, e.js, authn.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := tokens.Issue(ctx, "ops@example.com", authn.KindAdmin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := tokens.Issue(ctx, "billing-bot", authn.KindAgent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	storeDown := "Bearer " + authn.NewToken(authn.KindAdmin)
 	mux := http.NewServeMux()
 	mux.Handle("POST /admin/v1/approvers/{id}/slack", e.users.LinkHandler(func(r *http.Request) error {
-		if r.Header.Get("Authorization") != "Bearer admin" {
-			return notify.ErrUnknownSlackUser // any error: refused
+		if r.Header.Get("Authorization") == storeDown {
+			// The token store failing, as (*authn.Tokens).AuthorizeAdmin
+			// reports it.
+			return fmt.Errorf("authn: lookup: %w", jetstream.ErrNoHeartbeat)
 		}
-		return nil
+		return tokens.AuthorizeAdmin(r)
 	}))
 	do := func(id, auth, body string) (int, map[string]string) {
 		req := httptest.NewRequest(http.MethodPost, "/admin/v1/approvers/"+id+"/slack", strings.NewReader(body))
@@ -307,29 +534,36 @@ func TestSlackUserLinkHandler(t *testing.T) {
 		_ = json.Unmarshal(w.Body.Bytes(), &out)
 		return w.Code, out
 	}
+	bearer := "Bearer " + admin
 	for _, tc := range []struct {
 		name, id, auth, body string
 		status               int
 		code                 string
 	}{
 		{"no token", e.alice.ID, "", `{"slackUserId":"U0ALICE"}`, 401, "unauthorized"},
-		{"bad user id", e.alice.ID, "Bearer admin", `{"slackUserId":"alice"}`, 400, "invalid_request"},
-		{"unknown field", e.alice.ID, "Bearer admin", `{"slackUserId":"U0ALICE","admin":true}`, 400, "invalid_request"},
-		{"not JSON", e.alice.ID, "Bearer admin", `{`, 400, "invalid_request"},
-		{"unknown approver", "0123456789abcdef0123456789abcdef", "Bearer admin", `{"slackUserId":"U0ALICE"}`, 404, "not_found"},
-		{"malformed approver", "nope", "Bearer admin", `{"slackUserId":"U0ALICE"}`, 404, "not_found"},
+		{"unknown token", e.alice.ID, bearer + "x", `{"slackUserId":"U0ALICE"}`, 401, "unauthorized"},
+		{"agent token", e.alice.ID, "Bearer " + agent, `{"slackUserId":"U0ALICE"}`, 401, "unauthorized"},
+		{"token store down", e.alice.ID, storeDown, `{"slackUserId":"U0ALICE"}`, 500, "internal"},
+		{"bad user id", e.alice.ID, bearer, `{"slackUserId":"alice"}`, 400, "invalid_request"},
+		{"unknown field", e.alice.ID, bearer, `{"slackUserId":"U0ALICE","admin":true}`, 400, "invalid_request"},
+		{"not JSON", e.alice.ID, bearer, `{`, 400, "invalid_request"},
+		{"unknown approver", "0123456789abcdef0123456789abcdef", bearer, `{"slackUserId":"U0ALICE"}`, 404, "not_found"},
+		{"malformed approver", "nope", bearer, `{"slackUserId":"U0ALICE"}`, 404, "not_found"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			status, out := do(tc.id, tc.auth, tc.body)
 			if status != tc.status || out["error"] != tc.code || out["message"] == "" {
 				t.Errorf("got %d %v, want %d %s", status, out, tc.status, tc.code)
 			}
+			if tc.code == "internal" && out["message"] != "internal error" {
+				t.Errorf("message %q, want %q", out["message"], "internal error")
+			}
 		})
 	}
 	if _, err := e.users.Approver(testCtx(t), "U0ALICE"); err != notify.ErrUnknownSlackUser {
 		t.Fatalf("a refused link was stored: %v", err)
 	}
-	status, out := do(e.alice.ID, "Bearer admin", `{"slackUserId":"U0ALICE"}`)
+	status, out := do(e.alice.ID, bearer, `{"slackUserId":"U0ALICE"}`)
 	if status != 200 || out["approverId"] != e.alice.ID || out["slackUserId"] != "U0ALICE" {
 		t.Fatalf("link: %d %v", status, out)
 	}

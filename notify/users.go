@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/passkey"
 )
 
@@ -27,6 +29,7 @@ var ErrInvalidSlackUser = errors.New("notify: slackUserId must be a Slack user I
 type SlackUsers struct {
 	kv       jetstream.KeyValue
 	passkeys *passkey.Service
+	log      *slog.Logger
 }
 
 type slackUserRecord struct {
@@ -39,6 +42,8 @@ type SlackUsersOptions struct {
 	Passkeys *passkey.Service
 	// Replicas of the mapping bucket in a clustered NATS; 0 means 1.
 	Replicas int
+	// Logger; nil discards.
+	Logger *slog.Logger
 }
 
 // NewSlackUsers opens (or creates) the mapping bucket.
@@ -55,7 +60,11 @@ func NewSlackUsers(ctx context.Context, js jetstream.JetStream, opts SlackUsersO
 	if err != nil {
 		return nil, fmt.Errorf("notify: slack users bucket: %w", err)
 	}
-	return &SlackUsers{kv: kv, passkeys: opts.Passkeys}, nil
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &SlackUsers{kv: kv, passkeys: opts.Passkeys, log: log}, nil
 }
 
 // ValidSlackUserID reports whether s looks like a Slack user ID (U… or W…,
@@ -108,15 +117,22 @@ func (u *SlackUsers) Approver(ctx context.Context, slackUserID string) (string, 
 }
 
 // LinkHandler serves POST /admin/v1/approvers/{id}/slack {slackUserId} →
-// 200 {approverId, slackUserId}. authorize must accept the request (the
-// admin bearer token) or return an error (401). Errors answer in the API's
-// {error, message} shape.
+// 200 {approverId, slackUserId}. authorize checks the admin bearer token
+// ((*authn.Tokens).AuthorizeAdmin): authn.ErrInvalidToken is a 401; any
+// other error is the token store failing, a 500, so an outage is not
+// mistaken for a revoked token. Errors answer in the API's {error, message}
+// shape.
 func (u *SlackUsers) LinkHandler(authorize func(*http.Request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
-		if err := authorize(r); err != nil {
+		switch err := authorize(r); {
+		case errors.Is(err, authn.ErrInvalidToken):
 			w.Header().Set("WWW-Authenticate", `Bearer realm="countersign-admin"`)
 			writeJSONError(w, http.StatusUnauthorized, "unauthorized", "an admin bearer token is required")
+			return
+		case err != nil:
+			u.log.ErrorContext(r.Context(), "notify: check admin token", "error", err)
+			writeJSONError(w, http.StatusInternalServerError, "internal", "internal error")
 			return
 		}
 		if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
@@ -145,6 +161,7 @@ func (u *SlackUsers) LinkHandler(authorize func(*http.Request) error) http.Handl
 		case errors.Is(err, passkey.ErrNotFound), errors.Is(err, passkey.ErrInvalidArgument):
 			writeJSONError(w, http.StatusNotFound, "not_found", "no such approver")
 		case err != nil:
+			u.log.ErrorContext(r.Context(), "notify: link slack user", "approver_id", id, "error", err)
 			writeJSONError(w, http.StatusInternalServerError, "internal", "internal error")
 		default:
 			w.Header().Set("Content-Type", "application/json; charset=utf-8")

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countersign/countersign/internal/approverapi"
 	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
@@ -17,18 +18,12 @@ import (
 // an outage is not mistaken for a revoked token.
 func (h *Handler) admin(fn apiFunc) apiFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		tok := authn.BearerToken(r.Header.Get("Authorization"))
-		if tok == "" {
-			return errUnauthorized
-		}
-		p, err := h.tokens.Lookup(r.Context(), tok)
+		err := h.tokens.AuthorizeAdmin(r)
 		switch {
 		case errors.Is(err, authn.ErrInvalidToken):
 			return errUnauthorized
 		case err != nil:
 			return fmt.Errorf("web: check admin token: %w", err)
-		case p.Kind != authn.KindAdmin:
-			return errUnauthorized
 		}
 		return fn(w, r)
 	}
@@ -71,7 +66,7 @@ type inviteResponse struct {
 // enroll another device.
 func (h *Handler) newInvite(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
-	if !validKey(id, 64) {
+	if !approverapi.ValidKey(id, 64) {
 		return notFound("no such approver")
 	}
 	if err := h.decodeJSON(w, r, &struct{}{}, false); err != nil {
@@ -109,7 +104,7 @@ func (h *Handler) addAgent(w http.ResponseWriter, r *http.Request) error {
 	case errors.Is(err, authn.ErrInvalidName):
 		return badRequest("%s", strings.TrimPrefix(authn.ErrInvalidName.Error(), "authn: "))
 	case errors.Is(err, authn.ErrNameTaken):
-		return &apiError{status: http.StatusConflict, code: codeNameTaken, message: "an agent with that name already exists"}
+		return &apiError{Status: http.StatusConflict, Code: codeNameTaken, Message: "an agent with that name already exists"}
 	case err != nil:
 		return err
 	}
@@ -136,13 +131,13 @@ func (h *Handler) listApprovals(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	for k := range q {
 		if k != "status" {
-			return badRequest("unknown query parameter %q", clip(k))
+			return badRequest("unknown query parameter %q", approverapi.Clip(k))
 		}
 	}
 	if st := q["status"]; len(st) > 1 || (len(st) == 1 && st[0] != string(tasks.ApprovalPending)) {
 		return badRequest("status must be %q", tasks.ApprovalPending)
 	}
-	recs, err := h.store.Pending(r.Context())
+	recs, err := h.approvals.Pending(r.Context())
 	if err != nil {
 		return err
 	}
@@ -157,7 +152,7 @@ func (h *Handler) listApprovals(w http.ResponseWriter, r *http.Request) error {
 			DisplayText: rec.DisplayText,
 			Requester:   rec.Owner,
 			ExpiresAt:   rec.ExpiresAt,
-			Approved:    approvedCount(rec),
+			Approved:    rec.Approved(),
 			Needed:      rec.Requirement.Quorum,
 		})
 	}
@@ -176,29 +171,3 @@ func invalidArgument(err error) error {
 
 func (h *Handler) enrollURL(token string) string { return h.publicURL + "/enroll/" + token }
 func (h *Handler) approveURL(ref string) string  { return h.publicURL + "/approve/" + ref }
-
-// approvedCount is the number of accepted approve decisions on a task.
-func approvedCount(rec tasks.Record) (n int) {
-	for _, a := range rec.Approvals {
-		if a.Decision == tasks.DecisionApprove {
-			n++
-		}
-	}
-	return n
-}
-
-// validKey reports whether s is 1..max characters of [A-Za-z0-9_-]: the
-// shape of every identifier and token this API takes in a path. Anything
-// else is refused before it reaches a store.
-func validKey(s string, max int) bool {
-	if s == "" || len(s) > max {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
-}

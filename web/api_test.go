@@ -11,19 +11,19 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/countersign/countersign/internal/approverapi"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
 )
 
 func TestNewValidatesOptions(t *testing.T) {
 	e := newEnv(t)
-	good := Options{PublicURL: testPublicURL, Store: e.store, Orchestrator: e.orch, Passkeys: e.passkeys, Tokens: e.tokens}
+	good := Options{PublicURL: testPublicURL, Approvals: e.svc, Passkeys: e.passkeys, Tokens: e.tokens}
 	tests := []struct {
 		name   string
 		change func(*Options)
 	}{
-		{"no store", func(o *Options) { o.Store = nil }},
-		{"no orchestrator", func(o *Options) { o.Orchestrator = nil }},
+		{"no approvals", func(o *Options) { o.Approvals = nil }},
 		{"no passkeys", func(o *Options) { o.Passkeys = nil }},
 		{"no tokens", func(o *Options) { o.Tokens = nil }},
 		{"negative body cap", func(o *Options) { o.MaxBodyBytes = -1 }},
@@ -104,7 +104,7 @@ func TestAddApprover(t *testing.T) {
 	if diff := cmp.Diff([]string{"finance", "ops"}, a.Groups); diff != "" || a.Name != "Ann Approver" {
 		t.Errorf("approver %+v (-want +got groups):\n%s", a, diff)
 	}
-	if !validKey(token, maxTokenLen) {
+	if !approverapi.ValidKey(token, maxTokenLen) {
 		t.Errorf("enroll token %q has an unexpected shape", token)
 	}
 
@@ -309,8 +309,8 @@ func TestGetApproval(t *testing.T) {
 	if strings.Contains(string(r.body), rec.TaskID) {
 		t.Fatalf("approver view exposes the task ID: %s", r.body)
 	}
-	got := decodeAs[approvalView](t, r)
-	want := approvalView{
+	got := decodeAs[approverapi.Approval](t, r)
+	want := approverapi.Approval{
 		Ref:         rec.ApprovalRef,
 		Tool:        "transfer_funds",
 		Arguments:   json.RawMessage(`{"amount":100,"currency":"EUR","to":"acct-42"}`),
@@ -322,8 +322,8 @@ func TestGetApproval(t *testing.T) {
 		Approved:    1,
 		Needed:      2,
 		ActionHash:  rec.ActionHash,
-		Approvals:   []approvalEntry{{ApproverName: "Ann", Decision: "approve", At: now}},
-		Timeline: []timelineEvent{
+		Approvals:   []approverapi.ApprovalEntry{{ApproverName: "Ann", Decision: "approve", At: now}},
+		Timeline: []approverapi.TimelineEvent{
 			{At: rec.Timeline[0].At, Kind: "requested", Detail: "held for approval"},
 			{At: now, Kind: "approval", Detail: "Ann approved [task]"},
 		},
@@ -397,7 +397,7 @@ func TestChallengeOnlyWhilePending(t *testing.T) {
 		r := e.do(t, "POST", "/approver/v1/approvals/"+rec.ApprovalRef+"/decision",
 			`{"challengeId":"0123456789abcdef0123456789abcdef","decision":"approve","response":{"id":"x"}}`)
 		wantStatus(t, r, http.StatusConflict)
-		if got := decodeAs[decisionResponse](t, r); got.Accepted || got.Reason != codeTaskNotPending {
+		if got := decodeAs[approverapi.Decision](t, r); got.Accepted || got.Reason != codeTaskNotPending {
 			t.Errorf("decision on a closed approval = %+v", got)
 		}
 	}
@@ -506,12 +506,16 @@ func TestPanicIsAFixed500(t *testing.T) {
 	}
 }
 
+// approvalChallengeBurst is the approvals service's challenge burst per
+// approval.
+const approvalChallengeBurst = 30
+
 func TestChallengesAreRateLimitedPerApproval(t *testing.T) {
 	e := newEnv(t)
 	e.enroll(t, "Ann", "finance")
 	rec := e.newTask(t, taskSpec{})
 	other := e.newTask(t, taskSpec{})
-	for range challengeBurst {
+	for range approvalChallengeBurst {
 		r := e.do(t, "POST", "/approver/v1/approvals/"+rec.ApprovalRef+"/challenge", `{"decision":"approve"}`, "Origin", testPublicURL)
 		wantStatus(t, r, http.StatusOK)
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/countersign/countersign/audit"
+	"github.com/countersign/countersign/internal/approverapi"
 )
 
 var errAuditOff = notFound("the audit log is not available on this server")
@@ -52,7 +53,7 @@ func (h *Handler) exportAudit(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	for k := range q {
 		if k != "since" {
-			return badRequest("unknown query parameter %q", clip(k))
+			return badRequest("unknown query parameter %q", approverapi.Clip(k))
 		}
 	}
 	var since time.Time

@@ -1,6 +1,18 @@
 // Package web is the approver's site and the admin API: enroll a passkey,
 // review a held tool call, approve or deny it with the passkey.
 //
+// # A thin adapter
+//
+// The site changes no task itself: it shows and decides approvals through
+// the approvals service ([Approvals], *approvals.Service), the one place a
+// task changes, and answers with the approver API's wire contract, package
+// internal/approverapi: its JSON bodies, its request checks and its one
+// mapping of the service's verdicts and errors to statuses and bodies. The
+// NATS decision service (package notify) speaks the same contract over the
+// same service; neither edge calls the other. What is not a task change
+// stays here over the passkey service: enrollment, the inbox's login
+// challenges and the admin API's approver management.
+//
 // # Endpoints
 //
 // Admin API (Authorization: Bearer <admin token>; anything else is 401):
@@ -52,6 +64,7 @@
 //	410 no_pending_enrollment   the invite is unknown, used or expired
 //	413 body_too_large          body over MaxBodyBytes
 //	415 unsupported_media_type  a body that is not Content-Type application/json
+//	429 rate_limited            too many challenges for one approval or inbox
 //	500 internal                anything else, including a recovered panic
 //
 // A decision answers with the decision shape, {accepted, reason?, status,
@@ -71,6 +84,10 @@
 //	    handler's own checks make this unreachable in practice).
 //	503 verification_unavailable: the evidence could not be checked
 //	    (infrastructure); nothing was recorded: fetch a new challenge and retry.
+//
+// and one error body: 503 decision_in_progress (Retry-After: 2) when the
+// outcome did not arrive in time; the same request again is the same
+// decision and gets its outcome.
 //
 // A challenge is bound to one decision: the page asks for it when the
 // approver taps Approve or Deny, and an assertion over an "approve"

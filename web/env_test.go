@@ -15,6 +15,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/countersign/countersign/activities"
+	"github.com/countersign/countersign/approvals"
+	"github.com/countersign/countersign/approvals/approvalstest"
 	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/internal/canon"
 	"github.com/countersign/countersign/internal/testnats"
@@ -29,9 +32,11 @@ const (
 	testServerID  = "countersign-test"
 )
 
-// env is a real handler over real NATS-backed stores. The orchestrator is
-// wired to Temporal only by tests that decide (see flow_test.go); the others
-// never reach it.
+// env is a real handler over the real approvals service, NATS-backed
+// stores and passkeys. The service's engine is the in-memory one of package
+// approvalstest, running the real activities: tasks whose workflow a test
+// starts (see flow_test.go) take decisions; the others answer as a task
+// without a workflow does.
 type env struct {
 	h        *Handler
 	js       jetstream.JetStream
@@ -39,20 +44,27 @@ type env struct {
 	store    *tasks.Store
 	passkeys *passkey.Service
 	tokens   *authn.Tokens
-	orch     *tasks.Orchestrator
+	engine   *approvalstest.Engine
+	svc      *approvals.Service
 	admin    string // admin bearer token
 	agent    string // agent bearer token
 	rp       virtualwebauthn.RelyingParty
 }
 
-type envOption func(*env, *Options)
-
-func withOrchestrator(o *tasks.Orchestrator) envOption {
-	return func(_ *env, opts *Options) { opts.Orchestrator = o }
+// setup is what an envOption may change before the env is built.
+type setup struct {
+	site Options
+	svc  approvals.Options
+	// acts are the activities the engine runs.
+	acts *activities.Activities
+	// engine, when set, wraps the engine the service uses.
+	engine func(approvals.Engine) approvals.Engine
 }
 
+type envOption func(*env, *setup)
+
 func withMaxBody(n int64) envOption {
-	return func(_ *env, opts *Options) { opts.MaxBodyBytes = n }
+	return func(_ *env, s *setup) { s.site.MaxBodyBytes = n }
 }
 
 func newEnv(t *testing.T, options ...envOption) *env {
@@ -76,18 +88,25 @@ func newEnv(t *testing.T, options ...envOption) *env {
 	if e.agent, err = e.tokens.Issue(ctx, testRequester, authn.KindAgent); err != nil {
 		t.Fatal(err)
 	}
-	opts := Options{
-		PublicURL:    testPublicURL,
-		Store:        e.store,
-		Orchestrator: tasks.NewOrchestrator(nil), // replaced by withOrchestrator where decisions run
-		Passkeys:     e.passkeys,
-		Tokens:       e.tokens,
+	s := setup{
+		site: Options{PublicURL: testPublicURL, Passkeys: e.passkeys, Tokens: e.tokens},
+		svc:  approvals.Options{Store: e.store, Passkeys: e.passkeys},
+		acts: &activities.Activities{Tasks: e.store, Passkeys: e.passkeys, PublicURL: testPublicURL},
 	}
 	for _, o := range options {
-		o(e, &opts)
+		o(e, &s)
 	}
-	e.orch = opts.Orchestrator
-	if e.h, err = New(opts); err != nil {
+	e.engine = approvalstest.New(approvalstest.Options{Activities: s.acts})
+	t.Cleanup(e.engine.Close)
+	s.svc.Engine = e.engine
+	if s.engine != nil {
+		s.svc.Engine = s.engine(e.engine)
+	}
+	if e.svc, err = approvals.New(s.svc); err != nil {
+		t.Fatal(err)
+	}
+	s.site.Approvals = e.svc
+	if e.h, err = New(s.site); err != nil {
 		t.Fatal(err)
 	}
 	return e

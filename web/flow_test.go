@@ -10,12 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"go.temporal.io/sdk/worker"
-	"go.temporal.io/sdk/workflow"
-	"go.temporal.io/server/temporaltest"
-
-	"github.com/countersign/countersign/activities"
 	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/internal/approverapi"
 	"github.com/countersign/countersign/internal/testpasskey"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/pdp"
@@ -23,55 +19,54 @@ import (
 	"github.com/countersign/countersign/workflows"
 )
 
-// flowEnv runs the real approval workflow and its activities (default
-// policy, demo tools) on an embedded Temporal server behind the handler.
+// flowEnv runs tasks on the in-memory engine with the real activities
+// (default policy, demo tools) behind the handler.
 type flowEnv struct {
 	*env
 	ledger *gateway.Ledger
-	// release lets delete_records run; until then the workflow sits in its
+	// release lets delete_records run; until then the task sits in its
 	// execution phase, past the point where it takes decisions.
 	release func()
 }
 
-func newFlowEnv(t *testing.T) *flowEnv {
+func newFlowEnv(t *testing.T, options ...envOption) *flowEnv {
 	t.Helper()
 	ctx := context.Background()
-	ts := temporaltest.NewServer(temporaltest.WithT(t))
-	e := &flowEnv{env: newEnv(t, withOrchestrator(tasks.NewOrchestrator(ts.GetDefaultClient())))}
-	engine, err := pdp.New(ctx, pdp.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if e.ledger, err = gateway.NewLedger(ctx, e.js, gateway.LedgerOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	fe := &flowEnv{}
 	gate := make(chan struct{})
 	var once sync.Once
-	e.release = func() { once.Do(func() { close(gate) }) }
-	t.Cleanup(e.release) // before the worker stops (cleanups run in reverse)
-	tools := gateway.DemoTools(e.ledger)
-	for i := range tools {
-		if tools[i].Name == "delete_records" {
-			run := tools[i].Run
-			tools[i].Run = func(ctx context.Context, c gateway.Call) (tasks.CallToolResult, error) {
-				select {
-				case <-gate:
-				case <-ctx.Done():
-					return tasks.CallToolResult{}, ctx.Err()
+	fe.release = func() { once.Do(func() { close(gate) }) }
+	withTools := func(e *env, s *setup) {
+		engine, err := pdp.New(ctx, pdp.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fe.ledger, err = gateway.NewLedger(ctx, e.js, gateway.LedgerOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		tools := gateway.DemoTools(fe.ledger)
+		for i := range tools {
+			if tools[i].Name == "delete_records" {
+				run := tools[i].Run
+				tools[i].Run = func(ctx context.Context, c gateway.Call) (tasks.CallToolResult, error) {
+					select {
+					case <-gate:
+					case <-ctx.Done():
+						return tasks.CallToolResult{}, ctx.Err()
+					}
+					return run(ctx, c)
 				}
-				return run(ctx, c)
 			}
 		}
+		reg, err := gateway.NewRegistry(tools...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.acts.PDP, s.acts.Tools = engine, reg
 	}
-	reg, err := gateway.NewRegistry(tools...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts.NewWorker(tasks.TaskQueue, func(r worker.Registry) {
-		r.RegisterWorkflowWithOptions(workflows.Approval, workflow.RegisterOptions{Name: tasks.WorkflowName})
-		r.RegisterActivity(&activities.Activities{Tasks: e.store, PDP: engine, Passkeys: e.passkeys, Tools: reg, PublicURL: testPublicURL})
-	})
-	return e
+	fe.env = newEnv(t, append([]envOption{withTools}, options...)...)
+	t.Cleanup(fe.release) // before the engine closes (cleanups run in reverse)
+	return fe
 }
 
 // startTask creates the task's read model and starts its workflow, as the
@@ -79,7 +74,7 @@ func newFlowEnv(t *testing.T) *flowEnv {
 func (e *flowEnv) startTask(t *testing.T, spec taskSpec) tasks.Record {
 	t.Helper()
 	rec := e.newTask(t, spec)
-	err := e.orch.Start(context.Background(), tasks.ApprovalInput{
+	err := e.engine.Start(context.Background(), tasks.ApprovalInput{
 		Version: tasks.ApprovalInputVersion,
 		Envelope: tasks.Envelope{
 			Version:    tasks.EnvelopeVersion,
@@ -119,10 +114,10 @@ func (e *env) challenge(t *testing.T, ref, decision string) challengeWire {
 	return decodeAs[challengeWire](t, r)
 }
 
-func (e *env) decide(t *testing.T, ref string, body map[string]any) (response, decisionResponse) {
+func (e *env) decide(t *testing.T, ref string, body map[string]any) (response, approverapi.Decision) {
 	t.Helper()
 	r := e.do(t, "POST", "/approver/v1/approvals/"+ref+"/decision", body, "Origin", testPublicURL)
-	return r, decodeAs[decisionResponse](t, r)
+	return r, decodeAs[approverapi.Decision](t, r)
 }
 
 // sign runs the approver side of one decision: challenge, passkey
@@ -157,7 +152,7 @@ func TestDecisionFlow(t *testing.T) {
 		"response": json.RawMessage(e.assert(t, ann, ch.RequestOptions))}
 	r, got := e.decide(t, rec.ApprovalRef, body)
 	wantStatus(t, r, http.StatusOK)
-	if want := (decisionResponse{Accepted: true, Status: tasks.ApprovalPending, Approved: 1, Needed: 2}); got != want {
+	if want := (approverapi.Decision{Accepted: true, Status: tasks.ApprovalPending, Approved: 1, Needed: 2}); got != want {
 		t.Fatalf("first approval = %+v, want %+v", got, want)
 	}
 
@@ -192,7 +187,7 @@ func TestDecisionFlow(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r, got := e.decide(t, rec.ApprovalRef, tt.body(t))
 			wantStatus(t, r, http.StatusUnprocessableEntity)
-			if want := (decisionResponse{Reason: tt.reason, Status: tasks.ApprovalPending, Approved: 1, Needed: 2}); got != want {
+			if want := (approverapi.Decision{Reason: tt.reason, Status: tasks.ApprovalPending, Approved: 1, Needed: 2}); got != want {
 				t.Errorf("decision = %+v, want %+v", got, want)
 			}
 		})
@@ -203,12 +198,12 @@ func TestDecisionFlow(t *testing.T) {
 		// the post) gets the first answer; nothing is counted twice.
 		r, got := e.decide(t, rec.ApprovalRef, body)
 		wantStatus(t, r, http.StatusOK)
-		if want := (decisionResponse{Accepted: true, Status: tasks.ApprovalPending, Approved: 1, Needed: 2}); got != want {
+		if want := (approverapi.Decision{Accepted: true, Status: tasks.ApprovalPending, Approved: 1, Needed: 2}); got != want {
 			t.Errorf("retried decision = %+v, want %+v", got, want)
 		}
 	})
 
-	view := decodeAs[approvalView](t, e.do(t, "GET", "/approver/v1/approvals/"+rec.ApprovalRef, nil))
+	view := decodeAs[approverapi.Approval](t, e.do(t, "GET", "/approver/v1/approvals/"+rec.ApprovalRef, nil))
 	if len(view.Approvals) != 1 || view.Approvals[0].ApproverName != "Ann" || view.Approved != 1 || view.Status != tasks.ApprovalPending {
 		t.Errorf("after Ann: %+v", view)
 	}
@@ -216,7 +211,7 @@ func TestDecisionFlow(t *testing.T) {
 	// Bob completes the quorum; the tool is held at the gate.
 	r, got = e.decide(t, rec.ApprovalRef, e.sign(t, bob, rec.ApprovalRef, "approve"))
 	wantStatus(t, r, http.StatusOK)
-	if want := (decisionResponse{Accepted: true, Status: tasks.ApprovalApproved, Approved: 2, Needed: 2}); got != want {
+	if want := (approverapi.Decision{Accepted: true, Status: tasks.ApprovalApproved, Approved: 2, Needed: 2}); got != want {
 		t.Fatalf("quorum approval = %+v, want %+v", got, want)
 	}
 
@@ -253,7 +248,7 @@ func TestDecisionFlow(t *testing.T) {
 	if effects, err := e.ledger.Entries(ctx, ""); err != nil || len(effects) != 1 {
 		t.Errorf("the tool had %d effects (%v), want exactly one", len(effects), err)
 	}
-	view = decodeAs[approvalView](t, e.do(t, "GET", "/approver/v1/approvals/"+rec.ApprovalRef, nil))
+	view = decodeAs[approverapi.Approval](t, e.do(t, "GET", "/approver/v1/approvals/"+rec.ApprovalRef, nil))
 	if view.Status != tasks.ApprovalExecuted || view.Approved != 2 || strings.Contains(string(mustJSON(t, view)), rec.TaskID) {
 		t.Errorf("final view: %+v", view)
 	}
@@ -267,7 +262,7 @@ func TestDecisionWorkflowGone(t *testing.T) {
 	rec := e.newTask(t, taskSpec{group: "approvers"}) // no workflow started
 	r, got := e.decide(t, rec.ApprovalRef, e.sign(t, ann, rec.ApprovalRef, "approve"))
 	wantStatus(t, r, http.StatusConflict)
-	if want := (decisionResponse{Reason: codeTaskNotPending, Status: tasks.ApprovalPending, Approved: 0, Needed: 1}); got != want {
+	if want := (approverapi.Decision{Reason: codeTaskNotPending, Status: tasks.ApprovalPending, Approved: 0, Needed: 1}); got != want {
 		t.Errorf("decision without a workflow = %+v, want %+v", got, want)
 	}
 }
@@ -281,7 +276,7 @@ func TestDenyFlow(t *testing.T) {
 	body["comment"] = "not this month"
 	r, got := e.decide(t, rec.ApprovalRef, body)
 	wantStatus(t, r, http.StatusOK)
-	if want := (decisionResponse{Accepted: true, Status: tasks.ApprovalDenied, Approved: 0, Needed: 1}); got != want {
+	if want := (approverapi.Decision{Accepted: true, Status: tasks.ApprovalDenied, Approved: 0, Needed: 1}); got != want {
 		t.Fatalf("deny = %+v, want %+v", got, want)
 	}
 	final, err := e.store.Get(context.Background(), rec.TaskID)
@@ -301,19 +296,6 @@ func TestDenyFlow(t *testing.T) {
 	}
 	if strings.Contains(html, `id="approve"`) {
 		t.Error("page after denial still offers the buttons")
-	}
-}
-
-func TestRejectedStatus(t *testing.T) {
-	for reason, want := range map[string]int{
-		"task_not_pending":         http.StatusConflict,
-		"too_many_decisions":       http.StatusConflict,
-		"malformed_decision":       http.StatusBadRequest,
-		"verification_unavailable": http.StatusServiceUnavailable,
-	} {
-		if got := rejectedStatus(reason); got != want {
-			t.Errorf("rejectedStatus(%q) = %d, want %d", reason, got, want)
-		}
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countersign/countersign/internal/approverapi"
 	"github.com/countersign/countersign/internal/canon"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
@@ -77,8 +78,8 @@ func (h *Handler) inboxChallenge(w http.ResponseWriter, r *http.Request) error {
 	if err := h.decodeJSON(w, r, &struct{}{}, false); err != nil {
 		return err
 	}
-	if !h.challenges.Allow("inbox:"+a.ID, h.now()) {
-		return errTooManyChallenges
+	if !h.inboxChallenges.Allow("inbox:"+a.ID, h.now()) {
+		return errTooManyInboxChallenges
 	}
 	ch, err := h.passkeys.IssueChallenge(r.Context(), passkey.ChallengeRequest{
 		TaskID:             inboxTaskID(a.ID),
@@ -136,9 +137,9 @@ func (h *Handler) inboxList(w http.ResponseWriter, r *http.Request) error {
 	switch {
 	case req.ChallengeID == "":
 		return badRequest("challengeId is required")
-	case !validKey(req.ChallengeID, maxChallengeIDLen):
+	case !approverapi.ValidKey(req.ChallengeID, approverapi.MaxChallengeIDLen):
 		return badRequest("challengeId is malformed")
-	case !isJSONObject(req.Response):
+	case !approverapi.IsJSONObject(req.Response):
 		return badRequest("response must be the PublicKeyCredential JSON object")
 	}
 	v, err := h.passkeys.Verify(r.Context(), passkey.VerifyRequest{
@@ -165,7 +166,7 @@ func (h *Handler) inboxList(w http.ResponseWriter, r *http.Request) error {
 			return fmt.Errorf("web: inbox signer: %w", err)
 		}
 	}
-	recs, err := h.store.Pending(r.Context())
+	recs, err := h.approvals.Pending(r.Context())
 	if err != nil {
 		return fmt.Errorf("web: inbox: %w", err)
 	}
@@ -182,7 +183,7 @@ func (h *Handler) inboxList(w http.ResponseWriter, r *http.Request) error {
 			Requester:   rec.Owner,
 			Reason:      rec.Requirement.Reason,
 			ExpiresAt:   rec.ExpiresAt,
-			Approved:    approvedCount(rec),
+			Approved:    rec.Approved(),
 			Needed:      rec.Requirement.Quorum,
 		})
 	}

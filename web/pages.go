@@ -19,6 +19,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/countersign/countersign/approvals"
+	"github.com/countersign/countersign/internal/approverapi"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
 )
@@ -131,7 +133,7 @@ func (h *Handler) notFoundPage(w http.ResponseWriter, r *http.Request) {
 // enrollPage: GET /enroll/{token}. The token stays in the URL only; the
 // script reads it from there, so the page itself carries no secret.
 func (h *Handler) enrollPage(w http.ResponseWriter, r *http.Request) {
-	if !validKey(r.PathValue("token"), maxTokenLen) {
+	if !approverapi.ValidKey(r.PathValue("token"), maxTokenLen) {
 		h.renderError(w, r, http.StatusNotFound)
 		return
 	}
@@ -200,9 +202,9 @@ var statusLabels = map[tasks.ApprovalState]string{
 // deciding, server-rendered; the script drives the passkey ceremony and
 // refreshes the live parts.
 func (h *Handler) approvePage(w http.ResponseWriter, r *http.Request) {
-	rec, err := h.lookupRef(r.Context(), r.PathValue("ref"))
+	rec, err := h.approvals.View(r.Context(), r.PathValue("ref")) // with the audit chain's timeline
 	if err != nil {
-		if errors.Is(err, errApprovalNotFound) {
+		if errors.Is(err, approvals.ErrNotFound) {
 			h.renderError(w, r, http.StatusNotFound)
 			return
 		}
@@ -210,7 +212,6 @@ func (h *Handler) approvePage(w http.ResponseWriter, r *http.Request) {
 		h.renderError(w, r, http.StatusInternalServerError)
 		return
 	}
-	rec = h.withAuditTimeline(r.Context(), rec) // see timeline.go
 	now := h.now()
 	state := rec.ApprovalState
 	if state == tasks.ApprovalPending && !now.Before(rec.ExpiresAt) {
@@ -234,7 +235,7 @@ func (h *Handler) approvePage(w http.ResponseWriter, r *http.Request) {
 		ExpiresAt:    rec.ExpiresAt.UTC().Format(time.RFC3339),
 		ExpiresLabel: rec.ExpiresAt.UTC().Format("Mon 2 Jan 2006, 15:04 MST"),
 		TimeLeft:     timeLeft(rec.ExpiresAt.Sub(now)),
-		Approved:     approvedCount(rec),
+		Approved:     rec.Approved(),
 		Needed:       rec.Requirement.Quorum,
 		Arguments:    arguments(rec.Arguments),
 		Fingerprint:  fingerprint(rec.ActionHash),
@@ -248,6 +249,12 @@ func (h *Handler) approvePage(w http.ResponseWriter, r *http.Request) {
 		data.Outcome = outcomeOf(rec, state)
 	}
 	h.render(w, r, http.StatusOK, "approve", data)
+}
+
+// pending reports whether an approval can still take a decision, as far as
+// the read model knows; the workflow has the last word.
+func (h *Handler) pending(rec tasks.Record) bool {
+	return rec.AwaitsApproval() && h.now().Before(rec.ExpiresAt)
 }
 
 // outcomeOf describes a decided approval for the panel that replaces the
@@ -356,7 +363,7 @@ func timeline(rec tasks.Record, state tasks.ApprovalState) []step {
 	// What is still to come.
 	switch state {
 	case tasks.ApprovalPending:
-		left := rec.Requirement.Quorum - approvedCount(rec)
+		left := rec.Requirement.Quorum - rec.Approved()
 		title := "Waiting for 1 more approval"
 		if left > 1 {
 			title = fmt.Sprintf("Waiting for %d more approvals", left)

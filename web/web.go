@@ -1,6 +1,7 @@
 package web
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,7 +10,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/audit"
+	"github.com/countersign/countersign/internal/approverapi"
 	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/internal/ratelimit"
 	"github.com/countersign/countersign/passkey"
@@ -17,25 +20,33 @@ import (
 )
 
 // DefaultMaxBodyBytes caps a JSON request body when Options.MaxBodyBytes is 0.
-const DefaultMaxBodyBytes = 256 << 10
+const DefaultMaxBodyBytes = approverapi.DefaultMaxBodyBytes
 
-// decideTimeout bounds one decision round trip through the workflow
-// (a Temporal Update that verifies the assertion in an activity).
-const decideTimeout = 30 * time.Second
+// Approvals is what the site uses of *approvals.Service, the one place a
+// task changes: the approver API and the approval page show and decide
+// approvals through it, the inbox and the admin list read what waits.
+type Approvals interface {
+	View(ctx context.Context, ref string) (tasks.Record, error)
+	Pending(ctx context.Context) ([]tasks.Record, error)
+	Challenge(ctx context.Context, ref, decision string) (passkey.Challenge, error)
+	Decide(ctx context.Context, ref string, d tasks.DecisionUpdate) (approvals.Verdict, error)
+}
 
-// Options configures a [Handler]. Every field but MaxBodyBytes and Logger is
-// required.
+// Options configures a [Handler]. Every field but Audit, MaxBodyBytes and
+// Logger is required.
 type Options struct {
 	// PublicURL is the scheme://host[:port] approvers open, such as
 	// "https://approvals.example.com" or "http://localhost:8080". It is the
 	// base of enrollment and approval links and the only Origin accepted on
 	// state-changing requests. It must not have a path: the site is mounted
 	// at the root.
-	PublicURL    string
-	Store        *tasks.Store
-	Orchestrator *tasks.Orchestrator
-	Passkeys     *passkey.Service
-	Tokens       *authn.Tokens
+	PublicURL string
+	// Approvals shows and decides approvals (*approvals.Service).
+	Approvals Approvals
+	// Passkeys serves what is not a task change: enrollment, the inbox's
+	// login challenges and the admin API's approver management.
+	Passkeys *passkey.Service
+	Tokens   *authn.Tokens
 	// Audit serves the admin audit API; nil answers it with 404.
 	Audit *audit.Log
 	// MaxBodyBytes caps JSON request bodies. Zero means DefaultMaxBodyBytes.
@@ -50,40 +61,37 @@ type Handler struct {
 	origin    string // scheme://host[:port], lowercase, default port dropped
 	https     bool
 
-	store    *tasks.Store
-	orch     *tasks.Orchestrator
-	passkeys *passkey.Service
-	tokens   *authn.Tokens
-	audit    *audit.Log
-	maxBody  int64
-	log      *slog.Logger
-	now      func() time.Time
+	approvals Approvals
+	passkeys  *passkey.Service
+	tokens    *authn.Tokens
+	audit     *audit.Log
+	maxBody   int64
+	log       *slog.Logger
+	now       func() time.Time
 
 	pages *pages
 	mux   *http.ServeMux
-	// challenges bounds how many passkey challenges one approval or one
-	// inbox can mint: challenges are stored (NATS KV) and the endpoints need
-	// no authentication, so without it anyone holding a ref or an approver
-	// ID could fill the store.
-	challenges *ratelimit.Limiter
+	// inboxChallenges bounds how many passkey challenges one inbox can
+	// mint: challenges are stored (NATS KV) and the endpoint needs no
+	// authentication, so without it anyone holding an approver ID could
+	// fill the store. (The approvals service bounds an approval's.)
+	inboxChallenges *ratelimit.Limiter
 }
 
-// Challenge issuing limit per approval ref or inbox. An approval link goes
-// to a whole channel: the burst lets a team of approvers open it at once
-// (and retry on a flaky phone), then one challenge every two seconds.
+// Challenge issuing limit per inbox: an inbox link is an approver's, opened
+// on a few devices; the same budget as an approval's, then one challenge
+// every two seconds.
 const (
-	challengesPerMinute = 30
-	challengeBurst      = 30
+	inboxChallengesPerMinute = 30
+	inboxChallengeBurst      = 30
 )
 
 // New validates opts and builds the handler. Templates and static files are
 // parsed here, so a broken asset fails at startup rather than on a request.
 func New(opts Options) (*Handler, error) {
 	switch {
-	case opts.Store == nil:
-		return nil, errors.New("web: Store is required")
-	case opts.Orchestrator == nil:
-		return nil, errors.New("web: Orchestrator is required")
+	case opts.Approvals == nil:
+		return nil, errors.New("web: Approvals is required")
 	case opts.Passkeys == nil:
 		return nil, errors.New("web: Passkeys is required")
 	case opts.Tokens == nil:
@@ -103,8 +111,7 @@ func New(opts Options) (*Handler, error) {
 		publicURL: origin,
 		origin:    origin,
 		https:     strings.HasPrefix(origin, "https://"),
-		store:     opts.Store,
-		orch:      opts.Orchestrator,
+		approvals: opts.Approvals,
 		passkeys:  opts.Passkeys,
 		tokens:    opts.Tokens,
 		audit:     opts.Audit,
@@ -113,7 +120,7 @@ func New(opts Options) (*Handler, error) {
 		now:       time.Now,
 		pages:     p,
 
-		challenges: ratelimit.New(challengesPerMinute, challengeBurst),
+		inboxChallenges: ratelimit.New(inboxChallengesPerMinute, inboxChallengeBurst),
 	}
 	if h.maxBody == 0 {
 		h.maxBody = DefaultMaxBodyBytes

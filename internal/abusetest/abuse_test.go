@@ -20,6 +20,7 @@ import (
 
 	"go.temporal.io/sdk/client"
 
+	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/internal/httplimit"
@@ -93,9 +94,13 @@ func startStack(t *testing.T, l limits) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	svc, err := approvals.New(approvals.Options{Store: st.store, Engine: orch, Passkeys: pk})
+	if err != nil {
+		t.Fatal(err)
+	}
 	mcp, err := mcpserver.New(mcpserver.Options{
 		ServerID: "abusetest", PublicURL: publicURL,
-		Store: st.store, Orchestrator: orch, PDP: engine, Tools: tools,
+		Approvals: svc, PDP: engine, Tools: tools,
 		Authenticate:            st.tokens.Agent,
 		RequestsPerSecond:       l.mcp.RequestsPerSecond,
 		RequestBurst:            l.mcp.RequestBurst,
@@ -104,7 +109,7 @@ func startStack(t *testing.T, l limits) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	site, err := web.New(web.Options{PublicURL: publicURL, Store: st.store, Orchestrator: orch, Passkeys: pk, Tokens: st.tokens})
+	site, err := web.New(web.Options{PublicURL: publicURL, Approvals: svc, Passkeys: pk, Tokens: st.tokens})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/countersign/countersign/activities"
+	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/gateway/conformance"
@@ -86,12 +87,15 @@ type App struct {
 
 	Store        *tasks.Store
 	Orchestrator *tasks.Orchestrator
-	Tokens       *authn.Tokens
-	Passkeys     *passkey.Service
-	PDP          *pdp.Engine
-	Audit        *audit.Log
-	Ledger       *gateway.Ledger
-	Tools        *gateway.Registry
+	// Approvals is the one place that changes a task; every door (MCP,
+	// approver API, NATS decisions, Slack, admin) is an adapter over it.
+	Approvals *approvals.Service
+	Tokens    *authn.Tokens
+	Passkeys  *passkey.Service
+	PDP       *pdp.Engine
+	Audit     *audit.Log
+	Ledger    *gateway.Ledger
+	Tools     *gateway.Registry
 	// Fixtures are the conformance fixtures among Tools; nil unless
 	// Config.Conformance.
 	Fixtures *conformance.Set
@@ -177,6 +181,20 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	if err := a.startNotify(ctx, js); err != nil {
 		return nil, err
 	}
+	if a.Approvals, err = approvals.New(approvals.Options{
+		Store:                  a.Store,
+		Engine:                 a.Orchestrator,
+		Passkeys:               a.Passkeys,
+		Audit:                  a.Audit,
+		RatePerMinute:          cfg.RatePerMinute,
+		Burst:                  cfg.RateBurst,
+		MaxPendingPerPrincipal: cfg.MaxPendingPerPrincipal,
+		PollInterval:           cfg.PollInterval,
+		ResultRetention:        cfg.ResultRetention,
+		Logger:                 log,
+	}); err != nil {
+		return nil, err
+	}
 	if mode != ModeServer {
 		if err := a.startWorker(); err != nil {
 			return nil, err
@@ -216,7 +234,7 @@ func (a *App) startReconciler() {
 		t := time.NewTicker(reconcileInterval)
 		defer t.Stop()
 		for {
-			if _, err := tasks.Reconcile(ctx, a.Store, a.Orchestrator, reconcileGrace, a.log); err != nil && ctx.Err() == nil {
+			if _, err := a.Approvals.Reconcile(ctx, reconcileGrace); err != nil && ctx.Err() == nil {
 				a.log.Warn("reconcile orphaned tasks", "err", err)
 			}
 			select {
@@ -376,21 +394,15 @@ func (a *App) startHTTP(ctx context.Context) error {
 		return err
 	}
 	mcp, err := mcpserver.New(mcpserver.Options{
-		ServerID:               serverID,
-		PublicURL:              a.cfg.PublicURL,
-		Store:                  a.Store,
-		Orchestrator:           a.Orchestrator,
-		PDP:                    a.PDP,
-		Tools:                  a.Tools,
-		Fixtures:               a.Fixtures,
-		Authenticate:           a.Tokens.Agent,
-		NoAuth:                 a.cfg.Conformance,
-		RatePerMinute:          a.cfg.RatePerMinute,
-		Burst:                  a.cfg.RateBurst,
-		MaxPendingPerPrincipal: a.cfg.MaxPendingPerPrincipal,
-		PollInterval:           a.cfg.PollInterval,
-		ResultRetention:        a.cfg.ResultRetention,
-		Logger:                 a.log,
+		ServerID:     serverID,
+		PublicURL:    a.cfg.PublicURL,
+		Approvals:    a.Approvals,
+		PDP:          a.PDP,
+		Tools:        a.Tools,
+		Fixtures:     a.Fixtures,
+		Authenticate: a.Tokens.Agent,
+		NoAuth:       a.cfg.Conformance,
+		Logger:       a.log,
 
 		RequestsPerSecond:       a.cfg.RequestsPerSecond,
 		RequestBurst:            a.cfg.RequestBurst,
@@ -400,13 +412,12 @@ func (a *App) startHTTP(ctx context.Context) error {
 		return fmt.Errorf("mcp endpoint: %w", err)
 	}
 	site, err := web.New(web.Options{
-		PublicURL:    a.cfg.PublicURL,
-		Store:        a.Store,
-		Orchestrator: a.Orchestrator,
-		Passkeys:     a.Passkeys,
-		Tokens:       a.Tokens,
-		Audit:        a.Audit,
-		Logger:       a.log,
+		PublicURL: a.cfg.PublicURL,
+		Approvals: a.Approvals,
+		Passkeys:  a.Passkeys,
+		Tokens:    a.Tokens,
+		Audit:     a.Audit,
+		Logger:    a.log,
 	})
 	if err != nil {
 		return fmt.Errorf("approver site: %w", err)
@@ -420,7 +431,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 		}
 		w.Write([]byte("ok\n"))
 	})
-	if err := a.mountNotify(ctx, mux, site); err != nil {
+	if err := a.mountNotify(ctx, mux); err != nil {
 		return err
 	}
 	mux.Handle("/", site)
@@ -636,12 +647,12 @@ func (a *App) notifier() activities.Notifier {
 	return f
 }
 
-// mountNotify starts the NATS decision service over the approver API and,
+// mountNotify starts the NATS decision service over the approvals service and,
 // with Slack on, mounts the Slack interactivity endpoint and the admin
 // endpoint that links a Slack user to an approver.
-func (a *App) mountNotify(ctx context.Context, mux *http.ServeMux, site http.Handler) error {
+func (a *App) mountNotify(ctx context.Context, mux *http.ServeMux) error {
 	var err error
-	if a.decide, err = notify.NewDecisionService(a.nc, notify.DecisionOptions{API: site, Logger: a.log}); err != nil {
+	if a.decide, err = notify.NewDecisionService(a.nc, notify.DecisionOptions{Approvals: a.Approvals, Logger: a.log}); err != nil {
 		return err
 	}
 	if a.slack == nil {
@@ -651,7 +662,7 @@ func (a *App) mountNotify(ctx context.Context, mux *http.ServeMux, site http.Han
 	if err != nil {
 		return err
 	}
-	mux.Handle("POST /admin/v1/approvers/{id}/slack", users.LinkHandler(a.authorizeAdmin))
+	mux.Handle("POST /admin/v1/approvers/{id}/slack", users.LinkHandler(a.Tokens.AuthorizeAdmin))
 	if a.cfg.SlackSigningSecret == "" {
 		return nil
 	}
@@ -659,9 +670,7 @@ func (a *App) mountNotify(ctx context.Context, mux *http.ServeMux, site http.Han
 		SigningSecret: a.cfg.SlackSigningSecret,
 		Slack:         a.slack,
 		Users:         users,
-		Store:         a.Store,
-		Passkeys:      a.Passkeys,
-		Denier:        tasks.NewOrchestrator(a.tc),
+		Approvals:     a.Approvals,
 		Replicas:      a.cfg.NATSReplicas,
 		Logger:        a.log,
 	})
@@ -669,22 +678,6 @@ func (a *App) mountNotify(ctx context.Context, mux *http.ServeMux, site http.Han
 		return err
 	}
 	mux.Handle("/slack/interactivity", in)
-	return nil
-}
-
-// authorizeAdmin accepts a request bearing an admin token.
-func (a *App) authorizeAdmin(r *http.Request) error {
-	tok := authn.BearerToken(r.Header.Get("Authorization"))
-	if tok == "" {
-		return authn.ErrInvalidToken
-	}
-	p, err := a.Tokens.Lookup(r.Context(), tok)
-	if err != nil {
-		return err
-	}
-	if p.Kind != authn.KindAdmin {
-		return authn.ErrInvalidToken
-	}
 	return nil
 }
 

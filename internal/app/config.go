@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/internal/httplimit"
 	"github.com/countersign/countersign/mcpserver"
 	"github.com/countersign/countersign/tasks"
@@ -123,10 +124,10 @@ func (c *Config) Defaults() {
 		setDefault(&c.RequestBurst, conformanceRequestBudget)
 		setDefault(&c.MaxInFlightPerPrincipal, conformanceRequestBudget)
 	}
-	setDefault(&c.RatePerMinute, mcpserver.DefaultRatePerMinute)
-	setDefault(&c.RateBurst, mcpserver.DefaultBurst)
-	setDefault(&c.MaxPendingPerPrincipal, mcpserver.DefaultMaxPendingPerPrincipal)
-	setDefault(&c.PollInterval, mcpserver.DefaultPollInterval)
+	setDefault(&c.RatePerMinute, approvals.DefaultRatePerMinute)
+	setDefault(&c.RateBurst, approvals.DefaultBurst)
+	setDefault(&c.MaxPendingPerPrincipal, approvals.DefaultMaxPendingPerPrincipal)
+	setDefault(&c.PollInterval, approvals.DefaultPollInterval)
 	setDefault(&c.ResultRetention, tasks.DefaultResultRetention)
 	setDefault(&c.RequestsPerSecond, mcpserver.DefaultRequestsPerSecond)
 	setDefault(&c.RequestBurst, mcpserver.DefaultRequestBurst)

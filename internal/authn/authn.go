@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"regexp"
 	"strings"
 	"time"
@@ -158,6 +159,26 @@ func (t *Tokens) Agent(ctx context.Context, token string) (string, error) {
 func (t *Tokens) IsAdmin(ctx context.Context, token string) bool {
 	p, err := t.Lookup(ctx, token)
 	return err == nil && p.Kind == KindAdmin
+}
+
+// AuthorizeAdmin checks that r bears an admin token ("Authorization: Bearer
+// X"). A missing, unknown or non-admin token is [ErrInvalidToken] (answer
+// 401); any other error is the token store failing (answer 500, not 401, so
+// an outage is not mistaken for a revoked token). It fits the
+// func(*http.Request) error authorizers of the admin endpoints.
+func (t *Tokens) AuthorizeAdmin(r *http.Request) error {
+	tok := BearerToken(r.Header.Get("Authorization"))
+	if tok == "" {
+		return ErrInvalidToken
+	}
+	p, err := t.Lookup(r.Context(), tok)
+	if err != nil {
+		return err // ErrInvalidToken, or the store's failure, wrapped
+	}
+	if p.Kind != KindAdmin {
+		return ErrInvalidToken
+	}
+	return nil
 }
 
 // BearerToken extracts the token of an "Authorization: Bearer X" header.
