@@ -619,7 +619,7 @@ func TestCompleteShapes(t *testing.T) {
 			w.createTask(t, env)
 			err := w.run(t, w.acts.Complete, activities.CompleteInput{Version: activities.Version, TaskID: env.TaskID,
 				Tool: env.Tool, Status: tt.status, Disposition: tt.disp, Detail: "Approval expired.",
-				Event: tasks.Event{At: env.CreatedAt.Add(time.Hour), Kind: tt.name}})
+				Event: tasks.Event{At: env.CreatedAt.Add(time.Hour), Kind: tasks.EventKind(tt.name)}})
 			if err != nil {
 				t.Fatal(err)
 			}

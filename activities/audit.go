@@ -45,6 +45,23 @@ type AuditDecision struct {
 	Via string `json:"via,omitempty"`
 }
 
+// AuditKind is the kind of a step the workflow records through RecordAudit:
+// the audit package's record kinds, typed for the workflow, which does not
+// import audit (it does I/O). The terminal kinds are the timeline's
+// (tasks.EventKind) and reach the chain through Complete.
+type AuditKind string
+
+// The kinds RecordAudit records.
+const (
+	StepRequested     AuditKind = audit.KindRequested
+	StepNotified      AuditKind = audit.KindNotified
+	StepNotifyFailed  AuditKind = audit.KindNotifyFail
+	StepDecision      AuditKind = audit.KindDecision
+	StepReevaluated   AuditKind = audit.KindReevaluated
+	StepClaimed       AuditKind = audit.KindClaimed
+	StepCancelRefused AuditKind = audit.KindCancelRefused
+)
+
 // RecordAuditInput appends one step to the task's audit chain. Exactly one
 // of the payloads fits Kind: Input for requested, Decision for decision,
 // Policy for reevaluated and claimed; notified and notify-failed carry none.
@@ -52,7 +69,7 @@ type RecordAuditInput struct {
 	Version  int                  `json:"version"`
 	TaskID   string               `json:"taskId"`
 	StepID   string               `json:"stepId"`
-	Kind     string               `json:"kind"`
+	Kind     AuditKind            `json:"kind"`
 	At       time.Time            `json:"at"`
 	Input    *tasks.ApprovalInput `json:"input,omitempty"`
 	Decision *AuditDecision       `json:"decision,omitempty"`
@@ -71,9 +88,9 @@ func (a *Activities) RecordAudit(ctx context.Context, in RecordAuditInput) error
 	}
 	body, err := a.auditBody(in)
 	if err != nil {
-		return temporal.NewNonRetryableApplicationError("activities: audit "+in.Kind+": "+err.Error(), ErrTypeAudit, err)
+		return temporal.NewNonRetryableApplicationError("activities: audit "+string(in.Kind)+": "+err.Error(), ErrTypeAudit, err)
 	}
-	_, err = a.Audit.Append(ctx, in.TaskID, audit.Step{ID: in.StepID, Kind: in.Kind, At: in.At, Body: body})
+	_, err = a.Audit.Append(ctx, in.TaskID, audit.Step{ID: in.StepID, Kind: string(in.Kind), At: in.At, Body: body})
 	switch {
 	case err == nil:
 		return nil
@@ -160,7 +177,7 @@ func (a *Activities) sealAudit(ctx context.Context, in CompleteInput) (*audit.Re
 	if !in.Audit || a.Audit == nil {
 		return nil, nil
 	}
-	end := audit.End{Kind: in.Event.Kind, At: in.Event.At, Status: string(in.Status),
+	end := audit.End{Kind: string(in.Event.Kind), At: in.Event.At, Status: string(in.Status),
 		Disposition: string(in.Disposition), Detail: in.Detail}
 	if in.ToolResult != nil {
 		d, err := audit.Digest(in.ToolResult)

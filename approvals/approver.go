@@ -205,7 +205,7 @@ func (s *Service) checkEvidence(ctx context.Context, rec tasks.Record, d tasks.D
 func (s *Service) recordRejection(ctx context.Context, rec tasks.Record, d tasks.DecisionUpdate, reason string) {
 	recorded := 0
 	for _, ev := range rec.Timeline {
-		if tasks.EventKind(ev.Kind) == tasks.EventRejectedDecision {
+		if ev.Kind == tasks.EventRejectedDecision {
 			recorded++
 		}
 	}

@@ -72,10 +72,10 @@ func (f *fixture) observe(t *testing.T, o observed, final tasks.Record) observed
 		o.ResultHead = strings.ReplaceAll(head.Text, final.TaskID, "<task>")
 	}
 	for _, ev := range final.Timeline {
-		switch tasks.EventKind(ev.Kind) {
+		switch ev.Kind {
 		case tasks.EventNotified, tasks.EventNotifyFailed:
 		default:
-			o.Timeline = append(o.Timeline, ev.Kind+": "+ev.Text())
+			o.Timeline = append(o.Timeline, string(ev.Kind)+": "+ev.Text())
 		}
 	}
 	return o

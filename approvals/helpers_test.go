@@ -217,7 +217,7 @@ func (f *fixture) effects(t *testing.T, taskID string) int {
 func count(rec tasks.Record, kind tasks.EventKind) int {
 	n := 0
 	for _, ev := range rec.Timeline {
-		if tasks.EventKind(ev.Kind) == kind {
+		if ev.Kind == kind {
 			n++
 		}
 	}

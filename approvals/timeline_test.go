@@ -315,7 +315,7 @@ func TestTimelineFromAuditChain(t *testing.T) {
 		t.Fatalf("timeline = %+v\nwant %+v", got, want)
 	}
 	for i, w := range want {
-		if !got[i].At.Equal(w.at) || got[i].Kind != w.kind || got[i].Text() != w.detail {
+		if !got[i].At.Equal(w.at) || string(got[i].Kind) != w.kind || got[i].Text() != w.detail {
 			t.Errorf("event %d = %+v (%q), want %+v", i, got[i], got[i].Text(), w)
 		}
 	}

@@ -59,14 +59,14 @@ const (
 	ReasonAlreadyApproved = "already_approved"
 )
 
-// Event is one step of a task's timeline. Kind is an [EventKind]; it stays a
-// plain string so that records of any age decode. The structured fields are
+// Event is one step of a task's timeline. Its Kind decodes whatever a record
+// of any age holds (a kind this code does not know is shown by name). The structured fields are
 // set for the kinds that have them; Detail holds the event's words as
 // written when the event was recorded (records written before the
 // structured fields have only Detail). Read the words with [Event.Text].
 type Event struct {
 	At     time.Time `json:"at"`
-	Kind   string    `json:"kind"`
+	Kind   EventKind `json:"kind"`
 	Detail string    `json:"detail,omitempty"`
 
 	Approver      string `json:"approver,omitempty"`      // approval: the approver's name
@@ -83,24 +83,24 @@ type Event struct {
 // without structured fields. Kinds whose words are fixed get them whatever
 // detail says.
 func NewEvent(kind EventKind, detail string) Event {
-	return Event{Kind: string(kind), Detail: detail}.described()
+	return Event{Kind: kind, Detail: detail}.described()
 }
 
 // ApprovalEvent is an accepted approval: approver's is the approved-th of
 // needed.
 func ApprovalEvent(approver string, approved, needed int) Event {
-	return Event{Kind: string(EventApproval), Approver: approver, Approved: approved, Needed: needed}.described()
+	return Event{Kind: EventApproval, Approver: approver, Approved: approved, Needed: needed}.described()
 }
 
 // RejectedDecisionEvent is a decision refused for reason (a passkey reason
 // name or [ReasonAlreadyApproved]).
 func RejectedDecisionEvent(reason string) Event {
-	return Event{Kind: string(EventRejectedDecision), Reason: reason}.described()
+	return Event{Kind: EventRejectedDecision, Reason: reason}.described()
 }
 
 // ClaimedEvent is the execution claim, after policyVersion allowed the call.
 func ClaimedEvent(policyVersion string) Event {
-	return Event{Kind: string(EventClaimed), PolicyVersion: policyVersion}.described()
+	return Event{Kind: EventClaimed, PolicyVersion: policyVersion}.described()
 }
 
 // described returns e with Detail set to its words, so readers of the
@@ -127,7 +127,7 @@ func (e Event) Text() string {
 // words renders e from its kind and structured fields; kinds whose words
 // are not made of fields keep Detail.
 func (e Event) words() string {
-	switch EventKind(e.Kind) {
+	switch e.Kind {
 	case EventApproval:
 		return fmt.Sprintf("approved by %s (%d of %d)", e.Approver, e.Approved, e.Needed)
 	case EventRejectedDecision:
@@ -145,7 +145,7 @@ func (e Event) words() string {
 // RejectionReason is the reason name of a rejected-decision event, "" for
 // other kinds.
 func (e Event) RejectionReason() string {
-	if EventKind(e.Kind) != EventRejectedDecision {
+	if e.Kind != EventRejectedDecision {
 		return ""
 	}
 	if e.Reason != "" {

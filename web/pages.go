@@ -268,7 +268,7 @@ func outcomeOf(rec tasks.Record, state tasks.ApprovalState) *outcome {
 		return &outcome{Kind: "ok", Title: "Approved and done", Text: rec.Tool + " ran once, with exactly the arguments shown here."}
 	case tasks.ApprovalDenied:
 		text := "The call did not run."
-		if tasks.EventKind(final.Kind) == tasks.EventDenied && final.Text() != "" {
+		if final.Kind == tasks.EventDenied && final.Text() != "" {
 			text = final.Text() + " The call did not run."
 		}
 		return &outcome{Kind: "bad", Title: "Denied", Text: text}
@@ -316,7 +316,7 @@ func timeline(rec tasks.Record, state tasks.ApprovalState) []step {
 	claimed := false
 	for _, e := range rec.Timeline {
 		s := step{Kind: "done", At: e.At.UTC().Format(time.RFC3339), AtLabel: e.At.UTC().Format("2 Jan 15:04:05 MST")}
-		switch tasks.EventKind(e.Kind) {
+		switch e.Kind {
 		case tasks.EventRequested:
 			s.Title = "Requested by " + rec.Owner
 			s.Detail = e.Text()
@@ -354,7 +354,7 @@ func timeline(rec tasks.Record, state tasks.ApprovalState) []step {
 		case tasks.EventFailed:
 			s.Kind, s.Title, s.Detail = "bad", "Failed", e.Text()
 		default:
-			s.Title = upperFirst(strings.ReplaceAll(e.Kind, "-", " "))
+			s.Title = upperFirst(strings.ReplaceAll(string(e.Kind), "-", " "))
 			s.Detail = e.Text()
 		}
 		s.Detail = strings.ReplaceAll(s.Detail, rec.TaskID, "[task]")

@@ -162,7 +162,7 @@ func Approval(ctx workflow.Context, in tasks.ApprovalInput) (tasks.ApprovalOutco
 		return tasks.ApprovalOutcome{}, err
 	}
 
-	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "requested", StepID: "requested", Input: &w.in})
+	w.emitAudit(ctx, activities.RecordAuditInput{Kind: activities.StepRequested, StepID: "requested", Input: &w.in})
 	w.emitState(ctx, tasks.NewEvent(tasks.EventRequested, in.Requirement.Reason))
 	if !unattended(in) {
 		// Approvers are told in order: the request, each approval, the end.
@@ -321,7 +321,7 @@ func (w *approval) reevaluateAndExecute(ctx workflow.Context) {
 	}
 	if !re.Allow {
 		w.log.Info("policy denied on re-evaluation", "decision", re.Effect, "policy_version", re.PolicyVersion)
-		w.emitAudit(ctx, activities.RecordAuditInput{Kind: "reevaluated", StepID: "reevaluated", Policy: &re})
+		w.emitAudit(ctx, activities.RecordAuditInput{Kind: activities.StepReevaluated, StepID: "reevaluated", Policy: &re})
 		w.endAs(denied(tasks.EventDenied, "Denied by policy on re-evaluation: "+re.Reason, "Denied by policy: "+re.Reason, tasks.ApprovalDenied))
 		return
 	}
@@ -337,9 +337,9 @@ func (w *approval) reevaluateAndExecute(ctx workflow.Context) {
 	// wrongly end outcome-unknown.
 	ctx, _ = workflow.NewDisconnectedContext(ctx)
 	w.log.Info("execution claimed", "policy_version", re.PolicyVersion)
-	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "reevaluated", StepID: "reevaluated", Policy: &re})
+	w.emitAudit(ctx, activities.RecordAuditInput{Kind: activities.StepReevaluated, StepID: "reevaluated", Policy: &re})
 	w.emitState(ctx, tasks.ClaimedEvent(re.PolicyVersion))
-	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "claimed", StepID: "claimed", Policy: &re})
+	w.emitAudit(ctx, activities.RecordAuditInput{Kind: activities.StepClaimed, StepID: "claimed", Policy: &re})
 
 	var out activities.ExecuteToolOutput
 	err = workflow.ExecuteActivity(executeCtx(ctx), a.ExecuteTool, activities.ExecuteToolInput{
@@ -431,11 +431,11 @@ func (w *approval) notify(ctx workflow.Context) {
 	if err != nil {
 		w.log.Warn("approvers could not be notified", "error", err)
 		w.emitState(ctx, tasks.NewEvent(tasks.EventNotifyFailed, ""))
-		w.emitAudit(ctx, activities.RecordAuditInput{Kind: "notify-failed", StepID: "notify"})
+		w.emitAudit(ctx, activities.RecordAuditInput{Kind: activities.StepNotifyFailed, StepID: "notify"})
 		return
 	}
 	w.emitState(ctx, tasks.NewEvent(tasks.EventNotified, ""))
-	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "notified", StepID: "notify"})
+	w.emitAudit(ctx, activities.RecordAuditInput{Kind: activities.StepNotified, StepID: "notify"})
 }
 
 // noteQueue orders the notifications of one task: requested first, then each
@@ -693,7 +693,7 @@ func (w *approval) decideLocked(ctx workflow.Context, d tasks.DecisionUpdate) (t
 		At:           workflow.Now(ctx),
 	})
 	w.log.Info("decision accepted", "decision", d.Decision, "approver_id", v.ApproverID)
-	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "decision", StepID: "decision/" + workflow.GetCurrentUpdateInfo(ctx).ID,
+	w.emitAudit(ctx, activities.RecordAuditInput{Kind: activities.StepDecision, StepID: "decision/" + workflow.GetCurrentUpdateInfo(ctx).ID,
 		Decision: &activities.AuditDecision{Decision: d.Decision, Accepted: true, ChallengeID: d.ChallengeID, Comment: d.Comment,
 			ApproverID: v.ApproverID, ApproverName: v.ApproverName, Assertion: v.Assertion}})
 
@@ -723,7 +723,7 @@ func (w *approval) emitRejection(ctx workflow.Context, decision, challengeID, re
 	}
 	w.rejected++
 	w.emitState(ctx, tasks.RejectedDecisionEvent(reason))
-	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "decision",
+	w.emitAudit(ctx, activities.RecordAuditInput{Kind: activities.StepDecision,
 		StepID:   "decision/" + workflow.GetCurrentUpdateInfo(ctx).ID,
 		Decision: &activities.AuditDecision{Decision: decision, Accepted: false, Reason: reason, ChallengeID: challengeID}})
 }
@@ -791,7 +791,7 @@ func (w *approval) denyUnsigned(ctx workflow.Context, d tasks.UnsignedDenial) (t
 		detail = "Denied by " + d.ApproverName + " via " + d.Via + " (without a passkey): " + d.Comment
 	}
 	w.log.Info("unsigned deny accepted", "approver_id", d.ApproverID, "via", d.Via)
-	w.emitAudit(ctx, activities.RecordAuditInput{Kind: "decision", StepID: "decision/" + workflow.GetCurrentUpdateInfo(ctx).ID,
+	w.emitAudit(ctx, activities.RecordAuditInput{Kind: activities.StepDecision, StepID: "decision/" + workflow.GetCurrentUpdateInfo(ctx).ID,
 		Decision: &activities.AuditDecision{Decision: tasks.DecisionDeny, Accepted: true, Comment: d.Comment,
 			ApproverID: d.ApproverID, ApproverName: d.ApproverName, Via: d.Via}})
 	w.endAs(denied(tasks.EventDenied, detail, detail, tasks.ApprovalDenied))
@@ -815,7 +815,7 @@ func (w *approval) cancel(ctx workflow.Context, _ struct{}) (tasks.CancelResult,
 		if !w.refused {
 			w.refused = true
 			w.emitState(ctx, tasks.NewEvent(tasks.EventCancelRefused, ""))
-			w.emitAudit(ctx, activities.RecordAuditInput{Kind: "cancel-refused", StepID: "cancel-refused"})
+			w.emitAudit(ctx, activities.RecordAuditInput{Kind: activities.StepCancelRefused, StepID: "cancel-refused"})
 		}
 		if err := w.awaitPublished(ctx, w.out.seq); err != nil {
 			return tasks.CancelResult{}, err

@@ -63,7 +63,7 @@ type harness struct {
 	completeAfter   time.Duration
 	notifyErr       error
 	// auditAfter delays the audit record of this kind (workflow clock).
-	auditKind  string
+	auditKind  activities.AuditKind
 	auditAfter time.Duration
 }
 
@@ -223,7 +223,7 @@ func (h *harness) auditKinds() []string {
 	defer h.mu.Unlock()
 	var kinds []string
 	for _, a := range h.audits {
-		kinds = append(kinds, a.Kind)
+		kinds = append(kinds, string(a.Kind))
 	}
 	return kinds
 }
@@ -304,7 +304,7 @@ func (h *harness) eventKinds() []string {
 	defer h.mu.Unlock()
 	var kinds []string
 	for _, r := range h.records {
-		kinds = append(kinds, r.Event.Kind)
+		kinds = append(kinds, string(r.Event.Kind))
 	}
 	return kinds
 }
@@ -371,7 +371,7 @@ func TestApprovedAfterSixHoursExecutesOnce(t *testing.T) {
 	require.NotNil(t, c.ToolResult)
 	require.Equal(t, h.in.Envelope.TaskID, c.TaskID)
 	require.Equal(t, t0.Add(6*time.Hour), c.Event.At)
-	require.Equal(t, "executed", c.Event.Kind)
+	require.Equal(t, tasks.EventKind("executed"), c.Event.Kind)
 
 	require.Equal(t, []string{"requested", "notified", "approval", "claimed"}, h.eventKinds())
 	require.Equal(t, "Awaiting approval: Transfers over 1,000 require approval (0 of 1)", h.records[0].StatusMessage)
@@ -390,7 +390,7 @@ func TestExpiryDeniesWithoutExecuting(t *testing.T) {
 	h.env.AssertActivityNotCalled(t, "Reevaluate", mock.Anything, mock.Anything)
 
 	c := h.complete()
-	require.Equal(t, "expired", c.Event.Kind)
+	require.Equal(t, tasks.EventKind("expired"), c.Event.Kind)
 	require.Equal(t, tasks.ApprovalExpired, c.ApprovalState)
 	require.Equal(t, h.in.ExpiresAt, c.Event.At, "expires exactly at ExpiresAt")
 	require.Contains(t, c.Detail, "expired")
@@ -550,7 +550,7 @@ func TestExecuteFailureIsOutcomeUnknownAfterOneAttempt(t *testing.T) {
 			require.Equal(t, tasks.ApprovalOutcome{Status: tasks.StatusCompleted, Disposition: tasks.OutcomeUnknown}, out)
 			h.env.AssertActivityNumberOfCalls(t, "ExecuteTool", 1)
 			c := h.complete()
-			require.Equal(t, "outcome-unknown", c.Event.Kind)
+			require.Equal(t, tasks.EventKind("outcome-unknown"), c.Event.Kind)
 			require.Nil(t, c.ToolResult)
 		})
 	}
@@ -607,7 +607,7 @@ func TestDenyEndsWithoutExecuting(t *testing.T) {
 	h.env.AssertActivityNotCalled(t, "Reevaluate", mock.Anything, mock.Anything)
 
 	c := h.complete()
-	require.Equal(t, "denied", c.Event.Kind)
+	require.Equal(t, tasks.EventKind("denied"), c.Event.Kind)
 	require.Equal(t, "Denied by bob: amount looks wrong", c.Detail)
 	require.Equal(t, t0.Add(2*time.Hour), c.Event.At)
 	require.Len(t, c.Approvals, 2)
@@ -664,7 +664,7 @@ func TestInvalidEvidenceChangesNothing(t *testing.T) {
 	// Neither moved the task: it still expires, unexecuted, with no approvals.
 	require.Equal(t, tasks.ApprovalOutcome{Status: tasks.StatusCompleted, Disposition: tasks.DeniedNotExecuted}, out)
 	c := h.complete()
-	require.Equal(t, "expired", c.Event.Kind)
+	require.Equal(t, tasks.EventKind("expired"), c.Event.Kind)
 	require.Empty(t, c.Approvals)
 	require.Zero(t, h.executeCalls())
 

@@ -72,7 +72,7 @@ func (w *approval) emitEnd(ctx workflow.Context) int64 {
 		StatusMessage: e.message,
 		ApprovalState: e.approvalState,
 		Approvals:     slices.Clone(w.approvals),
-		Event:         tasks.Event{At: workflow.Now(ctx), Kind: string(e.event), Detail: e.message},
+		Event:         tasks.Event{At: workflow.Now(ctx), Kind: e.event, Detail: e.message},
 		Audit:         true,
 	}})
 }

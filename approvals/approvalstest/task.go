@@ -146,7 +146,7 @@ func (t *task) beginLocked() {
 		t.input = &inputWait{pending: maps.Clone(t.in.InputRequests), answers: map[string]json.RawMessage{}}
 	}
 	in := t.in
-	t.emitAuditLocked(activities.RecordAuditInput{Kind: "requested", StepID: "requested", Input: &in})
+	t.emitAuditLocked(activities.RecordAuditInput{Kind: activities.StepRequested, StepID: "requested", Input: &in})
 	t.emitStateLocked(tasks.NewEvent(tasks.EventRequested, t.in.Requirement.Reason))
 	if !unattended(t.in) {
 		t.notes = &noteQueue{notes: []activities.NotifyKind{noteRequested}}
@@ -305,7 +305,7 @@ func (t *task) reevaluateAndExecuteLocked() bool {
 		t.endAsLocked(denied(tasks.EventDenied, "The policy could not be evaluated.", "Denied: policy could not be evaluated", tasks.ApprovalDenied))
 		return true
 	case !re.Allow:
-		t.emitAuditLocked(activities.RecordAuditInput{Kind: "reevaluated", StepID: "reevaluated", Policy: &re})
+		t.emitAuditLocked(activities.RecordAuditInput{Kind: activities.StepReevaluated, StepID: "reevaluated", Policy: &re})
 		t.endAsLocked(denied(tasks.EventDenied, "Denied by policy on re-evaluation: "+re.Reason, "Denied by policy: "+re.Reason, tasks.ApprovalDenied))
 		return true
 	}
@@ -315,9 +315,9 @@ func (t *task) reevaluateAndExecuteLocked() bool {
 	// cancel is refused and the tool is called once at most.
 	t.phase = phaseClaimed
 	t.signal()
-	t.emitAuditLocked(activities.RecordAuditInput{Kind: "reevaluated", StepID: "reevaluated", Policy: &re})
+	t.emitAuditLocked(activities.RecordAuditInput{Kind: activities.StepReevaluated, StepID: "reevaluated", Policy: &re})
 	t.emitStateLocked(tasks.ClaimedEvent(re.PolicyVersion))
-	t.emitAuditLocked(activities.RecordAuditInput{Kind: "claimed", StepID: "claimed", Policy: &re})
+	t.emitAuditLocked(activities.RecordAuditInput{Kind: activities.StepClaimed, StepID: "claimed", Policy: &re})
 	env := t.in.Envelope
 	t.mu.Unlock()
 	out, err := t.e.execute(env)
@@ -425,7 +425,7 @@ func (t *task) endAsLocked(e *ending) {
 			StatusMessage: e.message,
 			ApprovalState: e.approvalState,
 			Approvals:     slices.Clone(t.approvals),
-			Event:         tasks.Event{At: t.now(), Kind: string(e.event), Detail: e.message},
+			Event:         tasks.Event{At: t.now(), Kind: e.event, Detail: e.message},
 			Audit:         true,
 		}})
 	}
@@ -522,10 +522,10 @@ func (t *task) notifyLoop() {
 		case err != nil:
 			t.e.log.Warn("approvalstest: approvers could not be notified", "task_id", t.id, "error", err)
 			t.emitStateLocked(tasks.NewEvent(tasks.EventNotifyFailed, ""))
-			t.emitAuditLocked(activities.RecordAuditInput{Kind: "notify-failed", StepID: "notify"})
+			t.emitAuditLocked(activities.RecordAuditInput{Kind: activities.StepNotifyFailed, StepID: "notify"})
 		default:
 			t.emitStateLocked(tasks.NewEvent(tasks.EventNotified, ""))
-			t.emitAuditLocked(activities.RecordAuditInput{Kind: "notified", StepID: "notify"})
+			t.emitAuditLocked(activities.RecordAuditInput{Kind: activities.StepNotified, StepID: "notify"})
 		}
 	}
 }

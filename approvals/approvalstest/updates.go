@@ -112,7 +112,7 @@ func (t *task) decide(id string, d tasks.DecisionUpdate) (tasks.DecisionResult, 
 	}
 	t.approvals = append(t.approvals, tasks.ApprovalEntry{ApproverID: v.ApproverID, ApproverName: v.ApproverName,
 		CredentialID: v.CredentialID, Decision: d.Decision, At: t.now()})
-	t.emitAuditLocked(activities.RecordAuditInput{Kind: "decision", StepID: "decision/" + id,
+	t.emitAuditLocked(activities.RecordAuditInput{Kind: activities.StepDecision, StepID: "decision/" + id,
 		Decision: &activities.AuditDecision{Decision: d.Decision, Accepted: true, ChallengeID: d.ChallengeID, Comment: d.Comment,
 			ApproverID: v.ApproverID, ApproverName: v.ApproverName, Assertion: v.Assertion}})
 	if d.Decision == tasks.DecisionDeny {
@@ -157,7 +157,7 @@ func (t *task) emitRejectionLocked(id, decision, challengeID, reason string) {
 	}
 	t.rejected++
 	t.emitStateLocked(tasks.RejectedDecisionEvent(reason))
-	t.emitAuditLocked(activities.RecordAuditInput{Kind: "decision", StepID: "decision/" + id,
+	t.emitAuditLocked(activities.RecordAuditInput{Kind: activities.StepDecision, StepID: "decision/" + id,
 		Decision: &activities.AuditDecision{Decision: decision, Accepted: false, Reason: reason, ChallengeID: challengeID}})
 }
 
@@ -217,7 +217,7 @@ func (t *task) denyUnsigned(id string, d tasks.UnsignedDenial) (tasks.DecisionRe
 	if d.Comment != "" {
 		detail = "Denied by " + d.ApproverName + " via " + d.Via + " (without a passkey): " + d.Comment
 	}
-	t.emitAuditLocked(activities.RecordAuditInput{Kind: "decision", StepID: "decision/" + id,
+	t.emitAuditLocked(activities.RecordAuditInput{Kind: activities.StepDecision, StepID: "decision/" + id,
 		Decision: &activities.AuditDecision{Decision: tasks.DecisionDeny, Accepted: true, Comment: d.Comment,
 			ApproverID: d.ApproverID, ApproverName: d.ApproverName, Via: d.Via}})
 	t.endAsLocked(denied(tasks.EventDenied, detail, detail, tasks.ApprovalDenied))
@@ -236,7 +236,7 @@ func (t *task) cancelTask() (tasks.CancelResult, error) {
 		if !t.refused {
 			t.refused = true
 			t.emitStateLocked(tasks.NewEvent(tasks.EventCancelRefused, ""))
-			t.emitAuditLocked(activities.RecordAuditInput{Kind: "cancel-refused", StepID: "cancel-refused"})
+			t.emitAuditLocked(activities.RecordAuditInput{Kind: activities.StepCancelRefused, StepID: "cancel-refused"})
 		}
 		return tasks.CancelResult{Cancelled: false, Status: tasks.StatusWorking}, nil
 	}

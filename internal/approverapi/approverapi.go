@@ -107,7 +107,7 @@ func NewApproval(rec tasks.Record) Approval {
 	for _, e := range rec.Timeline {
 		// Keep the task ID out of the words should they ever mention it.
 		detail := strings.ReplaceAll(e.Text(), rec.TaskID, "[task]")
-		v.Timeline = append(v.Timeline, TimelineEvent{At: e.At, Kind: e.Kind, Detail: detail})
+		v.Timeline = append(v.Timeline, TimelineEvent{At: e.At, Kind: string(e.Kind), Detail: detail})
 	}
 	return v
 }
