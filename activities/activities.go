@@ -261,7 +261,7 @@ func (a *Activities) Reevaluate(ctx context.Context, in ReevaluateInput) (Reeval
 	d, err := a.PDP.Evaluate(ctx, pdp.Input{
 		Subject:  pdp.Entity{Type: "agent", ID: env.Principal},
 		Action:   pdp.Action{Name: "tools/call"},
-		Resource: pdp.Entity{Type: "tool", ID: env.Tool},
+		Resource: a.policyResource(env.Tool),
 		Context: pdp.Context{
 			Arguments:  env.Arguments,
 			ActionHash: env.ActionHash,
@@ -398,4 +398,17 @@ func (a *Activities) Complete(ctx context.Context, in CompleteInput) error {
 	}
 	a.log().Info("activities: task ended", "task_id", in.TaskID, "status", in.Status, "disposition", in.Disposition)
 	return nil
+}
+
+// policyResource is the held call's tool as policy sees it now: for an
+// upstream's tool, with the upstream's current annotations and approval
+// override. A tool no longer served (its upstream is down) is named alone;
+// the default policy denies a tool it does not know.
+func (a *Activities) policyResource(tool string) pdp.Resource {
+	if a.Tools != nil {
+		if t, ok := a.Tools.Lookup(tool); ok {
+			return t.PolicyResource()
+		}
+	}
+	return pdp.Resource{Type: "tool", ID: tool}
 }

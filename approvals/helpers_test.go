@@ -134,7 +134,7 @@ func (f *fixture) call(t *testing.T, principal, tool, args string, delay time.Du
 	d, err := f.pdp.Evaluate(context.Background(), pdp.Input{
 		Subject:  pdp.Entity{Type: "agent", ID: principal},
 		Action:   pdp.Action{Name: "tools/call"},
-		Resource: pdp.Entity{Type: "tool", ID: tool},
+		Resource: pdp.Resource{Type: "tool", ID: tool},
 		Context:  pdp.Context{Arguments: raw, ActionHash: hash.String()},
 	})
 	if err != nil {

@@ -7,9 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
+	"sync/atomic"
 
 	"github.com/google/jsonschema-go/jsonschema"
 
+	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -58,21 +61,52 @@ type Tool struct {
 	Description  string
 	InputSchema  json.RawMessage
 	OutputSchema json.RawMessage
-	// ReadOnly marks tools that never change anything.
+	// ReadOnly marks tools that never change anything. For an upstream
+	// tool it is the upstream's readOnlyHint: a hint, not a guarantee.
 	ReadOnly bool
+	// Upstream and UpstreamTool name the MCP server a tool comes from and
+	// the tool's name there; empty for Countersign's own tools.
+	Upstream     string
+	UpstreamTool string
+	// Annotations are the upstream's tool annotations (MCP ToolAnnotations
+	// JSON), passed through to tools/list and to policy as untrusted hints.
+	Annotations json.RawMessage
+	// Approval is the upstream's configured approval override for policy:
+	// "always", "never", or "" (policy decides). See pdp.Resource.
+	Approval string
 	// Describe renders the approver-facing display text of a call. It must
 	// describe the arguments accurately: it is what the approver signs for.
 	Describe func(args json.RawMessage) string
 	Run      func(ctx context.Context, call Call) (tasks.CallToolResult, error)
 }
 
+// PolicyResource is the tool as policy sees it (pdp.Resource). Annotations
+// that are not a JSON object are left out: an upstream's malformed hints
+// must not make the call undecidable.
+func (t Tool) PolicyResource() pdp.Resource {
+	r := pdp.Resource{Type: "tool", ID: t.Name, Upstream: t.Upstream, Tool: t.UpstreamTool, Approval: t.Approval}
+	if b := bytes.TrimSpace(t.Annotations); len(b) > 0 && b[0] == '{' && json.Valid(b) {
+		r.Annotations = b
+	}
+	return r
+}
+
 type entry struct {
 	tool   Tool
 	schema *jsonschema.Resolved
+	source string
 }
 
-// Registry is an immutable set of tools.
+// Registry is the set of tools Countersign serves: its own, fixed at
+// construction, and those of each upstream, which [Registry.Replace] swaps as
+// the upstream's list changes. Readers see one consistent snapshot per call.
 type Registry struct {
+	mu       sync.Mutex // serializes writers
+	snap     atomic.Pointer[snapshot]
+	onChange []func()
+}
+
+type snapshot struct {
 	tools map[string]entry
 	names []string
 }
@@ -80,43 +114,115 @@ type Registry struct {
 // NewRegistry compiles the tools' schemas. A tool without a name, a run
 // function or a valid object schema is an error.
 func NewRegistry(tools ...Tool) (*Registry, error) {
-	r := &Registry{tools: make(map[string]entry, len(tools))}
+	snap := &snapshot{tools: make(map[string]entry, len(tools))}
 	for _, t := range tools {
-		if t.Name == "" || t.Run == nil {
-			return nil, fmt.Errorf("gateway: tool %q needs a name and a run function", t.Name)
+		e, err := compile(t)
+		if err != nil {
+			return nil, err
 		}
-		if _, dup := r.tools[t.Name]; dup {
+		if _, dup := snap.tools[t.Name]; dup {
 			return nil, fmt.Errorf("gateway: tool %q registered twice", t.Name)
 		}
-		var s jsonschema.Schema
-		if err := json.Unmarshal(t.InputSchema, &s); err != nil {
-			return nil, fmt.Errorf("gateway: tool %s: input schema: %w", t.Name, err)
-		}
-		if s.Type != "object" {
-			return nil, fmt.Errorf("gateway: tool %s: input schema must have type object", t.Name)
-		}
-		rs, err := s.Resolve(nil)
-		if err != nil {
-			return nil, fmt.Errorf("gateway: tool %s: input schema: %w", t.Name, err)
-		}
-		r.tools[t.Name] = entry{tool: t, schema: rs}
-		r.names = append(r.names, t.Name)
+		snap.tools[t.Name] = e
 	}
-	sort.Strings(r.names)
+	snap.sortNames()
+	r := &Registry{}
+	r.snap.Store(snap)
 	return r, nil
+}
+
+func compile(t Tool) (entry, error) {
+	if t.Name == "" || t.Run == nil {
+		return entry{}, fmt.Errorf("gateway: tool %q needs a name and a run function", t.Name)
+	}
+	var s jsonschema.Schema
+	if err := json.Unmarshal(t.InputSchema, &s); err != nil {
+		return entry{}, fmt.Errorf("gateway: tool %s: input schema: %w", t.Name, err)
+	}
+	if s.Type != "object" {
+		return entry{}, fmt.Errorf("gateway: tool %s: input schema must have type object", t.Name)
+	}
+	rs, err := s.Resolve(nil)
+	if err != nil {
+		return entry{}, fmt.Errorf("gateway: tool %s: input schema: %w", t.Name, err)
+	}
+	return entry{tool: t, schema: rs}, nil
+}
+
+func (s *snapshot) sortNames() {
+	s.names = s.names[:0]
+	for n := range s.tools {
+		s.names = append(s.names, n)
+	}
+	sort.Strings(s.names)
+}
+
+// Replace makes tools the whole tool set of source (an upstream's name; ""
+// is Countersign's own and cannot be replaced). A tool that does not compile,
+// or whose name another source already serves, is left out and named in the
+// returned error; the others are served. Then every OnChange function runs.
+func (r *Registry) Replace(source string, tools []Tool) error {
+	if source == "" {
+		return errors.New("gateway: Replace needs a source name")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old := r.snap.Load()
+	next := &snapshot{tools: make(map[string]entry, len(old.tools)+len(tools))}
+	for n, e := range old.tools {
+		if e.source != source {
+			next.tools[n] = e
+		}
+	}
+	var errs []error
+	for _, t := range tools {
+		if other, taken := next.tools[t.Name]; taken {
+			errs = append(errs, fmt.Errorf("gateway: upstream %s: tool %q collides with one of %s; left out", source, t.Name, sourceName(other.source)))
+			continue
+		}
+		e, err := compile(t)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("upstream %s: %w; left out", source, err))
+			continue
+		}
+		e.source = source
+		next.tools[t.Name] = e
+	}
+	next.sortNames()
+	r.snap.Store(next)
+	for _, fn := range r.onChange {
+		fn()
+	}
+	return errors.Join(errs...)
+}
+
+func sourceName(s string) string {
+	if s == "" {
+		return "Countersign's own tools"
+	}
+	return "upstream " + s
+}
+
+// OnChange registers fn to run after every change of the tool set (for
+// tools/list and its list_changed notification). Register before serving.
+func (r *Registry) OnChange(fn func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.onChange = append(r.onChange, fn)
 }
 
 // Lookup returns a tool by name.
 func (r *Registry) Lookup(name string) (Tool, bool) {
-	e, ok := r.tools[name]
+	e, ok := r.snap.Load().tools[name]
 	return e.tool, ok
 }
 
 // List returns the tools sorted by name.
 func (r *Registry) List() []Tool {
-	out := make([]Tool, 0, len(r.names))
-	for _, n := range r.names {
-		out = append(out, r.tools[n].tool)
+	snap := r.snap.Load()
+	out := make([]Tool, 0, len(snap.names))
+	for _, n := range snap.names {
+		out = append(out, snap.tools[n].tool)
 	}
 	return out
 }
@@ -124,7 +230,7 @@ func (r *Registry) List() []Tool {
 // Validate checks args against the tool's input schema. Empty args count as
 // the empty object.
 func (r *Registry) Validate(name string, args json.RawMessage) error {
-	e, ok := r.tools[name]
+	e, ok := r.snap.Load().tools[name]
 	if !ok {
 		return ErrUnknownTool
 	}
@@ -155,7 +261,7 @@ func decodeObject(args json.RawMessage) (map[string]any, error) {
 
 // Describe returns the display text of a call.
 func (r *Registry) Describe(name string, args json.RawMessage) string {
-	e, ok := r.tools[name]
+	e, ok := r.snap.Load().tools[name]
 	if !ok {
 		return ""
 	}
@@ -175,7 +281,7 @@ func compact(args json.RawMessage) string {
 
 // Execute runs a tool once. See the package doc for what an error means.
 func (r *Registry) Execute(ctx context.Context, name string, call Call) (tasks.CallToolResult, error) {
-	e, ok := r.tools[name]
+	e, ok := r.snap.Load().tools[name]
 	if !ok {
 		return tasks.CallToolResult{}, ErrUnknownTool
 	}

@@ -84,7 +84,7 @@ func (s *Server) decide(ctx context.Context, info *callInfo, p *mcp.CallToolPara
 	d, err := s.opts.PDP.Evaluate(ctx, pdp.Input{
 		Subject:  pdp.Entity{Type: "agent", ID: info.principal},
 		Action:   pdp.Action{Name: "tools/call"},
-		Resource: pdp.Entity{Type: "tool", ID: tool.Name},
+		Resource: tool.PolicyResource(),
 		Context:  pdp.Context{Arguments: args, ActionHash: hash.String(), Time: now},
 	})
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -130,6 +131,9 @@ type Server struct {
 	pageSize int
 	mcp      *mcp.Server
 	handler  http.Handler
+	// toolsMu guards listed, the tool names registered on mcp.
+	toolsMu sync.Mutex
+	listed  map[string]bool
 }
 
 // New validates opts, registers the tools and task methods on an MCP server
@@ -192,18 +196,11 @@ func New(opts Options) (*Server, error) {
 		if err := checkObjectSchema(t.InputSchema); err != nil {
 			return nil, fmt.Errorf("mcpserver: tool %q: %w", t.Name, err)
 		}
-		mt := &mcp.Tool{Name: t.Name, Title: t.Title, Description: t.Description, InputSchema: t.InputSchema}
-		if len(t.OutputSchema) > 0 {
-			mt.OutputSchema = t.OutputSchema
-		}
-		if t.ReadOnly {
-			mt.Annotations = &mcp.ToolAnnotations{ReadOnlyHint: true}
-		}
-		// tools/call never reaches this handler: the receiving middleware
-		// answers it. Registering the tool gives tools/list, the tools
-		// capability and the SDK's Mcp-Name checks.
-		s.mcp.AddTool(mt, unreachableTool)
 	}
+	s.syncTools()
+	// Upstream tools come and go (list_changed, restarts): tools/list
+	// follows the registry.
+	opts.Tools.OnChange(s.syncTools)
 	if err := s.registerTaskMethods(); err != nil {
 		return nil, err
 	}
@@ -219,6 +216,56 @@ func New(opts Options) (*Server, error) {
 	})
 	s.handler = s.httpHandler(sdk)
 	return s, nil
+}
+
+// syncTools makes the SDK server's tool list the registry's. tools/call
+// never reaches the tools' handlers: the receiving middleware answers it.
+// Registering the tools gives tools/list, the tools capability and the SDK's
+// Mcp-Name checks.
+func (s *Server) syncTools() {
+	s.toolsMu.Lock()
+	defer s.toolsMu.Unlock()
+	now := map[string]bool{}
+	for _, t := range s.opts.Tools.List() {
+		if err := checkObjectSchema(t.InputSchema); err != nil {
+			s.log.Error("mcpserver: tool left out of tools/list", "tool", t.Name, "err", err)
+			continue
+		}
+		now[t.Name] = true
+		s.mcp.AddTool(mcpTool(t), unreachableTool)
+	}
+	var gone []string
+	for name := range s.listed {
+		if !now[name] {
+			gone = append(gone, name)
+		}
+	}
+	if len(gone) > 0 {
+		s.mcp.RemoveTools(gone...)
+	}
+	s.listed = now
+}
+
+// mcpTool is a tool as tools/list shows it: an upstream's schemas, title,
+// description and annotations passed through.
+func mcpTool(t gateway.Tool) *mcp.Tool {
+	mt := &mcp.Tool{Name: t.Name, Title: t.Title, Description: t.Description, InputSchema: t.InputSchema}
+	if len(t.OutputSchema) > 0 {
+		mt.OutputSchema = t.OutputSchema
+	}
+	if len(t.Annotations) > 0 {
+		var a mcp.ToolAnnotations
+		if json.Unmarshal(t.Annotations, &a) == nil {
+			mt.Annotations = &a
+		}
+	}
+	if t.ReadOnly {
+		if mt.Annotations == nil {
+			mt.Annotations = &mcp.ToolAnnotations{}
+		}
+		mt.Annotations.ReadOnlyHint = true
+	}
+	return mt
 }
 
 // Handler returns the HTTP handler to mount at /mcp.

@@ -17,7 +17,7 @@ func ExampleEngine_Evaluate() {
 	in := pdp.Input{
 		Subject:  pdp.Entity{Type: "agent", ID: "agent-1"},
 		Action:   pdp.Action{Name: "tools/call"},
-		Resource: pdp.Entity{Type: "tool", ID: "transfer_funds"},
+		Resource: pdp.Resource{Type: "tool", ID: "transfer_funds"},
 		Context:  pdp.Context{Arguments: json.RawMessage(`{"to":"acct-2","amount":5000,"currency":"USD"}`)},
 	}
 	d, err := e.Evaluate(ctx, in)

@@ -47,6 +47,23 @@ type Entity struct {
 	Properties map[string]any `json:"properties,omitempty"`
 }
 
+// Resource is the AuthZEN resource of a tool call: {type: "tool", id: the
+// tool's name as Countersign serves it}. For a tool of an upstream MCP
+// server it also names the upstream, the tool's name there and the
+// upstream's annotations, which are hints the upstream chose, not facts:
+// a policy that trusts readOnlyHint trusts the upstream. Approval is the
+// upstream's configured override ("always", "never", or "" to let policy
+// decide), which the default policy honours.
+type Resource struct {
+	Type        string          `json:"type"`
+	ID          string          `json:"id"`
+	Properties  map[string]any  `json:"properties,omitempty"`
+	Upstream    string          `json:"upstream,omitempty"`
+	Tool        string          `json:"tool,omitempty"`
+	Annotations json.RawMessage `json:"annotations,omitempty"`
+	Approval    string          `json:"approval,omitempty"`
+}
+
 // Action is an AuthZEN action.
 type Action struct {
 	Name       string         `json:"name"`
@@ -74,10 +91,10 @@ type Context struct {
 // {type: "agent", id: principal}, the action {name: "tools/call"} and the
 // resource {type: "tool", id: tool name}.
 type Input struct {
-	Subject  Entity  `json:"subject"`
-	Action   Action  `json:"action"`
-	Resource Entity  `json:"resource"`
-	Context  Context `json:"context"`
+	Subject  Entity   `json:"subject"`
+	Action   Action   `json:"action"`
+	Resource Resource `json:"resource"`
+	Context  Context  `json:"context"`
 }
 
 // Effect is the outcome of a decision.

@@ -47,7 +47,7 @@ func call(tool, args string, approvals ...pdp.Approval) pdp.Input {
 	return pdp.Input{
 		Subject:  pdp.Entity{Type: "agent", ID: "agent-1"},
 		Action:   pdp.Action{Name: "tools/call"},
-		Resource: pdp.Entity{Type: "tool", ID: tool},
+		Resource: pdp.Resource{Type: "tool", ID: tool},
 		Context: pdp.Context{
 			Arguments:  json.RawMessage(args),
 			ActionHash: strings.Repeat("ab", 32),

@@ -1,4 +1,5 @@
-# Package countersign.authz is Countersign's default policy for the demo tools.
+# Package countersign.authz is Countersign's default policy: the demo tools,
+# and the tools of the upstream MCP servers Countersign gates.
 #
 # The engine queries data.countersign.authz.decision. It must be an object with
 # "effect" ("allow", "deny" or "requestable") and "reason"; a requestable
@@ -12,7 +13,9 @@ import data.countersign.approvals
 # decision is the base decision for the tool, resolved against any approvals.
 decision := approvals.resolve(base)
 
-tool := input.resource.id
+# The demo tools are Countersign's own: an upstream's tool is never one,
+# whatever it is called.
+tool := input.resource.id if not input.resource.upstream
 
 args := input.context.arguments
 
@@ -25,6 +28,21 @@ base := deploy if tool == "deploy_service"
 base := requestable("Deleting records requires two approvers", 2) if tool == "delete_records"
 
 default base := {"effect": "deny", "reason": "tool is not allowed by policy"}
+
+# A tool of an upstream MCP server. The upstream's configured approval
+# override wins ("never": runs at once; "always": needs approval); otherwise
+# a tool the upstream annotates read-only runs at once and every other one
+# needs one approver. Annotations are hints the upstream chose: to pin a
+# tool whatever its annotations say, override base for it in your policy.
+base := upstream_call if input.resource.upstream
+
+upstream_call := allow(sprintf("the %s upstream's calls need no approval (configured)", [input.resource.upstream])) if {
+	input.resource.approval == "never"
+} else := requestable(sprintf("Calls to %s need approval (configured)", [input.resource.upstream]), 1) if {
+	input.resource.approval == "always"
+} else := allow(sprintf("%s is read-only (annotated by %s)", [input.resource.tool, input.resource.upstream])) if {
+	input.resource.annotations.readOnlyHint == true
+} else := requestable(sprintf("%s on %s may change something and needs approval", [input.resource.tool, input.resource.upstream]), 1)
 
 transfer := deny("transfer amount must be a positive number") if {
 	not positive_amount

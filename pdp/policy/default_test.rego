@@ -126,3 +126,37 @@ test_single_approval_allows_transfer if {
 	d := authz.decision with input as approved("transfer_funds", {"amount": 5000}, [approval("alice")])
 	d.effect == "allow"
 }
+
+upstream_call(tool, annotations, approval) := object.union(call(concat("__", ["fs", tool]), {"path": "/tmp/x"}), {"resource": {
+	"upstream": "fs",
+	"tool": tool,
+	"annotations": annotations,
+	"approval": approval,
+}})
+
+test_upstream_read_only_allowed if {
+	d := authz.decision with input as upstream_call("read_file", {"readOnlyHint": true}, "")
+	d.effect == "allow"
+	d.reason == "read_file is read-only (annotated by fs)"
+}
+
+test_upstream_other_tools_requestable if {
+	every annotations in [{}, {"readOnlyHint": false}, {"destructiveHint": false}, {"readOnlyHint": "true"}] {
+		d := authz.decision with input as upstream_call("write_file", annotations, "")
+		d.effect == "requestable"
+		d.approver_group == "approvers"
+		d.quorum == 1
+		d.approval_ttl_seconds == 86400
+	}
+}
+
+test_upstream_approval_override if {
+	authz.decision.effect == "requestable" with input as upstream_call("read_file", {"readOnlyHint": true}, "always")
+	authz.decision.effect == "allow" with input as upstream_call("write_file", {}, "never")
+}
+
+test_upstream_tool_named_like_a_demo_tool_is_not_one if {
+	d := authz.decision with input as object.union(upstream_call("transfer_funds", {}, ""), {"resource": {"id": "transfer_funds"}})
+	d.effect == "requestable"
+	d.reason == "transfer_funds on fs may change something and needs approval"
+}
