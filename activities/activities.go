@@ -315,7 +315,9 @@ func (a *Activities) ExecuteTool(ctx context.Context, in ExecuteToolInput) (Exec
 		Inputs:         env.InputResponses,
 	})
 	if err != nil {
-		if errors.Is(err, gateway.ErrUnknownTool) {
+		if errors.Is(err, gateway.ErrUnknownTool) || errors.Is(err, gateway.ErrNotSent) {
+			// The tool is gone (its upstream is down) or could not be
+			// reached: nothing was sent, so the call did not run.
 			return ExecuteToolOutput{}, temporal.NewNonRetryableApplicationError(
 				"activities: tool "+env.Tool+" is not available", ErrTypeUnknownTool, err)
 		}

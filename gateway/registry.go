@@ -19,6 +19,11 @@ import (
 // ErrUnknownTool is returned for a tool the registry does not have.
 var ErrUnknownTool = errors.New("gateway: unknown tool")
 
+// ErrNotSent is wrapped by a backend's error when the call certainly never
+// reached the tool (an upstream that cannot be reached): it did not act, so
+// the call ends as not run rather than with an unknown outcome.
+var ErrNotSent = errors.New("gateway: the call was not sent")
+
 // ArgumentError says why arguments do not fit a tool's input schema. Its
 // message is safe to show to the client.
 type ArgumentError struct {

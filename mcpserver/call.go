@@ -295,6 +295,11 @@ func (s *Server) execute(ctx context.Context, c *gatedCall) (res tasks.CallToolR
 		Arguments:      c.args,
 		Inputs:         c.inputs,
 	})
+	if errors.Is(err, gateway.ErrNotSent) {
+		// Nothing reached the tool: say so, and that it is safe to retry.
+		s.log.WarnContext(ctx, "mcpserver: tool unreachable; call not sent", "tool", c.tool.Name, "err", err)
+		return tasks.Outcome(tasks.DeniedNotExecuted, c.tool.Name, "Its server could not be reached, so nothing was sent; try again later.", nil)
+	}
 	var pe *gateway.ProtocolError
 	if errors.As(err, &pe) {
 		s.log.WarnContext(ctx, "mcpserver: tool failed with a protocol error", "tool", c.tool.Name, "code", pe.Code)

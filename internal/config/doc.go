@@ -1,0 +1,87 @@
+// Package config loads Countersign's YAML configuration file.
+//
+// # File format
+//
+// The file is one YAML mapping. Every top-level key is a section; today there
+// are two, and later sections (auth, temporal, nats, …) will be further
+// top-level keys. An empty file (or one holding only comments) is a valid,
+// empty configuration. A key with an empty or null value is the same as an
+// absent key.
+//
+//	upstreams:
+//	  - name: fs                     # required; [a-z0-9-]{1,32}, unique
+//	    command: ["npx", "-y", "@modelcontextprotocol/server-filesystem", "/srv/data"]
+//	    env: {LOG_LEVEL: info}       # optional, stdio only
+//	    prefix: files                # optional; default: the name
+//	    approval: policy             # optional: always | never | policy (default)
+//	  - name: everything
+//	    url: http://127.0.0.1:3001/mcp
+//	    headers: {Authorization: "Bearer ${EVERYTHING_TOKEN}"}   # optional, HTTP only
+//	    timeout: 30s                 # optional; per call, default 60s
+//	demo_tools: true                 # optional; default: true in dev, false in server
+//
+// upstreams lists the MCP servers whose tools Countersign fronts. Each entry
+// has:
+//
+//   - name: the upstream's identifier, 1 to 32 characters of a-z, 0-9 and
+//     "-"; unique in the file.
+//   - command: a stdio upstream, started as a child process; a non-empty list
+//     of strings (program, then arguments; no shell is involved).
+//   - url: a Streamable HTTP upstream; an http or https URL with a host and
+//     without user:password (put credentials in headers).
+//   - env: extra environment variables for a command upstream (string to
+//     string). Only with command.
+//   - headers: extra HTTP request headers for a url upstream (string to
+//     string). Only with url. Host, Content-Length, Content-Type,
+//     Mcp-Session-Id and Mcp-Protocol-Version are set by the transport and
+//     may not be given.
+//   - prefix: the upstream's tools appear to agents as <prefix>__<tool> (see
+//     [ToolName]); same character set as name; default the name; prefixes
+//     are unique in the file.
+//   - timeout: the limit for one tool call, a Go duration ("30s", "2m")
+//     greater than 0 and at most 1h; default 60s.
+//   - approval: always (every call needs a human approval), never (calls
+//     pass through without approval) or policy (the policy decides;
+//     the default).
+//
+// Exactly one of command and url must be given.
+//
+// demo_tools turns the four built-in demo tools on or off. When absent the
+// command decides: on in dev, off in server (see [File.DemoToolsOr]).
+//
+// # Secrets
+//
+// Values of env and headers may refer to secrets instead of holding them;
+// the references are resolved when the file is loaded:
+//
+//   - ${NAME} is replaced by the environment variable NAME
+//     ([A-Za-z_][A-Za-z0-9_]*). It may be the whole value or part of it, as
+//     in "Bearer ${TOKEN}". An unset variable is an error; a variable set to
+//     the empty string expands to nothing.
+//   - ${file:/path/to/secret} is replaced by the content of the file, with
+//     trailing newlines removed (at most 64 KiB). A relative path is relative
+//     to the directory of the configuration file. A missing or unreadable
+//     file is an error.
+//   - $${ stands for a literal "${". Any other "$" is literal.
+//
+// Inside a flow mapping ({…}) a value holding ${…} must be quoted, as in
+// the example above; YAML reads an unquoted { there as the start of a
+// mapping.
+//
+// References are resolved only in env and header values, nowhere else.
+// Error messages name the variable or file, never a value, and the printed
+// forms of a loaded configuration ([File.String], [Upstream.String], their
+// JSON and log/slog forms, [File.Redacted]) show env and header names with
+// the value "<redacted>".
+//
+// # Errors
+//
+// The file is checked as a whole: [Load] reports every problem it finds, not
+// only the first, as one [*Error] whose message has a line per problem in
+// the form "path:line: field: problem", for example
+//
+//	countersign.yaml:7: upstreams[1].timeout: must be at most 1h, not 2h0m0s
+//	countersign.yaml:9: upstreams[1].tiemout: unknown field (known: name, command, url, env, headers, prefix, timeout, approval)
+//
+// Unknown and duplicate keys are errors.
+package config
