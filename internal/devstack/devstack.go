@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -96,7 +97,34 @@ type Server struct {
 
 // Start starts the server and returns once the frontend answers, the
 // namespace exists and history serves requests.
-func Start(ctx context.Context, opts Options) (_ *Server, err error) {
+func Start(ctx context.Context, opts Options) (*Server, error) {
+	// The ports of a first start are picked free and bound a moment later:
+	// another process can take one in between. Such a start is retried with
+	// fresh ports; a data dir that already had its ports keeps them.
+	fresh := false
+	if opts.DataDir != "" && opts.FrontendPort == 0 {
+		_, err := os.Stat(filepath.Join(opts.DataDir, portsFile))
+		fresh = errors.Is(err, fs.ErrNotExist)
+	}
+	for attempt := 1; ; attempt++ {
+		s, err := start(ctx, opts)
+		if err == nil || !fresh || attempt == 3 || !strings.Contains(err.Error(), "Failed to start gRPC listener") {
+			return s, err
+		}
+		if opts.Logger != nil {
+			opts.Logger.Warn("devstack: a port was taken while starting; retrying with fresh ports", "attempt", attempt, "err", err)
+		}
+		if rerr := os.Remove(filepath.Join(opts.DataDir, portsFile)); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			return nil, err
+		}
+	}
+}
+
+// portsChosen, when set (tests), runs between choosing the ports and binding
+// them: where another process can take one.
+var portsChosen func(ports)
+
+func start(ctx context.Context, opts Options) (_ *Server, err error) {
 	o, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
@@ -131,6 +159,9 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 	p, err := choosePorts(o)
 	if err != nil {
 		return nil, err
+	}
+	if portsChosen != nil {
+		portsChosen(p)
 	}
 
 	dbPath := filepath.Join(o.DataDir, dbFile)

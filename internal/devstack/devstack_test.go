@@ -8,10 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -567,5 +569,46 @@ func BenchmarkStartWorkflow(b *testing.B) {
 		if err := run.Get(ctx, nil); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A first start whose port another process takes between the choice and the
+// bind is retried with fresh ports, and works.
+func TestStartRetriesAPortTakenMeanwhile(t *testing.T) {
+	var stolen []net.Listener
+	portsChosen = func(p ports) {
+		if len(stolen) > 0 {
+			return // only the first attempt loses its port
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(loopback, strconv.Itoa(p.History)))
+		if err != nil {
+			t.Errorf("steal port %d: %v", p.History, err)
+			return
+		}
+		stolen = append(stolen, ln)
+	}
+	t.Cleanup(func() {
+		portsChosen = nil
+		for _, ln := range stolen {
+			ln.Close()
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := Start(ctx, Options{DataDir: filepath.Join(t.TempDir(), "data")})
+	if err != nil {
+		t.Fatalf("Start after losing a port: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Stop() })
+	if len(stolen) != 1 {
+		t.Fatalf("the port was stolen %d times, want 1", len(stolen))
+	}
+	c, _ := connect(t, s)
+	run, err := c.ExecuteWorkflow(ctx, startOptions("after-retry"), noop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run.Get(ctx, nil); err != nil {
+		t.Fatal(err)
 	}
 }
