@@ -1,0 +1,277 @@
+package upstream
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/tasks"
+)
+
+// Tool is a gateway tool backed by an upstream tool. Its gateway.Tool has
+// Upstream set to [Options.Name], UpstreamTool to the tool's name upstream and
+// Annotations to the upstream's tool annotations as JSON (readOnlyHint,
+// destructiveHint, idempotentHint, openWorldHint, title; nil if none).
+// Approval is left for the caller.
+type Tool struct {
+	gateway.Tool
+}
+
+// MaxToolNameLen is the longest valid MCP tool name.
+const MaxToolNameLen = 128
+
+// CheckToolName says why name is not a valid MCP tool name: 1 to 128 of
+// A-Z a-z 0-9 _ - ., or returns nil. Use it to check a configured prefix:
+// Prefix + "__" + name must be valid too.
+func CheckToolName(name string) error {
+	if name == "" {
+		return errors.New("empty name")
+	}
+	if len(name) > MaxToolNameLen {
+		return fmt.Errorf("name is %d characters, more than %d", len(name), MaxToolNameLen)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return fmt.Errorf("name has the character %q; only A-Z a-z 0-9 _ - . are allowed", c)
+		}
+	}
+	return nil
+}
+
+// convert turns listed tools into gateway tools, logging and dropping those
+// that cannot be exposed.
+func (u *Upstream) convert(list []*mcp.Tool) []Tool {
+	out := make([]Tool, 0, len(list))
+	seen := make(map[string]bool, len(list))
+	refusals := make(map[string]bool)
+	defer func() { u.refusals = refusals }()
+	for _, t := range list {
+		if t == nil {
+			continue
+		}
+		tool, err := u.convertOne(t)
+		if err == nil && seen[tool.Name] {
+			err = errors.New("listed twice")
+		}
+		if err != nil {
+			name := t.Name
+			if len(name) > 200 {
+				name = name[:200] + "…"
+			}
+			key := name + "\x00" + err.Error()
+			if !u.refusals[key] {
+				u.log.Error("upstream tool refused", "tool", name, "error", err)
+			}
+			refusals[key] = true
+			continue
+		}
+		seen[tool.Name] = true
+		out = append(out, tool)
+	}
+	return out
+}
+
+func (u *Upstream) convertOne(t *mcp.Tool) (Tool, error) {
+	if err := CheckToolName(t.Name); err != nil {
+		return Tool{}, fmt.Errorf("invalid tool name: %w", err)
+	}
+	name := u.opts.Prefix + "__" + t.Name
+	if err := CheckToolName(name); err != nil {
+		return Tool{}, fmt.Errorf("invalid prefixed name %s: %w", name, err)
+	}
+	in, err := inputSchema(t.InputSchema)
+	if err != nil {
+		return Tool{}, fmt.Errorf("input schema: %w", err)
+	}
+	var outSchema json.RawMessage
+	if t.OutputSchema != nil {
+		if outSchema, err = json.Marshal(t.OutputSchema); err != nil {
+			return Tool{}, fmt.Errorf("output schema: %w", err)
+		}
+	}
+	var ann json.RawMessage
+	readOnly := false
+	title := t.Title
+	if a := t.Annotations; a != nil {
+		if ann, err = json.Marshal(a); err != nil {
+			return Tool{}, fmt.Errorf("annotations: %w", err)
+		}
+		readOnly = a.ReadOnlyHint
+		if title == "" {
+			title = a.Title
+		}
+	}
+	upName, toolName := u.opts.Name, t.Name
+	return Tool{
+		Tool: gateway.Tool{
+			Name:         name,
+			Title:        title,
+			Description:  t.Description,
+			InputSchema:  in,
+			OutputSchema: outSchema,
+			ReadOnly:     readOnly,
+			Describe: func(args json.RawMessage) string {
+				return fmt.Sprintf("%s: %s(%s)", upName, toolName, compact(args))
+			},
+			Run: func(ctx context.Context, call gateway.Call) (tasks.CallToolResult, error) {
+				return u.call(ctx, toolName, call)
+			},
+			Upstream:     upName,
+			UpstreamTool: toolName,
+			Annotations:  ann,
+		},
+	}, nil
+}
+
+// inputSchema encodes s and checks it the way gateway.NewRegistry does: a
+// JSON object with type "object" that resolves.
+func inputSchema(s any) (json.RawMessage, error) {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return nil, err
+	}
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(b, &obj) != nil || obj == nil {
+		return nil, errors.New("not a JSON object")
+	}
+	var js jsonschema.Schema
+	if err := json.Unmarshal(b, &js); err != nil {
+		return nil, err
+	}
+	if js.Type != "object" {
+		return nil, errors.New(`type is not "object"`)
+	}
+	if _, err := js.Resolve(nil); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+func compact(args json.RawMessage) string {
+	var b bytes.Buffer
+	if json.Compact(&b, args) != nil || b.Len() == 0 {
+		return "{}"
+	}
+	return b.String()
+}
+
+// call runs one tool call; see the package doc for what it returns.
+func (u *Upstream) call(ctx context.Context, tool string, call gateway.Call) (tasks.CallToolResult, error) {
+	args := json.RawMessage(bytes.TrimSpace(call.Arguments))
+	if len(args) == 0 {
+		args = json.RawMessage("{}")
+	}
+	if !json.Valid(args) {
+		return tasks.CallToolResult{}, &gateway.ProtocolError{Code: jsonrpc.CodeInvalidParams, Message: "arguments are not valid JSON"}
+	}
+	ctx, cancel := context.WithTimeout(ctx, u.opts.Timeout)
+	defer cancel()
+
+	sess := u.session()
+	if sess == nil {
+		st := u.State()
+		return tasks.CallToolResult{}, fmt.Errorf("%w: upstream %s is not connected: %s", ErrNotSent, u.opts.Name, st.Err)
+	}
+	res, notSent, lost, err := u.send(ctx, sess, tool, args)
+	if err != nil && lost {
+		u.log.Warn("upstream session lost; re-initializing before sending the call", "tool", tool, "error", err)
+		if sess, err = u.reconnectFrom(ctx, sess); err != nil {
+			return tasks.CallToolResult{}, fmt.Errorf("%w: upstream %s: session lost: %v", ErrNotSent, u.opts.Name, err)
+		}
+		res, notSent, _, err = u.send(ctx, sess, tool, args)
+	}
+	if err != nil {
+		if notSent {
+			return tasks.CallToolResult{}, fmt.Errorf("%w: upstream %s: %v", ErrNotSent, u.opts.Name, err)
+		}
+		var werr *jsonrpc.Error
+		if errors.As(err, &werr) {
+			return tasks.CallToolResult{
+				Content: []json.RawMessage{tasks.TextContent(fmt.Sprintf("upstream error %d: %s", werr.Code, werr.Message))},
+				IsError: true,
+			}, nil
+		}
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+			return tasks.CallToolResult{}, fmt.Errorf("upstream %s: %s: no answer in time, outcome unknown: %w", u.opts.Name, tool, err)
+		}
+		return tasks.CallToolResult{}, fmt.Errorf("upstream %s: %s: outcome unknown: %w", u.opts.Name, tool, err)
+	}
+	return u.result(tool, res), nil
+}
+
+// send sends the call once. notSent reports that it certainly did not reach
+// the upstream; lost that this was because the HTTP session is gone.
+func (u *Upstream) send(ctx context.Context, sess *mcp.ClientSession, tool string, args json.RawMessage) (res *mcp.CallToolResult, notSent, lost bool, err error) {
+	tr := &tracker{}
+	res, err = sess.CallTool(withTracker(ctx, tr), &mcp.CallToolParams{Name: tool, Arguments: args})
+	if err == nil {
+		return res, false, false, nil
+	}
+	if errors.Is(err, mcp.ErrConnectionClosed) {
+		// The SDK refused before writing: the connection was already closing.
+		return nil, true, false, err
+	}
+	if u.hc == nil {
+		return nil, false, false, err
+	}
+	delivered, notFound := tr.result()
+	if delivered {
+		return nil, false, false, err
+	}
+	return nil, true, notFound || errors.Is(err, mcp.ErrSessionMissing), err
+}
+
+// result converts an upstream result, capping its size.
+func (u *Upstream) result(tool string, res *mcp.CallToolResult) tasks.CallToolResult {
+	if res.NeedsInput() {
+		return tasks.CallToolResult{
+			Content: []json.RawMessage{tasks.TextContent(fmt.Sprintf("upstream %s: %s asked for more input, which Countersign does not support", u.opts.Name, tool))},
+			IsError: true,
+		}
+	}
+	out := tasks.CallToolResult{Content: make([]json.RawMessage, 0, len(res.Content)), IsError: res.IsError}
+	size := 0
+	fail := func(err error) tasks.CallToolResult {
+		return tasks.CallToolResult{
+			Content: []json.RawMessage{tasks.TextContent(fmt.Sprintf("upstream %s: the result of %s could not be encoded: %v", u.opts.Name, tool, err))},
+			IsError: true,
+		}
+	}
+	for _, c := range res.Content {
+		b, err := json.Marshal(c)
+		if err != nil {
+			return fail(err)
+		}
+		size += len(b)
+		out.Content = append(out.Content, b)
+	}
+	if res.StructuredContent != nil {
+		b, err := json.Marshal(res.StructuredContent)
+		if err != nil {
+			return fail(err)
+		}
+		size += len(b)
+		out.StructuredContent = b
+	}
+	if size > u.opts.MaxResultBytes {
+		u.log.Warn("upstream result over the size cap", "tool", tool, "bytes", size, "cap", u.opts.MaxResultBytes)
+		return tasks.CallToolResult{
+			Content: []json.RawMessage{tasks.TextContent(fmt.Sprintf(
+				"upstream %s: the result of %s was %d bytes, over the %d-byte cap; it was discarded.",
+				u.opts.Name, tool, size, u.opts.MaxResultBytes))},
+			IsError: true,
+		}
+	}
+	if len(res.Meta) > 0 {
+		out.Meta = map[string]any(res.Meta)
+	}
+	return out
+}

@@ -1,0 +1,126 @@
+package upstream
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+)
+
+// roundTripper adds the configured headers to every request and records, for
+// calls carrying a tracker, what became of their POSTs.
+type roundTripper struct {
+	base    http.RoundTripper
+	headers map[string]string
+}
+
+func (rt *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	if len(rt.headers) > 0 {
+		req = req.Clone(req.Context())
+		for k, v := range rt.headers {
+			if http.CanonicalHeaderKey(k) == "Host" {
+				req.Host = v
+			} else if req.Header.Get(k) == "" {
+				req.Header.Set(k, v)
+			}
+		}
+	}
+	resp, err := rt.base.RoundTrip(req)
+	if tr, ok := req.Context().Value(trackerKey{}).(*tracker); ok && req.Method == http.MethodPost {
+		tr.record(resp, err)
+	}
+	return resp, err
+}
+
+type trackerKey struct{}
+
+// tracker records whether any POST sent for one call may have reached the
+// server. The SDK sends a call's POST with the call's context, so the
+// tracker sees it.
+type tracker struct {
+	mu        sync.Mutex
+	delivered bool // a POST may have reached the server's MCP handling
+	notFound  bool // a POST was answered 404: the session is gone
+}
+
+func withTracker(ctx context.Context, tr *tracker) context.Context {
+	return context.WithValue(ctx, trackerKey{}, tr)
+}
+
+func (tr *tracker) record(resp *http.Response, err error) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	switch {
+	case err != nil:
+		// Only a failed dial certainly sent nothing.
+		var op *net.OpError
+		if !(errors.As(err, &op) && op.Op == "dial") {
+			tr.delivered = true
+		}
+	case resp.StatusCode == http.StatusNotFound:
+		// §2.5.3: a server answers 404 to a request with a session ID it
+		// does not know, without processing it.
+		tr.notFound = true
+	default:
+		tr.delivered = true
+	}
+}
+
+func (tr *tracker) result() (delivered, notFound bool) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return tr.delivered, tr.notFound
+}
+
+// maxStderrLine caps a logged stderr line; longer lines are split.
+const maxStderrLine = 8 << 10
+
+// lineLogger logs what a child writes to stderr, one record per line.
+type lineLogger struct {
+	log *slog.Logger
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (w *lineLogger) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 && len(w.buf) < maxStderrLine {
+			break
+		}
+		if i < 0 || i > maxStderrLine {
+			i = maxStderrLine
+			w.emit(w.buf[:i])
+			w.buf = w.buf[i:]
+			continue
+		}
+		w.emit(w.buf[:i])
+		w.buf = w.buf[i+1:]
+	}
+	if len(w.buf) == 0 {
+		w.buf = nil // let the backing array go
+	}
+	return len(p), nil
+}
+
+func (w *lineLogger) emit(line []byte) {
+	line = bytes.TrimRight(line, "\r")
+	if len(line) == 0 {
+		return
+	}
+	w.log.Info("upstream stderr", "line", string(line))
+}
+
+// flush logs a last line without a newline.
+func (w *lineLogger) flush() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.emit(w.buf)
+	w.buf = nil
+}

@@ -1,0 +1,482 @@
+// Package upstream connects Countersign to upstream MCP servers and exposes
+// their tools as gateway tools.
+//
+// An [Upstream] is one connection, over stdio (a child process) or Streamable
+// HTTP, kept up by a supervisor goroutine: it connects, lists the tools,
+// reports them through [Options.OnChange], re-lists on
+// notifications/tools/list_changed, and reconnects with exponential backoff
+// when the session ends. [Start] never fails because the upstream is down.
+//
+// # What a tool's Run returns
+//
+//   - The upstream answered: its CallToolResult, converted but not altered
+//     (content blocks, structuredContent, isError, _meta), nil error. Two
+//     exceptions, both with IsError set: a result larger than
+//     [Options.MaxResultBytes] is replaced by a text block saying so, and a
+//     JSON-RPC error answer becomes a text block
+//     "upstream error <code>: <message>" (the call reached the upstream, which
+//     is an execution error, not a refusal).
+//   - The call was certainly not sent (no session, the connection was already
+//     closed, the HTTP session was gone and could not be re-established): an
+//     error wrapping [ErrNotSent]. Nothing happened upstream.
+//   - Anything else (timeout, the process died or the connection broke while
+//     the call was in flight): a plain error. The outcome is unknown.
+//
+// A call is never sent twice, with one exception on HTTP: when the server
+// answers the call's POST with 404 (its session is gone, so it did not run
+// the call), the session is re-initialized once and the call sent once more.
+//
+// The conversion of results goes through the SDK's typed CallToolResult: JSON
+// numbers in structuredContent and _meta are decoded as float64 (integers
+// above 2^53 lose precision) and a content block of a type the SDK does not
+// know makes the call fail with a plain error.
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/http"
+	"os"
+	"os/exec"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/countersign/countersign/gateway"
+)
+
+// ErrNotSent is wrapped by errors of calls that certainly did not reach the
+// upstream: the task can fail cleanly, nothing ran. It is [gateway.ErrNotSent].
+var ErrNotSent = gateway.ErrNotSent
+
+// Defaults for [Options].
+const (
+	DefaultTimeout        = 60 * time.Second
+	DefaultListTimeout    = 10 * time.Second
+	DefaultMaxResultBytes = 1 << 20
+	// ProtocolVersion is the MCP version requested in initialize. It is the
+	// latest stable, session-based version; the upstream may negotiate an
+	// older one.
+	ProtocolVersion = "2025-11-25"
+)
+
+// Reconnect backoff; variables so tests can shorten them.
+var (
+	backoffMin = 250 * time.Millisecond
+	backoffMax = 30 * time.Second
+	// A session that stayed up this long resets the backoff: its end is
+	// followed by an immediate reconnect.
+	stableAfter = 10 * time.Second
+	// terminateWait is how long a child gets to exit after its stdin is
+	// closed, and again after SIGTERM, before it is killed.
+	terminateWait = 2 * time.Second
+)
+
+// maxListPages bounds tools/list pagination.
+const maxListPages = 100
+
+// Options configures an upstream. Exactly one of Command and URL is set.
+type Options struct {
+	// Name identifies the upstream in logs, State and Describe texts.
+	// Defaults to Prefix.
+	Name string
+	// Prefix namespaces the tools: an upstream tool "t" is exposed as
+	// Prefix + "__" + "t". Defaults to Name.
+	Prefix string
+
+	// Command is the stdio server's argv. Env is added to the parent's
+	// environment.
+	Command []string
+	Env     map[string]string
+
+	// URL is the Streamable HTTP endpoint. Headers are set on every request
+	// (not overriding the headers the MCP transport itself sets).
+	URL     string
+	Headers map[string]string
+
+	// Timeout bounds each tool call. Default [DefaultTimeout].
+	Timeout time.Duration
+	// ListTimeout bounds connecting (initialize) and listing the tools.
+	// Default [DefaultListTimeout].
+	ListTimeout time.Duration
+	// MaxResultBytes caps the encoded size of a result's content and
+	// structuredContent. Default [DefaultMaxResultBytes].
+	MaxResultBytes int
+
+	Logger *slog.Logger
+
+	// OnChange receives the upstream's complete current tool list each time
+	// it is (re)listed: after connecting, after reconnecting, after
+	// notifications/tools/list_changed; and nil when the upstream goes down
+	// (a session that ends and is re-established at once is not reported as
+	// down). Calls are serialized, from the supervisor goroutine; OnChange
+	// must not block for long and must not call Close. It is not called
+	// after Close.
+	OnChange func(tools []Tool)
+}
+
+// State is an upstream's connection state, for readiness checks and the CLI.
+type State struct {
+	Up bool
+	// Err is the last connection or listing error, empty when up.
+	Err string
+	// Tools is how many tools are exposed (refused tools not counted).
+	Tools int
+	// Since is when Up last changed.
+	Since time.Time
+}
+
+// Upstream is a supervised connection to one upstream MCP server.
+type Upstream struct {
+	opts   Options
+	log    *slog.Logger
+	client *mcp.Client
+	hc     *http.Client // nil for stdio
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	relist chan struct{}           // list_changed received
+	kick   chan *mcp.ClientSession // a call found this session gone
+
+	// refusals are the tool refusals last logged, so that re-listing does
+	// not log them again. Supervisor goroutine only.
+	refusals map[string]bool
+
+	mu       sync.Mutex
+	sess     *mcp.ClientSession
+	changed  chan struct{} // closed and replaced on every state change
+	fails    int           // failed connection attempts, ever
+	state    State
+	reported bool // OnChange last received a non-nil list
+}
+
+// Start starts the supervisor and returns at once. The upstream runs until
+// Close or until ctx is done. A configuration error (no or both of Command
+// and URL) leaves it permanently down with the error in State.
+func Start(ctx context.Context, opts Options) *Upstream {
+	if opts.Name == "" {
+		opts.Name = opts.Prefix
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = opts.Name
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.ListTimeout <= 0 {
+		opts.ListTimeout = DefaultListTimeout
+	}
+	if opts.MaxResultBytes <= 0 {
+		opts.MaxResultBytes = DefaultMaxResultBytes
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	u := &Upstream{
+		opts:    opts,
+		log:     opts.Logger.With("upstream", opts.Name),
+		done:    make(chan struct{}),
+		relist:  make(chan struct{}, 1),
+		kick:    make(chan *mcp.ClientSession, 1),
+		changed: make(chan struct{}),
+		state:   State{Since: time.Now()},
+	}
+	u.ctx, u.cancel = context.WithCancel(ctx)
+	u.client = mcp.NewClient(&mcp.Implementation{Name: "countersign", Version: "1"}, &mcp.ClientOptions{
+		Logger: u.log,
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
+			select {
+			case u.relist <- struct{}{}:
+			default:
+			}
+		},
+		// Never let the SDK re-send a call on its own.
+		MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true},
+	})
+
+	var cfgErr error
+	switch {
+	case len(opts.Command) > 0 && opts.URL != "":
+		cfgErr = errors.New("both a command and a URL are configured")
+	case len(opts.Command) == 0 && opts.URL == "":
+		cfgErr = errors.New("neither a command nor a URL is configured")
+	case opts.URL != "":
+		base := http.DefaultTransport.(*http.Transport).Clone()
+		u.hc = &http.Client{Transport: &roundTripper{base: base, headers: opts.Headers}}
+	}
+	if cfgErr != nil {
+		u.log.Error("upstream misconfigured", "error", cfgErr)
+		u.state.Err = cfgErr.Error()
+		close(u.done)
+		return u
+	}
+	go u.supervise()
+	return u
+}
+
+// State returns the connection state.
+func (u *Upstream) State() State {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.state
+}
+
+// Close stops the supervisor, ends the session (terminating a child process)
+// and waits for both. Calls in flight fail with a plain error.
+func (u *Upstream) Close() error {
+	u.cancel()
+	<-u.done
+	return nil
+}
+
+func (u *Upstream) session() *mcp.ClientSession {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.sess
+}
+
+// setState updates the state under u.mu and wakes waiters.
+func (u *Upstream) setState(f func()) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	wasUp := u.state.Up
+	f()
+	if u.state.Up != wasUp {
+		u.state.Since = time.Now()
+	}
+	close(u.changed)
+	u.changed = make(chan struct{})
+}
+
+// report calls OnChange; tools == nil reports the upstream as down, once.
+func (u *Upstream) report(tools []Tool) {
+	u.mu.Lock()
+	if tools == nil && !u.reported {
+		u.mu.Unlock()
+		return
+	}
+	u.reported = tools != nil
+	u.mu.Unlock()
+	if u.opts.OnChange != nil && u.ctx.Err() == nil {
+		u.opts.OnChange(tools)
+	}
+}
+
+func backoff(attempt int) time.Duration {
+	if attempt <= 0 {
+		return 0
+	}
+	d := backoffMin
+	for i := 1; i < attempt && d < backoffMax; i++ {
+		d *= 2
+	}
+	return min(d, backoffMax)
+}
+
+// supervise connects, serves and reconnects until u.ctx is done.
+func (u *Upstream) supervise() {
+	defer close(u.done)
+	attempt := 0 // consecutive failures; 0 reconnects at once
+	for {
+		if d := backoff(attempt); d > 0 {
+			u.report(nil)
+			t := time.NewTimer(d)
+			select {
+			case <-u.ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		sess, flush, err := u.connect()
+		var tools []Tool
+		if err == nil {
+			tools, err = u.list(sess)
+			if err != nil {
+				sess.Close()
+				flush()
+				err = fmt.Errorf("listing tools: %w", err)
+			}
+		}
+		if u.ctx.Err() != nil {
+			if err == nil {
+				sess.Close()
+				flush()
+			}
+			return
+		}
+		if err != nil {
+			attempt++
+			u.log.Warn("upstream unavailable", "error", err, "retry_in", backoff(attempt).String())
+			u.setState(func() {
+				u.fails++
+				u.state.Up = false
+				u.state.Err = err.Error()
+				u.state.Tools = 0
+			})
+			u.report(nil)
+			continue
+		}
+
+		upAt := time.Now()
+		u.log.Info("upstream connected", "tools", len(tools))
+		u.setState(func() {
+			u.sess = sess
+			u.state.Up = true
+			u.state.Err = ""
+			u.state.Tools = len(tools)
+		})
+		u.report(tools)
+		err = u.serve(sess)
+		u.setState(func() {
+			u.sess = nil
+			u.state.Up = false
+			u.state.Err = err.Error()
+			u.state.Tools = 0
+		})
+		sess.Close()
+		flush()
+		if u.ctx.Err() != nil {
+			return
+		}
+		u.log.Warn("upstream session ended", "error", err)
+		// A session the server forgot (HTTP 404) is re-initialized at once,
+		// without reporting the tools as gone.
+		if errors.Is(err, errKicked) || errors.Is(err, mcp.ErrSessionMissing) || time.Since(upAt) >= stableAfter {
+			attempt = 0
+		} else {
+			attempt++
+		}
+	}
+}
+
+var errKicked = errors.New("session lost (HTTP 404), re-initializing")
+
+// serve blocks until the session ends, re-listing on list_changed.
+func (u *Upstream) serve(sess *mcp.ClientSession) error {
+	ended := make(chan error, 1)
+	go func() { ended <- sess.Wait() }()
+	for {
+		select {
+		case <-u.ctx.Done():
+			return u.ctx.Err()
+		case err := <-ended:
+			if err == nil {
+				err = errors.New("connection closed")
+			}
+			return fmt.Errorf("session ended: %w", err)
+		case s := <-u.kick:
+			if s == sess {
+				return errKicked
+			}
+		case <-u.relist:
+			tools, err := u.list(sess)
+			if err != nil {
+				return fmt.Errorf("re-listing tools after list_changed: %w", err)
+			}
+			u.log.Info("upstream tools changed", "tools", len(tools))
+			u.setState(func() { u.state.Tools = len(tools) })
+			u.report(tools)
+		}
+	}
+}
+
+// connect starts a session (and, for stdio, the process). flush writes out
+// the child's last partial stderr line once the session is closed.
+func (u *Upstream) connect() (*mcp.ClientSession, func(), error) {
+	ctx, cancel := context.WithTimeout(u.ctx, u.opts.ListTimeout)
+	defer cancel()
+	flush := func() {}
+	var t mcp.Transport
+	if u.hc != nil {
+		t = &mcp.StreamableClientTransport{Endpoint: u.opts.URL, HTTPClient: u.hc}
+	} else {
+		cmd := exec.Command(u.opts.Command[0], u.opts.Command[1:]...)
+		cmd.Env = os.Environ()
+		for _, k := range slices.Sorted(maps.Keys(u.opts.Env)) {
+			cmd.Env = append(cmd.Env, k+"="+u.opts.Env[k])
+		}
+		stderr := &lineLogger{log: u.log}
+		cmd.Stderr = stderr
+		cmd.WaitDelay = terminateWait
+		flush = stderr.flush
+		t = &mcp.CommandTransport{Command: cmd, TerminateDuration: terminateWait}
+	}
+	sess, err := u.client.Connect(ctx, t, &mcp.ClientSessionOptions{ProtocolVersion: ProtocolVersion})
+	if err != nil {
+		flush()
+		return nil, nil, fmt.Errorf("connecting: %w", err)
+	}
+	return sess, flush, nil
+}
+
+// list fetches all tools, bounded by ListTimeout and maxListPages, and
+// converts them, refusing invalid ones.
+func (u *Upstream) list(sess *mcp.ClientSession) ([]Tool, error) {
+	ctx, cancel := context.WithTimeout(u.ctx, u.opts.ListTimeout)
+	defer cancel()
+	var all []*mcp.Tool
+	params := &mcp.ListToolsParams{}
+	for page := 0; ; page++ {
+		if page == maxListPages {
+			return nil, fmt.Errorf("more than %d pages of tools", maxListPages)
+		}
+		res, err := sess.ListTools(ctx, params)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, res.Tools...)
+		if res.NextCursor == "" {
+			break
+		}
+		params = &mcp.ListToolsParams{Cursor: res.NextCursor}
+	}
+	return u.convert(all), nil
+}
+
+// reconnectFrom asks the supervisor to replace old and waits, at most until
+// ctx is done or a connection attempt fails, for a new session.
+func (u *Upstream) reconnectFrom(ctx context.Context, old *mcp.ClientSession) (*mcp.ClientSession, error) {
+	u.mu.Lock()
+	fails, cur := u.fails, u.sess
+	u.mu.Unlock()
+	if cur == old {
+		// Replace any stale kick (for an earlier session) with this one.
+		for sent := false; !sent; {
+			select {
+			case u.kick <- old:
+				sent = true
+			default:
+				select {
+				case <-u.kick:
+				default:
+				}
+			}
+		}
+	}
+	for {
+		u.mu.Lock()
+		sess, ch, failed, lastErr := u.sess, u.changed, u.fails != fails, u.state.Err
+		u.mu.Unlock()
+		if sess != nil && sess != old {
+			return sess, nil
+		}
+		if failed {
+			return nil, fmt.Errorf("re-initializing: %s", lastErr)
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("re-initializing: %w", ctx.Err())
+		case <-u.done:
+			return nil, errors.New("upstream closed")
+		}
+	}
+}

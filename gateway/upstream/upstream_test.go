@@ -1,0 +1,647 @@
+package upstream
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/tasks"
+)
+
+// The test binary doubles as a stdio MCP server when this variable is set.
+const helperEnv = "UPSTREAM_TEST_HELPER"
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(helperEnv) {
+	case "":
+		backoffMin, backoffMax = 50*time.Millisecond, 500*time.Millisecond
+		os.Exit(m.Run())
+	case "server":
+		runHelper(false)
+	case "hang":
+		runHelper(true)
+	}
+	os.Exit(0)
+}
+
+var objectSchema = json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}}}`)
+
+func text(s string) []mcp.Content { return []mcp.Content{&mcp.TextContent{Text: s}} }
+
+func argText(req *mcp.CallToolRequest) string {
+	var a struct{ Text string }
+	_ = json.Unmarshal(req.Params.Arguments, &a)
+	return a.Text
+}
+
+// runHelper serves echo and block over stdio; with hang, tools/list never
+// answers.
+func runHelper(hang bool) {
+	fmt.Fprintf(os.Stderr, "helper started pid=%d var=%s\n", os.Getpid(), os.Getenv("HELPER_VAR"))
+	s := mcp.NewServer(&mcp.Implementation{Name: "helper", Version: "1"}, nil)
+	s.AddTool(&mcp.Tool{Name: "echo", InputSchema: objectSchema}, func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{Content: text(argText(req))}, nil
+	})
+	s.AddTool(&mcp.Tool{Name: "block", InputSchema: objectSchema}, func(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		fmt.Fprint(os.Stderr, "blocking\npartial ") // a line, then a partial one
+		fmt.Fprintln(os.Stderr, "line")
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Minute):
+		}
+		return &mcp.CallToolResult{Content: text("unblocked")}, nil
+	})
+	if hang {
+		s.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+			return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+				if method == "tools/list" {
+					<-ctx.Done()
+				}
+				return next(ctx, method, req)
+			}
+		})
+	}
+	_ = s.Run(context.Background(), &mcp.StdioTransport{})
+}
+
+// logBuf collects JSON log records.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) logger() *slog.Logger { return slog.New(slog.NewJSONHandler(l, nil)) }
+
+func (l *logBuf) records() []map[string]any {
+	l.mu.Lock()
+	data := bytes.Clone(l.b.Bytes())
+	l.mu.Unlock()
+	var out []map[string]any
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var r map[string]any
+		if json.Unmarshal(sc.Bytes(), &r) == nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// wait polls for a record matching f.
+func (l *logBuf) wait(t *testing.T, what string, f func(map[string]any) bool) map[string]any {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, r := range l.records() {
+			if f(r) {
+				return r
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("no log record: %s", what)
+	return nil
+}
+
+// changes records OnChange calls.
+type changes chan []Tool
+
+func (c changes) onChange(tools []Tool) { c <- tools }
+
+func (c changes) drain() {
+	for {
+		select {
+		case <-c:
+		default:
+			return
+		}
+	}
+}
+
+// wait returns the first reported list satisfying f.
+func (c changes) wait(t *testing.T, what string, f func([]Tool) bool) []Tool {
+	t.Helper()
+	timeout := time.After(15 * time.Second)
+	for {
+		select {
+		case tools := <-c:
+			if f(tools) {
+				return tools
+			}
+		case <-timeout:
+			t.Fatalf("no tool list change: %s", what)
+		}
+	}
+}
+
+func names(tools []Tool) []string {
+	var n []string
+	for _, t := range tools {
+		n = append(n, t.Name)
+	}
+	sort.Strings(n)
+	return n
+}
+
+func find(tools []Tool, name string) Tool {
+	for _, t := range tools {
+		if t.Name == name {
+			return t
+		}
+	}
+	return Tool{}
+}
+
+func has(name string) func([]Tool) bool {
+	return func(tools []Tool) bool { return find(tools, name).Run != nil }
+}
+
+func run(t *testing.T, tool Tool, args string) (tasks.CallToolResult, error) {
+	t.Helper()
+	if tool.Run == nil {
+		t.Fatal("tool missing")
+	}
+	return tool.Run(context.Background(), gateway.Call{IdempotencyKey: "k", Arguments: json.RawMessage(args)})
+}
+
+func firstText(t *testing.T, r tasks.CallToolResult) string {
+	t.Helper()
+	if len(r.Content) == 0 {
+		t.Fatalf("no content in %+v", r)
+	}
+	var c tasks.Content
+	if err := json.Unmarshal(r.Content[0], &c); err != nil {
+		t.Fatal(err)
+	}
+	return c.Text
+}
+
+func jsonEqual(t *testing.T, got json.RawMessage, want string) {
+	t.Helper()
+	var g, w any
+	if err := json.Unmarshal(got, &g); err != nil {
+		t.Fatalf("bad JSON %s: %v", got, err)
+	}
+	if err := json.Unmarshal([]byte(want), &w); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(g, w) {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+}
+
+// outcomeUnknown checks that err is a plain error: neither ErrNotSent nor a
+// protocol error.
+func outcomeUnknown(t *testing.T, err error) {
+	t.Helper()
+	var pe *gateway.ProtocolError
+	if err == nil || errors.Is(err, ErrNotSent) || errors.As(err, &pe) {
+		t.Fatalf("want a plain error, got %v", err)
+	}
+}
+
+type httpUpstream struct {
+	srv     *mcp.Server
+	ts      *httptest.Server
+	handler atomic.Pointer[http.Handler]
+	writes  atomic.Int32
+	noToken atomic.Int32 // requests without the configured header
+	// slowEnded receives the slow tool's context error when it returns.
+	slowEnded chan error
+}
+
+func (h *httpUpstream) fresh() {
+	var hd http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return h.srv }, nil)
+	h.handler.Store(&hd)
+}
+
+// broken answers 404 to requests with a session and 503 to the rest: the
+// server lost its sessions and cannot start new ones. Unlike the Go SDK's
+// plain-text 404 (see "session lost"), the SDK client does not break the
+// session on this one: only the call's own re-initialization request does.
+func (h *httpUpstream) broken() {
+	var hd http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Mcp-Session-Id") != "" {
+			// As the TypeScript SDK answers: 404 with a JSON-RPC error.
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			io.WriteString(w, `{"jsonrpc":"2.0","error":{"code":-32001,"message":"Session not found"},"id":null}`)
+			return
+		}
+		http.Error(w, "down", http.StatusServiceUnavailable)
+	})
+	h.handler.Store(&hd)
+}
+
+func newHTTPUpstream(t *testing.T) *httpUpstream {
+	h := &httpUpstream{
+		srv:       mcp.NewServer(&mcp.Implementation{Name: "test", Version: "1"}, nil),
+		slowEnded: make(chan error, 10),
+	}
+	s := h.srv
+	s.AddTool(&mcp.Tool{Name: "echo", Title: "Echo", Description: "Echoes.", InputSchema: objectSchema,
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
+		func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return &mcp.CallToolResult{Content: text(argText(req))}, nil
+		})
+	s.AddTool(&mcp.Tool{Name: "write", InputSchema: json.RawMessage(`{"type":"object","properties":{"path":{"type":"string"},"fail":{"type":"boolean"}}}`),
+		OutputSchema: json.RawMessage(`{"type":"object","properties":{"path":{"type":"string"},"n":{"type":"integer"}}}`)},
+		func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			n := h.writes.Add(1)
+			var a struct {
+				Path string
+				Fail bool
+			}
+			_ = json.Unmarshal(req.Params.Arguments, &a)
+			return &mcp.CallToolResult{
+				Content:           text("wrote " + a.Path),
+				StructuredContent: map[string]any{"path": a.Path, "n": n},
+				IsError:           a.Fail,
+			}, nil
+		})
+	s.AddTool(&mcp.Tool{Name: "slow", InputSchema: objectSchema}, func(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Second):
+		}
+		h.slowEnded <- ctx.Err()
+		return &mcp.CallToolResult{Content: text("done")}, nil
+	})
+	s.AddTool(&mcp.Tool{Name: "huge", InputSchema: objectSchema}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{Content: text(strings.Repeat("x", 5<<20))}, nil
+	})
+	s.AddTool(&mcp.Tool{Name: "failing", InputSchema: objectSchema}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return nil, &jsonrpc.Error{Code: -32050, Message: "boom"}
+	})
+	noop := func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{}, nil
+	}
+	s.AddTool(&mcp.Tool{Name: "bad name", InputSchema: objectSchema}, noop)
+	s.AddTool(&mcp.Tool{Name: strings.Repeat("l", 125), InputSchema: objectSchema}, noop) // too long once prefixed
+	// The SDK will not register a tool with a non-object schema; add one to
+	// the listing.
+	s.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			res, err := next(ctx, method, req)
+			if lr, ok := res.(*mcp.ListToolsResult); ok && err == nil {
+				lr.Tools = append(lr.Tools,
+					&mcp.Tool{Name: "stringschema", InputSchema: map[string]any{"type": "string"}},
+					&mcp.Tool{Name: "noschema"})
+			}
+			return res, err
+		}
+	})
+	h.fresh()
+	h.ts = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Token") != "secret" {
+			h.noToken.Add(1)
+		}
+		(*h.handler.Load()).ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() {
+		h.ts.CloseClientConnections()
+		h.ts.Close()
+	})
+	return h
+}
+
+func TestHTTP(t *testing.T) {
+	h := newHTTPUpstream(t)
+	var logs logBuf
+	ch := make(changes, 100)
+	start := time.Now()
+	u := Start(context.Background(), Options{
+		Name: "web", Prefix: "up", URL: h.ts.URL,
+		Headers: map[string]string{"X-Token": "secret"},
+		Logger:  logs.logger(), OnChange: ch.onChange,
+	})
+	t.Cleanup(func() { u.Close() })
+	if time.Since(start) > time.Second {
+		t.Fatal("Start blocked")
+	}
+
+	tools := ch.wait(t, "initial list", func(tools []Tool) bool { return tools != nil })
+	want := []string{"up__echo", "up__failing", "up__huge", "up__slow", "up__write"}
+	if got := names(tools); !reflect.DeepEqual(got, want) {
+		t.Fatalf("tools %v, want %v", got, want)
+	}
+	if st := u.State(); !st.Up || st.Tools != 5 || st.Err != "" {
+		t.Fatalf("state %+v", st)
+	}
+	for _, bad := range []string{"bad name", strings.Repeat("l", 125), "stringschema", "noschema"} {
+		logs.wait(t, "refusal of "+bad, func(r map[string]any) bool {
+			return r["msg"] == "upstream tool refused" && r["tool"] == bad && r["upstream"] == "web"
+		})
+	}
+	var gw []gateway.Tool
+	for _, tl := range tools {
+		gw = append(gw, tl.Tool)
+	}
+	if _, err := gateway.NewRegistry(gw...); err != nil {
+		t.Fatalf("registry refuses the tools: %v", err)
+	}
+
+	echo, write := find(tools, "up__echo"), find(tools, "up__write")
+	if !echo.ReadOnly || write.ReadOnly {
+		t.Fatalf("read-only: echo %v write %v", echo.ReadOnly, write.ReadOnly)
+	}
+	if echo.Title != "Echo" || echo.Description != "Echoes." || echo.Upstream != "web" || echo.UpstreamTool != "echo" {
+		t.Fatalf("echo: %+v", echo)
+	}
+	jsonEqual(t, echo.InputSchema, string(objectSchema))
+	jsonEqual(t, write.OutputSchema, `{"type":"object","properties":{"path":{"type":"string"},"n":{"type":"integer"}}}`)
+	var ann map[string]any
+	if err := json.Unmarshal(echo.Annotations, &ann); err != nil || ann["readOnlyHint"] != true {
+		t.Fatalf("annotations %s", echo.Annotations)
+	}
+	if d := echo.Describe(json.RawMessage(`{ "text": "hi" }`)); d != `web: echo({"text":"hi"})` {
+		t.Fatalf("describe: %q", d)
+	}
+
+	t.Run("echo", func(t *testing.T) {
+		r, err := run(t, echo, `{"text":"hello"}`)
+		if err != nil || r.IsError || firstText(t, r) != "hello" {
+			t.Fatalf("%+v %v", r, err)
+		}
+	})
+	t.Run("structured", func(t *testing.T) {
+		r, err := run(t, write, `{"path":"a"}`)
+		if err != nil || r.IsError || firstText(t, r) != "wrote a" {
+			t.Fatalf("%+v %v", r, err)
+		}
+		jsonEqual(t, r.StructuredContent, `{"path":"a","n":1}`)
+		r, err = run(t, write, `{"path":"b","fail":true}`)
+		if err != nil || !r.IsError {
+			t.Fatalf("%+v %v", r, err)
+		}
+		jsonEqual(t, r.StructuredContent, `{"path":"b","n":2}`)
+	})
+	t.Run("jsonrpc error", func(t *testing.T) {
+		r, err := run(t, find(tools, "up__failing"), `{}`)
+		if err != nil || !r.IsError || firstText(t, r) != "upstream error -32050: boom" {
+			t.Fatalf("%+v %v", r, err)
+		}
+	})
+	t.Run("cap", func(t *testing.T) {
+		r, err := run(t, find(tools, "up__huge"), `{}`)
+		if err != nil || !r.IsError || len(r.Content) != 1 {
+			t.Fatalf("%v %v", r.IsError, err)
+		}
+		if txt := firstText(t, r); !strings.Contains(txt, "over the 1048576-byte cap") || !strings.Contains(txt, "was 524") {
+			t.Fatalf("text %q", txt)
+		}
+	})
+	t.Run("bad arguments", func(t *testing.T) {
+		_, err := run(t, echo, `{"text":`)
+		var pe *gateway.ProtocolError
+		if !errors.As(err, &pe) {
+			t.Fatalf("err %v", err)
+		}
+	})
+	t.Run("timeout", func(t *testing.T) {
+		sch := make(changes, 10)
+		short := Start(context.Background(), Options{Name: "short", URL: h.ts.URL, Headers: map[string]string{"X-Token": "secret"},
+			Timeout: 300 * time.Millisecond, Logger: logs.logger(), OnChange: sch.onChange})
+		defer short.Close()
+		list := sch.wait(t, "short up", has("short__slow"))
+		begin := time.Now()
+		_, err := run(t, find(list, "short__slow"), `{}`)
+		outcomeUnknown(t, err)
+		if !errors.Is(err, context.DeadlineExceeded) || time.Since(begin) > 5*time.Second {
+			t.Fatalf("err %v after %v", err, time.Since(begin))
+		}
+		// The upstream was told to cancel.
+		select {
+		case err := <-h.slowEnded:
+			if err == nil {
+				t.Fatal("slow tool ran to completion")
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("slow tool still running")
+		}
+	})
+	t.Run("list_changed", func(t *testing.T) {
+		h.srv.AddTool(&mcp.Tool{Name: "added", InputSchema: objectSchema}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return &mcp.CallToolResult{Content: text("new")}, nil
+		})
+		tools := ch.wait(t, "added tool", has("up__added"))
+		r, err := run(t, find(tools, "up__added"), `{}`)
+		if err != nil || firstText(t, r) != "new" {
+			t.Fatalf("%+v %v", r, err)
+		}
+	})
+	t.Run("session lost", func(t *testing.T) {
+		ch.drain()
+		h.fresh() // a new session store: the client's session is unknown
+		before := h.writes.Load()
+		r, err := run(t, write, `{"path":"c"}`)
+		if err != nil || r.IsError {
+			t.Fatalf("%+v %v", r, err)
+		}
+		if n := h.writes.Load() - before; n != 1 {
+			t.Fatalf("write ran %d times", n)
+		}
+		logs.wait(t, "re-initialization", func(r map[string]any) bool {
+			return strings.HasPrefix(fmt.Sprint(r["msg"]), "upstream session lost")
+		})
+		if !u.State().Up {
+			t.Fatalf("state %+v", u.State())
+		}
+		// Re-initializing re-lists without reporting the tools as gone.
+		select {
+		case tools := <-ch:
+			if tools == nil {
+				t.Fatal("tools reported gone during re-initialization")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("no re-listing")
+		}
+	})
+	t.Run("not sent", func(t *testing.T) {
+		ch.drain()
+		h.broken()
+		before := h.writes.Load()
+		_, err := run(t, write, `{"path":"d"}`)
+		if !errors.Is(err, ErrNotSent) {
+			t.Fatalf("err %v", err)
+		}
+		if h.writes.Load() != before {
+			t.Fatal("write ran")
+		}
+		ch.wait(t, "down", func(tools []Tool) bool { return tools == nil })
+		if st := u.State(); st.Up || st.Err == "" {
+			t.Fatalf("state %+v", st)
+		}
+		_, err = run(t, write, `{"path":"e"}`)
+		if !errors.Is(err, ErrNotSent) {
+			t.Fatalf("err %v", err)
+		}
+		h.fresh()
+		tools := ch.wait(t, "back up", func(tools []Tool) bool { return tools != nil })
+		r, err := run(t, find(tools, "up__echo"), `{"text":"again"}`)
+		if err != nil || firstText(t, r) != "again" {
+			t.Fatalf("%+v %v", r, err)
+		}
+	})
+	if err := u.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if os.Getenv("UPSTREAM_TEST_DUMP") != "" {
+		t.Log(logs.b.String())
+	}
+	if n := h.noToken.Load(); n != 0 {
+		t.Fatalf("%d requests without the configured header", n)
+	}
+}
+
+func stderrLine(prefix string) func(map[string]any) bool {
+	return func(r map[string]any) bool {
+		return r["msg"] == "upstream stderr" && r["upstream"] == "helper" && strings.HasPrefix(fmt.Sprint(r["line"]), prefix)
+	}
+}
+
+func pidOf(t *testing.T, r map[string]any) int {
+	t.Helper()
+	var pid int
+	var v string
+	if _, err := fmt.Sscanf(fmt.Sprint(r["line"]), "helper started pid=%d var=%s", &pid, &v); err != nil || v != "v1" {
+		t.Fatalf("line %v: %v", r["line"], err)
+	}
+	return pid
+}
+
+func TestStdioRestart(t *testing.T) {
+	var logs logBuf
+	ch := make(changes, 100)
+	u := Start(context.Background(), Options{
+		Name: "helper", Command: []string{os.Args[0]},
+		Env:    map[string]string{helperEnv: "server", "HELPER_VAR": "v1"},
+		Logger: logs.logger(), OnChange: ch.onChange,
+	})
+	t.Cleanup(func() { u.Close() })
+
+	tools := ch.wait(t, "initial list", has("helper__block"))
+	pid := pidOf(t, logs.wait(t, "start line", stderrLine("helper started")))
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := run(t, find(tools, "helper__block"), `{}`)
+		done <- err
+	}()
+	logs.wait(t, "blocking line", stderrLine("blocking"))
+	logs.wait(t, "partial line joined", stderrLine("partial line"))
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		outcomeUnknown(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("call in flight did not return")
+	}
+
+	tools = ch.wait(t, "tools back", func(tools []Tool) bool { return tools != nil })
+	var pid2 int
+	logs.wait(t, "restart", func(r map[string]any) bool {
+		if !stderrLine("helper started")(r) {
+			return false
+		}
+		pid2 = pidOf(t, r)
+		return pid2 != pid
+	})
+	r, err := run(t, find(tools, "helper__echo"), `{"text":"back"}`)
+	if err != nil || firstText(t, r) != "back" {
+		t.Fatalf("%+v %v", r, err)
+	}
+	if err := u.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid2, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Fatalf("child %d still there after Close: %v", pid2, err)
+	}
+	if _, err := run(t, find(tools, "helper__echo"), `{}`); !errors.Is(err, ErrNotSent) {
+		t.Fatalf("after Close: %v", err)
+	}
+}
+
+func TestStdioHangingList(t *testing.T) {
+	var logs logBuf
+	u := Start(context.Background(), Options{
+		Name: "helper", Command: []string{os.Args[0]}, Env: map[string]string{helperEnv: "hang"},
+		ListTimeout: 300 * time.Millisecond, Logger: logs.logger(),
+	})
+	logs.wait(t, "listing failure", func(r map[string]any) bool {
+		return r["msg"] == "upstream unavailable" && strings.Contains(fmt.Sprint(r["error"]), "listing tools")
+	})
+	if st := u.State(); st.Up || !strings.Contains(st.Err, "listing tools") {
+		t.Fatalf("state %+v", st)
+	}
+	begin := time.Now()
+	u.Close()
+	if d := time.Since(begin); d > 8*time.Second {
+		t.Fatalf("Close took %v", d)
+	}
+}
+
+func TestMisconfigured(t *testing.T) {
+	u := Start(context.Background(), Options{Name: "x", Logger: slog.New(slog.DiscardHandler)})
+	if st := u.State(); st.Up || !strings.Contains(st.Err, "neither") {
+		t.Fatalf("state %+v", st)
+	}
+	u.Close()
+}
+
+func TestCheckToolName(t *testing.T) {
+	for name, ok := range map[string]bool{
+		"a": true, "A-z_0.9": true, strings.Repeat("a", 128): true,
+		"": false, strings.Repeat("a", 129): false, "a b": false, "a/b": false, "é": false,
+	} {
+		if err := CheckToolName(name); (err == nil) != ok {
+			t.Errorf("%q: %v", name, err)
+		}
+	}
+}
+
+func TestLineLogger(t *testing.T) {
+	var logs logBuf
+	w := &lineLogger{log: logs.logger()}
+	fmt.Fprint(w, "one\r\ntw")
+	fmt.Fprint(w, "o\n\nthree")
+	w.Write(bytes.Repeat([]byte("x"), maxStderrLine+10))
+	w.flush()
+	var lines []string
+	for _, r := range logs.records() {
+		lines = append(lines, fmt.Sprint(r["line"]))
+	}
+	want := []string{"one", "two", "three" + strings.Repeat("x", maxStderrLine-5), strings.Repeat("x", 15)}
+	if !reflect.DeepEqual(lines, want) {
+		t.Fatalf("lines %q", lines)
+	}
+}
