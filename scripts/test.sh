@@ -26,6 +26,11 @@ go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 echo "== workflowcheck"
 go run go.temporal.io/sdk/contrib/tools/workflowcheck@v0.6.0 ./workflows/...
 
+# The real upstream MCP servers the gateway tests put Countersign in front
+# of (@modelcontextprotocol/server-filesystem and server-everything, pinned).
+echo "== upstream MCP servers"
+eval "$(./scripts/upstreams.sh)"
+
 # Packages that link the Temporal server are slow and memory-hungry to build
 # with -race; they run without it. Everything else runs with -race.
 light=()

@@ -28,6 +28,7 @@ Usage:
   countersign audit show TASK [--server URL] [--data-dir DIR]
   countersign audit export [--since RFC3339] [--server URL] [--data-dir DIR] > audit.jsonl
   countersign audit verify FILE --key PUBKEY
+  countersign upstreams list [--config FILE] [--policy DIR]   each upstream, its state, its tools and their policy decision
 
 Run "countersign COMMAND -h" for a command's flags.
 `
@@ -51,6 +52,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runAdmin(ctx, args, stdout)
 	case "audit":
 		err = runAudit(ctx, args[1:], stdout, stderr)
+	case "upstreams":
+		err = runUpstreams(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

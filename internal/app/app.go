@@ -84,6 +84,8 @@ type App struct {
 	slack    *notify.Slack
 	events   *notify.Events
 	decide   *notify.DecisionService
+	// upstreams are the configured upstream MCP servers (upstreams.go).
+	upstreams []namedUpstream
 
 	Store        *tasks.Store
 	Orchestrator *tasks.Orchestrator
@@ -119,6 +121,10 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		out = io.Discard
 	}
 	a := &App{cfg: cfg, mode: mode, log: log, out: out}
+	file, err := a.loadConfigFile()
+	if err != nil {
+		return nil, err
+	}
 	defer func() {
 		if err != nil {
 			a.Shutdown(context.Background())
@@ -170,7 +176,10 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	if a.Ledger, err = gateway.NewLedger(ctx, js, gateway.LedgerOptions{Replicas: cfg.NATSReplicas}); err != nil {
 		return nil, err
 	}
-	tools := gateway.DemoTools(a.Ledger)
+	var tools []gateway.Tool
+	if file.DemoToolsOr(mode == ModeDev) {
+		tools = gateway.DemoTools(a.Ledger)
+	}
 	if cfg.Conformance {
 		a.Fixtures = conformance.New()
 		tools = append(tools, a.Fixtures.Tools()...)
@@ -178,6 +187,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	if a.Tools, err = gateway.NewRegistry(tools...); err != nil {
 		return nil, err
 	}
+	a.startUpstreams(ctx, file.Upstreams)
 	if err := a.startNotify(ctx, js); err != nil {
 		return nil, err
 	}
@@ -424,8 +434,9 @@ func (a *App) startHTTP(ctx context.Context) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", mcp.Handler())
+	mux.HandleFunc("GET /readyz", a.readyz)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		if a.nc.Status() != nats.CONNECTED {
+		if !a.natsConnected() {
 			http.Error(w, "nats not connected", http.StatusServiceUnavailable)
 			return
 		}
@@ -531,6 +542,8 @@ func (a *App) Shutdown(ctx context.Context) error {
 	if a.worker != nil {
 		a.worker.Stop()
 	}
+	// After the worker: a call in flight finishes or ends with its upstream.
+	a.closeUpstreams()
 	if a.tc != nil {
 		a.tc.Close()
 	}
@@ -680,6 +693,8 @@ func (a *App) mountNotify(ctx context.Context, mux *http.ServeMux) error {
 	mux.Handle("/slack/interactivity", in)
 	return nil
 }
+
+func (a *App) natsConnected() bool { return a.nc != nil && a.nc.Status() == nats.CONNECTED }
 
 // NATSURL is the URL clients of the events and the decision service use:
 // with embedded NATS, the URL with the client user's credentials (also in

@@ -57,6 +57,11 @@ type Config struct {
 	// means https://slack.com/api/.
 	SlackAPIURL string
 
+	// ConfigFile is the YAML configuration file (internal/config): the
+	// upstream MCP servers to gate and whether the demo tools are served.
+	// Empty: no upstreams, demo tools in dev only.
+	ConfigFile string
+
 	// PolicyDir loads a custom policy instead of the embedded default.
 	PolicyDir string
 	// SQLiteSync is the embedded Temporal's SQLite synchronous mode: FULL

@@ -1,0 +1,215 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/gateway/upstream"
+	"github.com/countersign/countersign/internal/canon"
+	"github.com/countersign/countersign/internal/config"
+	"github.com/countersign/countersign/pdp"
+)
+
+// loadConfigFile reads Config.ConfigFile; no file is an empty configuration.
+func (a *App) loadConfigFile() (*config.File, error) {
+	if a.cfg.ConfigFile == "" {
+		return &config.File{}, nil
+	}
+	f, err := config.Load(a.cfg.ConfigFile, nil)
+	if err != nil {
+		return nil, fmt.Errorf("configuration file: %w", err)
+	}
+	return f, nil
+}
+
+// startUpstreams connects every configured upstream MCP server and serves
+// its tools through the registry as they come and go. An upstream that is
+// down does not stop Countersign: its tools are missing until it is up, and
+// /readyz names it.
+func (a *App) startUpstreams(ctx context.Context, ups []config.Upstream) {
+	for _, cu := range ups {
+		name, approval := cu.Name, string(cu.Approval)
+		if approval == string(config.ApprovalPolicy) {
+			approval = ""
+		}
+		log := a.log.With("upstream", name)
+		u := upstream.Start(context.WithoutCancel(ctx), upstream.Options{
+			Name:    name,
+			Prefix:  cu.Prefix,
+			Command: cu.Command,
+			Env:     cu.Env,
+			URL:     cu.URL,
+			Headers: cu.Headers,
+			Timeout: cu.Timeout,
+			Logger:  a.log, // the upstream adds upstream=<name>
+			OnChange: func(tools []upstream.Tool) {
+				out := make([]gateway.Tool, 0, len(tools))
+				for _, t := range tools {
+					gt := t.Tool
+					gt.Upstream, gt.UpstreamTool, gt.Annotations, gt.Approval = name, t.UpstreamTool, t.Annotations, approval
+					out = append(out, gt)
+				}
+				if err := a.Tools.Replace(name, out); err != nil {
+					log.Error("app: upstream tools left out", "err", err)
+				}
+				log.Info("app: upstream tools", "tools", len(out))
+			},
+		})
+		a.upstreams = append(a.upstreams, namedUpstream{name: name, u: u})
+	}
+}
+
+type namedUpstream struct {
+	name string
+	u    *upstream.Upstream
+}
+
+// closeUpstreams stops every upstream (and its process).
+func (a *App) closeUpstreams() {
+	for _, n := range a.upstreams {
+		if err := n.u.Close(); err != nil {
+			a.log.Warn("app: close upstream", "upstream", n.name, "err", err)
+		}
+	}
+	a.upstreams = nil
+}
+
+// UpstreamStates reports each upstream's state, by name.
+func (a *App) UpstreamStates() map[string]upstream.State {
+	out := make(map[string]upstream.State, len(a.upstreams))
+	for _, n := range a.upstreams {
+		out[n.name] = n.u.State()
+	}
+	return out
+}
+
+// readyz answers 200 when NATS is connected and every upstream is up, else
+// 503 naming what is not.
+func (a *App) readyz(w http.ResponseWriter, _ *http.Request) {
+	var down []string
+	if !a.natsConnected() {
+		down = append(down, "nats: not connected")
+	}
+	states := a.UpstreamStates()
+	names := make([]string, 0, len(states))
+	for n := range states {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if st := states[n]; !st.Up {
+			down = append(down, fmt.Sprintf("upstream %s: down (%s)", n, oneLine(st.Err)))
+		}
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if len(down) > 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, strings.Join(down, "\n"))
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}
+
+func oneLine(s string) string {
+	if s == "" {
+		return "not connected yet"
+	}
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}
+
+// ListUpstreams is `countersign upstreams list`: it connects to every
+// upstream of the configuration file (waiting up to wait for each), and
+// writes each one's state and tools, with the decision the policy (policyDir,
+// or the embedded default) gives each tool for empty arguments.
+func ListUpstreams(ctx context.Context, configFile, policyDir string, wait time.Duration, w io.Writer) error {
+	cf, err := (&App{cfg: Config{ConfigFile: configFile}}).loadConfigFile()
+	if err != nil {
+		return err
+	}
+	if len(cf.Upstreams) == 0 {
+		fmt.Fprintln(w, "No upstreams configured.")
+		return nil
+	}
+	engine, err := pdp.New(ctx, pdp.Options{Dir: policyDir})
+	if err != nil {
+		return fmt.Errorf("policy: %w", err)
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	for _, cu := range cf.Upstreams {
+		got := make(chan []upstream.Tool, 1)
+		u := upstream.Start(ctx, upstream.Options{
+			Name: cu.Name, Prefix: cu.Prefix, Command: cu.Command, Env: cu.Env,
+			URL: cu.URL, Headers: cu.Headers, Timeout: cu.Timeout, Logger: quiet,
+			OnChange: func(tools []upstream.Tool) {
+				if len(tools) == 0 {
+					return
+				}
+				select {
+				case got <- tools:
+				default:
+				}
+			},
+		})
+		var tools []upstream.Tool
+		select {
+		case tools = <-got:
+		case <-time.After(wait):
+		case <-ctx.Done():
+		}
+		st := u.State()
+		_ = u.Close()
+		where := cu.URL
+		if cu.Stdio() {
+			where = strings.Join(cu.Command, " ")
+		}
+		state := "up"
+		if !st.Up && len(tools) == 0 {
+			state = "down: " + oneLine(st.Err)
+		}
+		fmt.Fprintf(w, "%s  (%s)  approval: %s  %s\n", cu.Name, where, cu.Approval, state)
+		approval := string(cu.Approval)
+		if cu.Approval == config.ApprovalPolicy {
+			approval = ""
+		}
+		for _, t := range tools {
+			gt := t.Tool
+			gt.Upstream, gt.UpstreamTool, gt.Annotations, gt.Approval = cu.Name, t.UpstreamTool, t.Annotations, approval
+			fmt.Fprintf(w, "  %-40s %s\n", gt.Name, decisionFor(ctx, engine, gt))
+		}
+	}
+	return nil
+}
+
+// decisionFor is the policy decision on a call of t with empty arguments.
+func decisionFor(ctx context.Context, engine *pdp.Engine, t gateway.Tool) string {
+	args := json.RawMessage(`{}`)
+	hash, err := canon.Hash(t.Name, args, "countersign-upstreams-list")
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	d, err := engine.Evaluate(ctx, pdp.Input{
+		Subject:  pdp.Entity{Type: "agent", ID: "(any)"},
+		Action:   pdp.Action{Name: "tools/call"},
+		Resource: t.PolicyResource(),
+		Context:  pdp.Context{Arguments: args, ActionHash: hash.String(), Time: time.Now()},
+	})
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	if d.Effect == pdp.EffectRequestable {
+		return fmt.Sprintf("requestable (%s, quorum %d): %s", d.ApproverGroup, d.Quorum, d.Reason)
+	}
+	return fmt.Sprintf("%s: %s", d.Effect, d.Reason)
+}
