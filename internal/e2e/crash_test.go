@@ -22,7 +22,8 @@ import (
 	"github.com/countersign/countersign/tasks"
 )
 
-// crashChildEnv makes TestCrashChildProcess run countersign dev: "DIR|PORT".
+// crashChildEnv makes TestCrashChildProcess run countersign dev:
+// "DIR|PORT" or "DIR|PORT|CONFIG_FILE".
 const crashChildEnv = "COUNTERSIGN_CRASH_CHILD"
 
 // TestCrashChildProcess is not a test: TestCrashDecision runs this test
@@ -35,12 +36,13 @@ func TestCrashChildProcess(t *testing.T) {
 	if spec == "" {
 		t.Skip("helper process of TestCrashDecision")
 	}
-	dir, portStr, _ := strings.Cut(spec, "|")
+	dir, rest, _ := strings.Cut(spec, "|")
+	portStr, configFile, _ := strings.Cut(rest, "|")
 	port, err := strconv.Atoi(portStr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	devtest.Start(t, devtest.Options{Config: app.Config{DataDir: dir, SQLiteSync: "FULL"}, Port: port, ClientName: "e2e-crash"})
+	devtest.Start(t, devtest.Options{Config: app.Config{DataDir: dir, SQLiteSync: "FULL", ConfigFile: configFile}, Port: port, ClientName: "e2e-crash"})
 	io.Copy(io.Discard, os.Stdin) // until the parent hangs up
 }
 
@@ -327,13 +329,24 @@ type crashChild struct {
 // answers HTTP.
 func startCrashChild(t *testing.T, dir string, port int) *crashChild {
 	t.Helper()
+	return startCrashChildConfig(t, dir, port, "")
+}
+
+// startCrashChildConfig is startCrashChild with a configuration file
+// (--config; "" for none).
+func startCrashChildConfig(t *testing.T, dir string, port int, configFile string) *crashChild {
+	t.Helper()
 	var cmd *exec.Cmd
 	if bin := os.Getenv("COUNTERSIGN_BIN"); bin != "" {
 		cmd = exec.Command(bin, "dev", "--data-dir", dir, "--addr", fmt.Sprintf("127.0.0.1:%d", port),
-			"--rate-per-minute", "1000000", "--rate-burst", "1000000", "--max-pending", "1000000")
+			"--rate-per-minute", "1000000", "--rate-burst", "1000000", "--max-pending", "1000000", "--config", configFile)
 	} else {
 		cmd = exec.Command(os.Args[0], "-test.run=^TestCrashChildProcess$", "-test.count=1", "-test.timeout=0")
-		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s|%d", crashChildEnv, dir, port))
+		spec := fmt.Sprintf("%s|%d", dir, port)
+		if configFile != "" {
+			spec += "|" + configFile
+		}
+		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s", crashChildEnv, spec))
 	}
 	logPath := filepath.Join(t.TempDir(), "child.log")
 	lf, err := os.Create(logPath)
