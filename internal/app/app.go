@@ -188,6 +188,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		return nil, err
 	}
 	a.startUpstreams(ctx, file.Upstreams)
+	a.awaitUpstreams(ctx, 15*time.Second)
 	if err := a.startNotify(ctx, js); err != nil {
 		return nil, err
 	}

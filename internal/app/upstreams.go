@@ -67,6 +67,34 @@ func (a *App) startUpstreams(ctx context.Context, ups []config.Upstream) {
 	}
 }
 
+// awaitUpstreams waits, up to limit, until every upstream has connected or
+// failed once. A worker that started before its upstreams' tools are known
+// would deny a pending approval's call as an unknown tool (policy fails
+// closed); a short wait at startup spares that after a restart.
+func (a *App) awaitUpstreams(ctx context.Context, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		served := map[string]int{}
+		for _, t := range a.Tools.List() {
+			if t.Upstream != "" {
+				served[t.Upstream]++
+			}
+		}
+		settled := true
+		for name, st := range a.UpstreamStates() {
+			// Up is set a moment before the tools reach the registry.
+			if (!st.Up && st.Err == "") || (st.Up && st.Tools > 0 && served[name] == 0) {
+				settled = false
+			}
+		}
+		if settled {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	a.log.Warn("app: starting before every upstream answered", "waited", limit)
+}
+
 type namedUpstream struct {
 	name string
 	u    *upstream.Upstream
