@@ -121,7 +121,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		out = io.Discard
 	}
 	a := &App{cfg: cfg, mode: mode, log: log, out: out}
-	file, err := a.loadConfigFile()
+	file, err := loadConfigFile(cfg.ConfigFile)
 	if err != nil {
 		return nil, err
 	}

@@ -18,12 +18,13 @@ import (
 	"github.com/countersign/countersign/pdp"
 )
 
-// loadConfigFile reads Config.ConfigFile; no file is an empty configuration.
-func (a *App) loadConfigFile() (*config.File, error) {
-	if a.cfg.ConfigFile == "" {
+// loadConfigFile reads the configuration file at path; none is an empty
+// configuration.
+func loadConfigFile(path string) (*config.File, error) {
+	if path == "" {
 		return &config.File{}, nil
 	}
-	f, err := config.Load(a.cfg.ConfigFile, nil)
+	f, err := config.Load(path, nil)
 	if err != nil {
 		return nil, fmt.Errorf("configuration file: %w", err)
 	}
@@ -36,33 +37,17 @@ func (a *App) loadConfigFile() (*config.File, error) {
 // /readyz names it.
 func (a *App) startUpstreams(ctx context.Context, ups []config.Upstream) {
 	for _, cu := range ups {
-		name, approval := cu.Name, string(cu.Approval)
-		if approval == string(config.ApprovalPolicy) {
-			approval = ""
-		}
+		name := cu.Name
 		log := a.log.With("upstream", name)
-		u := upstream.Start(context.WithoutCancel(ctx), upstream.Options{
-			Name:    name,
-			Prefix:  cu.Prefix,
-			Command: cu.Command,
-			Env:     cu.Env,
-			URL:     cu.URL,
-			Headers: cu.Headers,
-			Timeout: cu.Timeout,
-			Logger:  a.log, // the upstream adds upstream=<name>
-			OnChange: func(tools []upstream.Tool) {
-				out := make([]gateway.Tool, 0, len(tools))
-				for _, t := range tools {
-					gt := t.Tool
-					gt.Upstream, gt.UpstreamTool, gt.Annotations, gt.Approval = name, t.UpstreamTool, t.Annotations, approval
-					out = append(out, gt)
-				}
-				if err := a.Tools.Replace(name, out); err != nil {
-					log.Error("app: upstream tools left out", "err", err)
-				}
-				log.Info("app: upstream tools", "tools", len(out))
-			},
-		})
+		opts := upstreamOptions(cu, a.log) // the upstream adds upstream=<name>
+		opts.OnChange = func(tools []upstream.Tool) {
+			out := served(tools, cu.Approval)
+			if err := a.Tools.Replace(name, out); err != nil {
+				log.Error("app: upstream tools left out", "err", err)
+			}
+			log.Info("app: upstream tools", "tools", len(out))
+		}
+		u := upstream.Start(context.WithoutCancel(ctx), opts)
 		a.upstreams = append(a.upstreams, namedUpstream{name: name, u: u})
 	}
 }
@@ -93,6 +78,28 @@ func (a *App) awaitUpstreams(ctx context.Context, limit time.Duration) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	a.log.Warn("app: starting before every upstream answered", "waited", limit)
+}
+
+// upstreamOptions are the connection settings of a configured upstream.
+func upstreamOptions(cu config.Upstream, log *slog.Logger) upstream.Options {
+	return upstream.Options{Name: cu.Name, Prefix: cu.Prefix, Command: cu.Command, Env: cu.Env,
+		URL: cu.URL, Headers: cu.Headers, Timeout: cu.Timeout, Logger: log}
+}
+
+// served is an upstream's tools as Countersign serves them: with the
+// upstream's configured approval override for policy ("" lets policy decide).
+func served(tools []upstream.Tool, approval config.Approval) []gateway.Tool {
+	override := string(approval)
+	if approval == config.ApprovalPolicy {
+		override = ""
+	}
+	out := make([]gateway.Tool, 0, len(tools))
+	for _, t := range tools {
+		gt := t.Tool
+		gt.Approval = override
+		out = append(out, gt)
+	}
+	return out
 }
 
 type namedUpstream struct {
@@ -162,7 +169,7 @@ func oneLine(s string) string {
 // writes each one's state and tools, with the decision the policy (policyDir,
 // or the embedded default) gives each tool for empty arguments.
 func ListUpstreams(ctx context.Context, configFile, policyDir string, wait time.Duration, w io.Writer) error {
-	cf, err := (&App{cfg: Config{ConfigFile: configFile}}).loadConfigFile()
+	cf, err := loadConfigFile(configFile)
 	if err != nil {
 		return err
 	}
@@ -177,19 +184,17 @@ func ListUpstreams(ctx context.Context, configFile, policyDir string, wait time.
 	quiet := slog.New(slog.DiscardHandler)
 	for _, cu := range cf.Upstreams {
 		got := make(chan []upstream.Tool, 1)
-		u := upstream.Start(ctx, upstream.Options{
-			Name: cu.Name, Prefix: cu.Prefix, Command: cu.Command, Env: cu.Env,
-			URL: cu.URL, Headers: cu.Headers, Timeout: cu.Timeout, Logger: quiet,
-			OnChange: func(tools []upstream.Tool) {
-				if len(tools) == 0 {
-					return
-				}
-				select {
-				case got <- tools:
-				default:
-				}
-			},
-		})
+		opts := upstreamOptions(cu, quiet)
+		opts.OnChange = func(tools []upstream.Tool) {
+			if len(tools) == 0 {
+				return
+			}
+			select {
+			case got <- tools:
+			default:
+			}
+		}
+		u := upstream.Start(ctx, opts)
 		var tools []upstream.Tool
 		select {
 		case tools = <-got:
@@ -207,13 +212,7 @@ func ListUpstreams(ctx context.Context, configFile, policyDir string, wait time.
 			state = "down: " + oneLine(st.Err)
 		}
 		fmt.Fprintf(w, "%s  (%s)  approval: %s  %s\n", cu.Name, where, cu.Approval, state)
-		approval := string(cu.Approval)
-		if cu.Approval == config.ApprovalPolicy {
-			approval = ""
-		}
-		for _, t := range tools {
-			gt := t.Tool
-			gt.Upstream, gt.UpstreamTool, gt.Annotations, gt.Approval = cu.Name, t.UpstreamTool, t.Annotations, approval
+		for _, gt := range served(tools, cu.Approval) {
 			fmt.Fprintf(w, "  %-40s %s\n", gt.Name, decisionFor(ctx, engine, gt))
 		}
 	}
