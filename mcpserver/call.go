@@ -27,6 +27,10 @@ const reasonEvalFailed = "the policy could not be evaluated."
 // create (dedup, limits, record, workflow); this package maps the protocol
 // to it and its answer back.
 func (s *Server) callTool(ctx context.Context, info *callInfo, p *mcp.CallToolParamsRaw) (mcp.Result, error) {
+	if isFollowUp(p.Name) {
+		// Countersign's own tools: never gated, never policy's.
+		return s.callFollowUp(ctx, info, p.Name, p.Arguments)
+	}
 	c, fx, err := s.decide(ctx, info, p)
 	if err != nil {
 		return nil, err
@@ -96,17 +100,33 @@ func (s *Server) decide(ctx context.Context, info *callInfo, p *mcp.CallToolPara
 	return &gatedCall{info: info, tool: tool, args: args, hash: hash, decision: d, now: now}, fx, nil
 }
 
-// requestApproval turns a requestable denial into a task held for approval,
-// or into a denial the caller can act on when no task is possible. An
-// identical pending call of the same principal is answered with its task
-// (SEP-2848 dedup, in the caller's era).
+// requestApproval turns a requestable denial into a task held for
+// approval. An identical pending call of the same principal is answered
+// with its task (SEP-2848 dedup, in the caller's era). A client that can
+// hold a task gets it; any other client gets the same task behind an
+// [approval-pending] tool result (see doc.go, "Clients without tasks"),
+// after waiting up to Options.InlineWait for the decision.
 func (s *Server) requestApproval(ctx context.Context, c *gatedCall) (mcp.Result, error) {
-	if !c.canHoldTask() {
-		return newToolResult(c.info.era, degraded(c.tool.Name, c.decision.Reason, c.info.era)), nil
-	}
 	call := s.approvalCall(c)
 	call.Mode = tasks.ModeApproval
-	return s.open(ctx, c, call)
+	if c.canHoldTask() {
+		return s.open(ctx, c, call)
+	}
+	opened, err := s.opts.Approvals.Open(ctx, call)
+	if err != nil {
+		return refusal(c, err)
+	}
+	rec := opened.Task
+	if s.opts.InlineWait > 0 && !rec.Status.Terminal() {
+		if rec, err = s.waitFor(ctx, c.info, rec, s.opts.InlineWait); err != nil {
+			// Gone: the client hung up, and the task goes on without it.
+			return nil, err
+		}
+	}
+	if rec.Status.Terminal() {
+		return s.finalResult(c.info, rec)
+	}
+	return s.pendingResult(c.info, rec), nil
 }
 
 // runAsync serves an allowed call to a long-running fixture: a task run by
@@ -336,16 +356,4 @@ func immediateResponse(rec tasks.Record) string {
 	}
 	return fmt.Sprintf("The call to %s has NOT run. It is waiting for human approval (%s) and runs only if approved. Poll task %s for the outcome; do not repeat the call.",
 		rec.Tool, rec.Requirement.Reason, rec.TaskID)
-}
-
-// degraded is the SEP-2848 answer to a client that cannot hold a task: a
-// denial that says approval is required and how to get it.
-func degraded(tool, reason string, era tasks.Era) tasks.CallToolResult {
-	how := fmt.Sprintf("declares the %q extension in the request's client capabilities", tasks.ExtTasks)
-	if era == tasks.Era2025 {
-		how = "sends params.task with the call (experimental tasks, protocol 2025-11-25)"
-	}
-	return tasks.Outcome(tasks.DeniedNotExecuted, tool, fmt.Sprintf(
-		"Human approval is required (%s), and an approval is delivered as an MCP task, which this request did not accept, so no approval was requested. Retry from a client that %s.",
-		reason, how), nil)
 }

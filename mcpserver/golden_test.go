@@ -18,7 +18,10 @@ var update = flag.Bool("update", false, "rewrite testdata/golden/*.json")
 
 var (
 	reTaskID = regexp.MustCompile(`tsk_[a-z2-7]{32}`)
+	reRef    = regexp.MustCompile(`apr_[a-z2-7]{32}`)
 	reTime   = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$`)
+	// reTimeIn is a timestamp inside a text.
+	reTimeIn = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`)
 )
 
 // normalize replaces the values that change from run to run.
@@ -36,7 +39,9 @@ func normalize(v any) any {
 		if reTime.MatchString(x) {
 			return "<time>"
 		}
-		return reTaskID.ReplaceAllString(x, "<taskId>")
+		x = reTaskID.ReplaceAllString(x, "<taskId>")
+		x = reRef.ReplaceAllString(x, "<approvalRef>")
+		return reTimeIn.ReplaceAllString(x, "<time>")
 	}
 	return v
 }
@@ -96,7 +101,7 @@ func TestGolden(t *testing.T) {
 		{"2026_tasks_get_undeclared", call{era: tasks.Era2026, method: "tasks/get", params: map[string]any{"taskId": id}}, false},
 		{"2026_tasks_get_bad_name", call{era: tasks.Era2026, tasks: true, method: "tasks/get", params: map[string]any{"taskId": id}, headers: map[string]string{"Mcp-Name": "nope"}}, false},
 		{"2026_tasks_result", call{era: tasks.Era2026, tasks: true, method: "tasks/result", params: map[string]any{"taskId": id}}, false},
-		{"2026_degraded", call{era: tasks.Era2026, method: "tools/call", params: gatedArgs("golden-held", 5000)}, false},
+		{"2026_approval_pending", call{era: tasks.Era2026, method: "tools/call", params: gatedArgs("golden-held", 5000)}, false},
 		{"2026_denied", call{era: tasks.Era2026, tasks: true, method: "tools/call", params: gatedArgs("golden-denied", 2_000_000)}, false},
 		{"2025_initialize", call{method: "initialize", headers: map[string]string{"Mcp-Protocol-Version": ""}, params: map[string]any{
 			"protocolVersion": "2025-11-25", "capabilities": map[string]any{}, "clientInfo": map[string]any{"name": "golden", "version": "1"}}}, false},
@@ -104,7 +109,7 @@ func TestGolden(t *testing.T) {
 		{"2025_create_task", call{era: tasks.Era2025, method: "tools/call", params: map[string]any{
 			"name": "transfer_funds", "arguments": transferArgs("golden-fresh-2025", 5000), "task": map[string]any{"ttl": 60000}}}, false},
 		{"2025_tasks_get", call{era: tasks.Era2025, method: "tasks/get", params: map[string]any{"taskId": id}}, true},
-		{"2025_degraded", call{era: tasks.Era2025, method: "tools/call", params: gatedArgs("golden-held", 5000)}, false},
+		{"2025_approval_pending", call{era: tasks.Era2025, method: "tools/call", params: gatedArgs("golden-held", 5000)}, false},
 		{"2025_unknown_tool", call{era: tasks.Era2025, method: "tools/call", params: map[string]any{"name": "nope"}}, false},
 		{"parse_error", call{raw: []byte(`{"jsonrpc":`)}, false},
 	} {

@@ -22,6 +22,10 @@ type callInfo struct {
 	// legacyTask: a 2025-11-25 tools/call carried params.task.
 	legacyTask bool
 	httpCtx    context.Context
+	// progress, when the request carries a progress token, sends
+	// notifications/progress for it (a client that hung up or a stream
+	// that cannot carry it is no error); nil otherwise.
+	progress func(ctx context.Context, progress, total float64, message string)
 }
 
 type callInfoKey struct{}
@@ -66,6 +70,7 @@ func (s *Server) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			if !ok || call.Params == nil {
 				return nil, s.wireError(ctx, method, invalidParams("Invalid params: name is required"))
 			}
+			info.progress = progressFunc(call)
 			res, err := s.callTool(ctx, info, call.Params)
 			if err != nil {
 				return nil, s.wireError(ctx, method, err)
@@ -85,6 +90,20 @@ func (s *Server) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			return res, err
 		}
 		return next(ctx, method, req)
+	}
+}
+
+// progressFunc returns what sends progress for call, or nil when the call
+// gave no progress token.
+func progressFunc(call *mcp.CallToolRequest) func(context.Context, float64, float64, string) {
+	token := call.Params.GetProgressToken()
+	if token == nil || call.Session == nil {
+		return nil
+	}
+	return func(ctx context.Context, progress, total float64, message string) {
+		_ = call.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+			ProgressToken: token, Progress: progress, Total: total, Message: message,
+		})
 	}
 }
 

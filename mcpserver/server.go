@@ -53,11 +53,15 @@ type Options struct {
 	// be stable across restarts and replicas and differ between servers.
 	ServerID string
 	// PublicURL is the externally visible base URL (for example
-	// https://countersign.example.com); empty is allowed. This package does
-	// not use it yet: it is where an RFC 9728 resource_metadata parameter
-	// for the WWW-Authenticate challenge will come from once Countersign
-	// fronts an OAuth authorization server.
+	// https://countersign.example.com) of the approver site: an
+	// [approval-pending] result names the approver's page under it
+	// (approveUrl). Empty leaves approveUrl out.
 	PublicURL string
+	// InlineWait is how long a tools/call from a client without tasks
+	// waits for the approval decision before it answers [approval-pending]
+	// (0, the default: it answers at once; at most MaxInlineWait). Decided
+	// within the window, the call returns the final result itself.
+	InlineWait time.Duration
 
 	// Approvals opens the tasks that calls become and serves their owners
 	// (*approvals.Service); the task limits are configured there.
@@ -152,6 +156,8 @@ func New(opts Options) (*Server, error) {
 		return nil, errors.New("mcpserver: Authenticate is required unless NoAuth is set")
 	case opts.MaxBodyBytes < 0, opts.RequestsPerSecond < 0, opts.RequestBurst < 0, opts.MaxInFlightPerPrincipal < 0:
 		return nil, errors.New("mcpserver: limits must not be negative")
+	case opts.InlineWait < 0 || opts.InlineWait > MaxInlineWait:
+		return nil, fmt.Errorf("mcpserver: InlineWait must be from 0 to %v, not %v", MaxInlineWait, opts.InlineWait)
 	}
 	if opts.MaxBodyBytes == 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
@@ -190,11 +196,17 @@ func New(opts Options) (*Server, error) {
 	s.mcp = mcp.NewServer(&mcp.Implementation{Name: ImplementationName, Version: ImplementationVersion}, &mcp.ServerOptions{
 		Logger:       sdkLog,
 		Capabilities: caps,
-		Instructions: "Tools that policy gates do not run at once: the call returns a task that completes after a human approves it with a passkey. Poll the task; its result states whether the call ran.",
+		Instructions: "Tools that policy gates do not run at once: a human must approve the exact call with a passkey first. " +
+			"A client that supports MCP tasks gets a task to poll; any other client gets a result starting [approval-pending] with a taskId: " +
+			"the call has NOT run, do not repeat it, call countersign_await with that taskId for the final result. " +
+			"Every final result states whether the call ran.",
 	})
 	for _, t := range opts.Tools.List() {
 		if err := checkObjectSchema(t.InputSchema); err != nil {
 			return nil, fmt.Errorf("mcpserver: tool %q: %w", t.Name, err)
+		}
+		if isFollowUp(t.Name) {
+			return nil, fmt.Errorf("mcpserver: tool %q: the name is Countersign's own follow-up tool's", t.Name)
 		}
 	}
 	s.syncTools()
@@ -226,9 +238,17 @@ func (s *Server) syncTools() {
 	s.toolsMu.Lock()
 	defer s.toolsMu.Unlock()
 	now := map[string]bool{}
+	for _, t := range followUpTools() {
+		now[t.Name] = true
+		s.mcp.AddTool(t, unreachableTool)
+	}
 	for _, t := range s.opts.Tools.List() {
 		if err := checkObjectSchema(t.InputSchema); err != nil {
 			s.log.Error("mcpserver: tool left out of tools/list", "tool", t.Name, "err", err)
+			continue
+		}
+		if isFollowUp(t.Name) {
+			s.log.Error("mcpserver: tool left out of tools/list: the name is Countersign's own", "tool", t.Name)
 			continue
 		}
 		now[t.Name] = true

@@ -1,0 +1,329 @@
+package mcpserver
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/countersign/countersign/approvals"
+	"github.com/countersign/countersign/tasks"
+)
+
+// Clients without tasks: a gated call opens the task all the same and
+// answers [approval-pending]; the follow-up tools take it from there. The
+// approve and deny paths, which need passkeys and the real workflow, are in
+// internal/e2e (TestPlainClients).
+
+// pendingCall makes a gated call as a client without tasks and returns the
+// [approval-pending] result.
+func (h *harness) pendingCall(t *testing.T, p string, era tasks.Era, to string) (toolCallResult, pendingState) {
+	t.Helper()
+	r := h.do(t, call{token: tok(p), era: era, method: "tools/call", params: gatedArgs(to, 5000)})
+	var res toolCallResult
+	r.ok(t, &res)
+	var st pendingState
+	if err := json.Unmarshal(res.StructuredContent, &st); err != nil {
+		t.Fatalf("structuredContent %s: %v", res.StructuredContent, err)
+	}
+	return res, st
+}
+
+// followUp calls a follow-up tool.
+func (h *harness) followUp(t *testing.T, p string, era tasks.Era, tool string, args map[string]any) (toolCallResult, rpc) {
+	t.Helper()
+	r := h.do(t, call{token: tok(p), era: era, method: "tools/call", params: map[string]any{"name": tool, "arguments": args}})
+	var res toolCallResult
+	if r.Error == nil {
+		r.ok(t, &res)
+	}
+	return res, r
+}
+
+func TestPlainClientPendingResult(t *testing.T) {
+	h := newHarness(t, nil)
+	for _, era := range eras {
+		t.Run(string(era), func(t *testing.T) {
+			p, to := principal(t, "a"), acct(t, "held")
+			res, st := h.pendingCall(t, p, era, to)
+			txt := res.text()
+			if !res.IsError || !strings.HasPrefix(txt, prefixPending) || !strings.Contains(txt, "has NOT run") ||
+				!strings.Contains(txt, ToolAwait) || !strings.Contains(txt, st.TaskID) {
+				t.Fatalf("pending result: %+v", res)
+			}
+			if res.Meta[tasks.MetaDisposition] != nil || res.Meta[tasks.MetaDispositionAuthZEN] != nil {
+				t.Errorf("a disposition in _meta before anything is final: %v", res.Meta)
+			}
+			if era == tasks.Era2026 && res.ResultType != resultTypeComplete {
+				t.Errorf("resultType %q", res.ResultType)
+			}
+			if st.Status != tasks.StatusWorking || !strings.HasPrefix(st.ApproveURL, "http://countersign.test/approve/apr_") {
+				t.Errorf("structuredContent %+v", st)
+			}
+			if exp, err := time.Parse(time.RFC3339, st.ExpiresAt); err != nil || time.Until(exp) < 23*time.Hour {
+				t.Errorf("expiresAt %q: %v", st.ExpiresAt, err)
+			}
+			rec := h.waitStatus(t, st.TaskID, tasks.StatusWorking)
+			if rec.Owner != p || h.srv.approveURL(rec) != st.ApproveURL {
+				t.Errorf("record %+v", rec)
+			}
+			if n, _ := h.env.store.CountPending(context.Background(), p); n != 1 {
+				t.Errorf("%d pending tasks, want 1", n)
+			}
+			// The same call again joins the same task (dedup): the model
+			// that repeats itself does not ask twice.
+			_, again := h.pendingCall(t, p, era, to)
+			if again.TaskID != st.TaskID {
+				t.Errorf("repeated call: task %s, want %s", again.TaskID, st.TaskID)
+			}
+			// Still pending: await with no wait says so, and nothing ran.
+			aw, _ := h.followUp(t, p, era, ToolAwait, map[string]any{"taskId": st.TaskID, "waitSeconds": 0})
+			if !aw.IsError || !strings.HasPrefix(aw.text(), prefixPending) {
+				t.Errorf("await on a pending task: %+v", aw)
+			}
+			if n := h.transfersTo(t, to); n != 0 {
+				t.Errorf("%d transfers", n)
+			}
+		})
+	}
+}
+
+func TestPlainClientCancel(t *testing.T) {
+	h := newHarness(t, nil)
+	for _, era := range eras {
+		t.Run(string(era), func(t *testing.T) {
+			p, to := principal(t, "a"), acct(t, "cxl")
+			_, st := h.pendingCall(t, p, era, to)
+			// Another principal cannot cancel it, and learns nothing.
+			other, _ := h.followUp(t, principal(t, "b"), era, ToolCancel, map[string]any{"taskId": st.TaskID})
+			if !other.IsError || !strings.HasPrefix(other.text(), "[unknown-task]") {
+				t.Fatalf("foreign cancel: %+v", other)
+			}
+			h.waitStatus(t, st.TaskID, tasks.StatusWorking)
+
+			res, _ := h.followUp(t, p, era, ToolCancel, map[string]any{"taskId": st.TaskID})
+			var cs cancelState
+			if err := json.Unmarshal(res.StructuredContent, &cs); err != nil || !cs.Cancelled || res.IsError ||
+				!strings.HasPrefix(res.text(), "[cancelled]") {
+				t.Fatalf("cancel: %+v (%v)", res, err)
+			}
+			h.waitStatus(t, st.TaskID, tasks.StatusCancelled)
+			aw, _ := h.followUp(t, p, era, ToolAwait, map[string]any{"taskId": st.TaskID})
+			if !aw.IsError || !strings.HasPrefix(aw.text(), "[cancelled]") || !strings.Contains(aw.text(), "did NOT run") {
+				t.Errorf("await after cancel: %+v", aw)
+			}
+			// A second cancel is refused and says why.
+			again, _ := h.followUp(t, p, era, ToolCancel, map[string]any{"taskId": st.TaskID})
+			if !again.IsError || !strings.HasPrefix(again.text(), "[not-cancelled]") {
+				t.Errorf("second cancel: %+v", again)
+			}
+			if n := h.transfersTo(t, to); n != 0 {
+				t.Errorf("%d transfers", n)
+			}
+		})
+	}
+}
+
+// TestPlainClientUnknownTask: a task of another principal answers exactly
+// as an unknown one.
+func TestPlainClientUnknownTask(t *testing.T) {
+	h := newHarness(t, nil)
+	p := principal(t, "a")
+	_, st := h.pendingCall(t, p, tasks.Era2026, acct(t, "mine"))
+	unknown := tasks.NewID("tsk_")
+	for _, tool := range []string{ToolAwait, ToolCancel} {
+		foreign, _ := h.followUp(t, principal(t, "b"), tasks.Era2025, tool, map[string]any{"taskId": st.TaskID})
+		missing, _ := h.followUp(t, principal(t, "b"), tasks.Era2025, tool, map[string]any{"taskId": unknown})
+		if !foreign.IsError || !strings.HasPrefix(foreign.text(), "[unknown-task]") {
+			t.Fatalf("%s on a foreign task: %+v", tool, foreign)
+		}
+		if strings.ReplaceAll(foreign.text(), st.TaskID, "X") != strings.ReplaceAll(missing.text(), unknown, "X") ||
+			len(foreign.StructuredContent) != 0 || len(missing.StructuredContent) != 0 {
+			t.Errorf("%s: foreign %q and unknown %q differ", tool, foreign.text(), missing.text())
+		}
+	}
+	h.waitStatus(t, st.TaskID, tasks.StatusWorking)
+}
+
+func TestPlainClientPendingList(t *testing.T) {
+	h := newHarness(t, nil)
+	p, q := principal(t, "a"), principal(t, "b")
+	_, st1 := h.pendingCall(t, p, tasks.Era2026, acct(t, "one"))
+	_, st2 := h.pendingCall(t, p, tasks.Era2025, acct(t, "two"))
+	_, other := h.pendingCall(t, q, tasks.Era2025, acct(t, "three"))
+	_, cancelled := h.pendingCall(t, p, tasks.Era2025, acct(t, "four"))
+	h.followUp(t, p, tasks.Era2025, ToolCancel, map[string]any{"taskId": cancelled.TaskID})
+	h.waitStatus(t, cancelled.TaskID, tasks.StatusCancelled)
+
+	res, _ := h.followUp(t, p, tasks.Era2026, ToolPending, nil)
+	var list struct{ Tasks []pendingState }
+	if err := json.Unmarshal(res.StructuredContent, &list); err != nil || res.IsError {
+		t.Fatalf("pending: %+v (%v)", res, err)
+	}
+	got := map[string]bool{}
+	for _, x := range list.Tasks {
+		got[x.TaskID] = true
+	}
+	if len(got) != 2 || !got[st1.TaskID] || !got[st2.TaskID] || got[other.TaskID] || got[cancelled.TaskID] {
+		t.Errorf("listed %v, want %s and %s", got, st1.TaskID, st2.TaskID)
+	}
+	if !strings.Contains(res.text(), st1.TaskID) || !strings.Contains(res.text(), "none of them has run") {
+		t.Errorf("text %q", res.text())
+	}
+	empty, _ := h.followUp(t, principal(t, "c"), tasks.Era2025, ToolPending, map[string]any{})
+	if !strings.Contains(empty.text(), "no calls waiting") {
+		t.Errorf("empty: %q", empty.text())
+	}
+}
+
+func TestFollowUpBadArguments(t *testing.T) {
+	h := newHarness(t, nil)
+	p := principal(t, "a")
+	for _, tc := range []struct {
+		tool string
+		args any
+		want string
+	}{
+		{ToolAwait, map[string]any{}, "taskId is required"},
+		{ToolAwait, map[string]any{"taskId": ""}, "taskId is required"},
+		{ToolAwait, map[string]any{"taskId": strings.Repeat("x", 129)}, "taskId is required"},
+		{ToolAwait, map[string]any{"taskId": 7}, "taskId has the wrong type"},
+		{ToolAwait, map[string]any{"taskId": "tsk_x", "waitSeconds": 56}, "waitSeconds must be a whole number from 0 to 55"},
+		{ToolAwait, map[string]any{"taskId": "tsk_x", "waitSeconds": -1}, "waitSeconds"},
+		{ToolAwait, map[string]any{"taskId": "tsk_x", "waitSeconds": 2.5}, "waitSeconds"},
+		{ToolAwait, map[string]any{"taskId": "tsk_x", "waitSeconds": "10"}, "waitSeconds has the wrong type"},
+		{ToolAwait, map[string]any{"taskId": "tsk_x", "extra": 1}, `unknown argument "extra"`},
+		{ToolAwait, []any{"tsk_x"}, "must be an object"},
+		{ToolCancel, map[string]any{"id": "tsk_x"}, `unknown argument "id"`},
+		{ToolPending, map[string]any{"all": true}, `unknown argument "all"`},
+	} {
+		r := h.do(t, call{token: tok(p), era: tasks.Era2026, method: "tools/call", params: map[string]any{"name": tc.tool, "arguments": tc.args}})
+		if r.Error == nil || r.Error.Code != codeInvalidParams {
+			t.Fatalf("%s %v: want -32602, got HTTP %d %s", tc.tool, tc.args, r.Status, r.Body)
+		}
+		if !strings.Contains(r.Error.Message, tc.want) || !strings.Contains(r.Error.Message, tc.tool) {
+			t.Errorf("%s %v: message %q, want it to contain %q", tc.tool, tc.args, r.Error.Message, tc.want)
+		}
+	}
+}
+
+// TestAwaitLongPoll: an await that is waiting returns as soon as the task
+// ends, not when its wait is over; one whose wait ends first says pending.
+func TestAwaitLongPoll(t *testing.T) {
+	h := newHarness(t, nil)
+	p := principal(t, "a")
+	_, st := h.pendingCall(t, p, tasks.Era2025, acct(t, "lp"))
+
+	start := time.Now()
+	res, _ := h.followUp(t, p, tasks.Era2025, ToolAwait, map[string]any{"taskId": st.TaskID, "waitSeconds": 1})
+	if el := time.Since(start); !strings.HasPrefix(res.text(), prefixPending) || el < time.Second || el > 5*time.Second {
+		t.Fatalf("await that timed out after %v: %+v", el, res)
+	}
+
+	done := make(chan toolCallResult, 1)
+	start = time.Now()
+	go func() {
+		r, _ := h.followUp(t, p, tasks.Era2025, ToolAwait, map[string]any{"taskId": st.TaskID, "waitSeconds": 30})
+		done <- r
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if _, err := h.env.workflow.Cancel(context.Background(), st.TaskID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if !strings.HasPrefix(r.text(), "[cancelled]") || time.Since(start) > 10*time.Second {
+			t.Errorf("await: %+v after %v", r, time.Since(start))
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("await did not return when the task ended")
+	}
+}
+
+// TestInlineWait: with Options.InlineWait, a client without tasks is held
+// for the decision; a decision inside the window is the call's own answer,
+// and a client that hangs up loses nothing.
+func TestInlineWait(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.InlineWait = 1500 * time.Millisecond })
+	p := principal(t, "a")
+
+	t.Run("times out pending", func(t *testing.T) {
+		start := time.Now()
+		res, st := h.pendingCall(t, p, tasks.Era2026, acct(t, "slow"))
+		if el := time.Since(start); el < 1500*time.Millisecond || !strings.HasPrefix(res.text(), prefixPending) {
+			t.Fatalf("after %v: %+v", el, res)
+		}
+		h.waitStatus(t, st.TaskID, tasks.StatusWorking)
+	})
+
+	t.Run("decided inside the window", func(t *testing.T) {
+		p, to := principal(t, "f"), acct(t, "fast")
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// The task appears, then is cancelled while the call waits.
+			deadline := time.Now().Add(5 * time.Second)
+			for time.Now().Before(deadline) {
+				recs, _, _ := h.env.store.List(context.Background(), p, "", 50)
+				for _, r := range recs {
+					if r.Status == tasks.StatusWorking {
+						_, _ = h.env.workflow.Cancel(context.Background(), r.TaskID)
+						return
+					}
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+		r := h.do(t, call{token: tok(p), era: tasks.Era2025, method: "tools/call", params: gatedArgs(to, 5000)})
+		wg.Wait()
+		var res toolCallResult
+		r.ok(t, &res)
+		if !strings.HasPrefix(res.text(), "[cancelled]") {
+			t.Fatalf("inline result: %+v", res)
+		}
+	})
+
+	t.Run("client hangs up", func(t *testing.T) {
+		q, to := principal(t, "q"), acct(t, "gone")
+		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": gatedArgs(to, 5000)})
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.ts.URL, strings.NewReader(string(body)))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Mcp-Protocol-Version", string(tasks.Era2025))
+		req.Header.Set("Authorization", "Bearer "+tok(q))
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			t.Fatalf("the call answered before the inline wait ended: %d", resp.StatusCode)
+		}
+		// The task goes on, and the follow-up tool finds it.
+		res, _ := h.followUp(t, q, tasks.Era2025, ToolPending, nil)
+		var list struct{ Tasks []pendingState }
+		if err := json.Unmarshal(res.StructuredContent, &list); err != nil || len(list.Tasks) != 1 {
+			t.Fatalf("pending after hang-up: %+v (%v)", res, err)
+		}
+		h.waitStatus(t, list.Tasks[0].TaskID, tasks.StatusWorking)
+		if n := h.transfersTo(t, to); n != 0 {
+			t.Errorf("%d transfers", n)
+		}
+	})
+}
+
+func TestInlineWaitBounds(t *testing.T) {
+	env := sharedEnv(t)
+	svc, err := approvals.New(approvals.Options{Store: env.store, Engine: env.workflow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []time.Duration{-time.Second, MaxInlineWait + time.Second} {
+		_, err := New(Options{ServerID: "x", Approvals: svc, PDP: env.engine, Tools: env.tools, NoAuth: true, InlineWait: d})
+		if err == nil || !strings.Contains(err.Error(), "InlineWait") {
+			t.Errorf("InlineWait %v: %v", d, err)
+		}
+	}
+}
