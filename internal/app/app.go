@@ -125,6 +125,10 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	if err != nil {
 		return nil, err
 	}
+	if a.cfg.InlineWait == 0 && file != nil && file.InlineWait != nil {
+		// --inline-wait (or its environment variable) wins when set.
+		a.cfg.InlineWait = *file.InlineWait
+	}
 	defer func() {
 		if err != nil {
 			a.Shutdown(context.Background())
@@ -413,6 +417,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 		Fixtures:     a.Fixtures,
 		Authenticate: a.Tokens.Agent,
 		NoAuth:       a.cfg.Conformance,
+		InlineWait:   a.cfg.InlineWait,
 		Logger:       a.log,
 
 		RequestsPerSecond:       a.cfg.RequestsPerSecond,

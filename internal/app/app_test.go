@@ -129,6 +129,8 @@ func TestConfigValidation(t *testing.T) {
 		{"too many replicas", Config{NATSReplicas: 6}, "--nats-replicas 6 must be between 1 and 5"},
 		{"negative replicas", Config{NATSReplicas: -1}, "--nats-replicas"},
 		{"negative retention", Config{ResultRetention: -time.Hour}, "--result-retention"},
+		{"negative inline wait", Config{InlineWait: -time.Second}, "--inline-wait -1s must be from 0s to 10m"},
+		{"inline wait too long", Config{InlineWait: time.Hour}, "--inline-wait 1h0m0s must be from 0s to 10m"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Defaults()

@@ -62,6 +62,11 @@ type Config struct {
 	// Empty: no upstreams, demo tools in dev only.
 	ConfigFile string
 
+	// InlineWait holds a tools/call from a client without MCP tasks for the
+	// approval decision, up to this long (mcpserver.Options.InlineWait).
+	// Zero takes the config file's inline_wait, else 0: answer at once.
+	InlineWait time.Duration
+
 	// PolicyDir loads a custom policy instead of the embedded default.
 	PolicyDir string
 	// SQLiteSync is the embedded Temporal's SQLite synchronous mode: FULL
@@ -194,6 +199,9 @@ func (c *Config) Validate() error {
 	}
 	if c.NATSReplicas < 1 || c.NATSReplicas > 5 {
 		errs = append(errs, fmt.Errorf("--nats-replicas %d must be between 1 and 5", c.NATSReplicas))
+	}
+	if c.InlineWait < 0 || c.InlineWait > mcpserver.MaxInlineWait {
+		errs = append(errs, fmt.Errorf("--inline-wait %s must be from 0s to %s", c.InlineWait, mcpserver.MaxInlineWait))
 	}
 	if c.ResultRetention < 0 {
 		errs = append(errs, fmt.Errorf("--result-retention %s must not be negative", c.ResultRetention))

@@ -51,7 +51,14 @@ type File struct {
 	Upstreams []Upstream
 	// DemoTools is nil when the file does not say; see DemoToolsOr.
 	DemoTools *bool
+	// InlineWait is how long a tools/call from a client without MCP tasks
+	// is held for the approval decision (inline_wait); nil when the file
+	// does not say.
+	InlineWait *time.Duration
 }
+
+// MaxInlineWait bounds inline_wait.
+const MaxInlineWait = 10 * time.Minute
 
 // DemoToolsOr is the demo_tools setting, or def when the file has none.
 func (f *File) DemoToolsOr(def bool) bool {
@@ -161,6 +168,21 @@ var sections = []section{
 	{"demo_tools", func(d *decoder, f *File, v *yaml.Node) {
 		if b, ok := d.boolean(v, "demo_tools"); ok {
 			f.DemoTools = &b
+		}
+	}},
+	{"inline_wait", func(d *decoder, f *File, v *yaml.Node) {
+		s, ok := d.str(v, "inline_wait")
+		if !ok {
+			return
+		}
+		t, err := time.ParseDuration(s)
+		switch {
+		case err != nil:
+			d.addf(v.Line, "inline_wait", "%q is not a duration such as 20s or 1m", s)
+		case t < 0 || t > MaxInlineWait:
+			d.addf(v.Line, "inline_wait", "must be from 0s to 10m, not %v", t)
+		default:
+			f.InlineWait = &t
 		}
 	}},
 }

@@ -66,6 +66,7 @@ upstreams:
     headers: {Authorization: "Bearer ${EVERYTHING_TOKEN}"}
     timeout: 30s
 demo_tools: true
+inline_wait: 20s
 `
 
 func TestLoadFullExample(t *testing.T) {
@@ -94,7 +95,8 @@ func TestLoadFullExample(t *testing.T) {
 			Approval: ApprovalPolicy,
 			Line:     8,
 		}},
-		DemoTools: &yes,
+		DemoTools:  &yes,
+		InlineWait: new(20 * time.Second),
 	}
 	if diff := cmp.Diff(want, f); diff != "" {
 		t.Errorf("Load (-want +got):\n%s", diff)
@@ -154,7 +156,7 @@ func TestProblems(t *testing.T) {
 	}{{
 		name:    "unknown top-level key",
 		content: "upstreams: []\nauth:\n  x: 1\n",
-		want:    []string{"c.yaml:2: auth: unknown field (known: upstreams, demo_tools)"},
+		want:    []string{"c.yaml:2: auth: unknown field (known: upstreams, demo_tools, inline_wait)"},
 	}, {
 		name:    "unknown upstream key",
 		content: "upstreams:\n  - name: a\n    url: http://h\n    tiemout: 3s\n",
@@ -162,7 +164,15 @@ func TestProblems(t *testing.T) {
 	}, {
 		name:    "top level not a mapping",
 		content: "- a\n- b\n",
-		want:    []string{"c.yaml:1: the file must be a mapping of sections (upstreams, demo_tools), not a list"},
+		want:    []string{"c.yaml:1: the file must be a mapping of sections (upstreams, demo_tools, inline_wait), not a list"},
+	}, {
+		name:    "inline_wait not a duration",
+		content: "inline_wait: soon\n",
+		want:    []string{`c.yaml:1: inline_wait: "soon" is not a duration such as 20s or 1m`},
+	}, {
+		name:    "inline_wait too long",
+		content: "inline_wait: 11m\n",
+		want:    []string{"c.yaml:1: inline_wait: must be from 0s to 10m, not 11m0s"},
 	}, {
 		name:    "duplicate top-level key",
 		content: "demo_tools: true\ndemo_tools: false\n",

@@ -19,6 +19,7 @@
 //	    headers: {Authorization: "Bearer ${EVERYTHING_TOKEN}"}   # optional, HTTP only
 //	    timeout: 30s                 # optional; per call, default 60s
 //	demo_tools: true                 # optional; default: true in dev, false in server
+//	inline_wait: 20s                 # optional; default 0s
 //
 // upstreams lists the MCP servers whose tools Countersign fronts. Each entry
 // has:
@@ -48,6 +49,11 @@
 //
 // demo_tools turns the four built-in demo tools on or off. When absent the
 // command decides: on in dev, off in server (see [File.DemoToolsOr]).
+//
+// inline_wait is how long a gated tools/call from a client that does not
+// speak MCP tasks is held for the approval decision before it answers
+// [approval-pending] (a Go duration from 0s to 10m; default 0s, answer at
+// once). A non-zero --inline-wait (or COUNTERSIGN_INLINE_WAIT) wins over it.
 //
 // # Secrets
 //
