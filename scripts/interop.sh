@@ -9,9 +9,12 @@
 #   2. @modelcontextprotocol/sdk 1.32.2 as a 2025-11-25 tasks client against
 #      a real gated tool on an authenticated `countersign dev`, approved with
 #      a software passkey (scripts/interop/sdk-tasks.mjs).
+#      And the same SDK's Client WITHOUT tasks, as most agents run it: a gated
+#      call answers [approval-pending], a passkey approves, countersign_await
+#      returns the result (scripts/interop/sdk-plain.mjs).
 #   3. @modelcontextprotocol/inspector 2.12.0 CLI: tools/list, a gated tool
-#      run to a task that is approved while it waits, and a legacy call that
-#      gets the degraded result.
+#      run to a task that is approved while it waits, and a legacy call
+#      without a task that gets [approval-pending].
 #
 # npm packages and (when `node` is older than 22.19) Node 22 from npm are
 # installed once into .cache/interop (INTEROP_CACHE overrides). Prints one
@@ -178,6 +181,12 @@ cat "$OUT/sdk.txt"
 record "@modelcontextprotocol/sdk $SDK_VERSION tasks client" \
   "$(grep -c '^ok ' "$OUT/sdk.txt" || true)" "$(grep -c '^FAIL' "$OUT/sdk.txt" || true)"
 
+echo "== @modelcontextprotocol/sdk $SDK_VERSION (Client without tasks)"
+if INTEROP_SDK_DIR=$CACHE/sdk timeout 300 node scripts/interop/sdk-plain.mjs "$CLIENT_URL" "$CLIENT_DATA" >"$OUT/sdk-plain.txt" 2>&1; then :; fi
+cat "$OUT/sdk-plain.txt"
+record "@modelcontextprotocol/sdk $SDK_VERSION client without tasks" \
+  "$(grep -c '^ok ' "$OUT/sdk-plain.txt" || true)" "$(grep -c '^FAIL' "$OUT/sdk-plain.txt" || true)"
+
 # --- 3. MCP Inspector CLI -----------------------------------------------------
 
 echo "== @modelcontextprotocol/inspector $INSPECTOR_VERSION (CLI)"
@@ -216,14 +225,15 @@ ins_check "approver approved the waiting task ($(cat "$OUT/inspector-approver.tx
 ins_check "tools/call of a gated tool ran to its task's result (approved-executed)" \
   "$(grep -q 'approved-executed' "$OUT/inspector-call.json" && grep -q 'Deployed interop 2.0.0 to production' "$OUT/inspector-call.json" && echo 1)"
 
-# A 2025-11-25 call without a task: the degraded isError result, nothing runs.
-inspector legacy "$OUT/inspector-degraded.json" --method tools/call --tool-name deploy_service \
-  --tool-arg service=interop-degraded --tool-arg version=2.0.1 --tool-arg environment=production
-ins_check "legacy call without a task: degraded isError (denied-not-executed)" \
-  "$(grep -q '"isError":true' "$OUT/inspector-degraded.json" && grep -q 'denied-not-executed' "$OUT/inspector-degraded.json" && echo 1)"
+# A 2025-11-25 call without a task: [approval-pending], and the approval is
+# requested; nothing runs until it is approved.
+inspector legacy "$OUT/inspector-pending.json" --method tools/call --tool-name deploy_service \
+  --tool-arg service=interop-plain --tool-arg version=2.0.1 --tool-arg environment=production
+ins_check "legacy call without a task: [approval-pending] isError with a taskId" \
+  "$(grep -q '"isError":true' "$OUT/inspector-pending.json" && grep -q 'approval-pending' "$OUT/inspector-pending.json" && grep -q '"taskId"' "$OUT/inspector-pending.json" && echo 1)"
 pending=$(curl -fsS -H "Authorization: Bearer $(cat "$CLIENT_DATA/admin-token")" "$CLIENT_URL/admin/v1/approvals?status=pending" || echo unavailable)
-ins_check "degraded call requested no approval" \
-  "$(case "$pending" in unavailable | *interop-degraded*) ;; *) echo 1 ;; esac)"
+ins_check "the call without a task requested an approval" \
+  "$(case "$pending" in *interop-plain*) echo 1 ;; esac)"
 record "@modelcontextprotocol/inspector $INSPECTOR_VERSION CLI" "$ins_ok" "$ins_bad"
 
 # --- summary ------------------------------------------------------------------
