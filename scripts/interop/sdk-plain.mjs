@@ -5,6 +5,10 @@
 // and countersign_await returns the final result; deny, cancel through
 // countersign_cancel, countersign_pending, and a foreign or unknown task.
 //
+// Then a stdio-only client: the same Client over stdio through the mcp-remote
+// bridge (INTEROP_MCP_REMOTE, the README's configuration), to the approval
+// and back.
+//
 // Usage: node sdk-plain.mjs BASE_URL DATA_DIR   (INTEROP_SDK_DIR has the SDK)
 // Prints one line per check; exits non-zero on any failure.
 import fs from 'node:fs';
@@ -15,6 +19,7 @@ import { SoftwarePasskey, http } from './webauthn.mjs';
 const require = createRequire(path.join(process.env.INTEROP_SDK_DIR, 'package.json'));
 const { Client } = require('@modelcontextprotocol/sdk/client/index.js');
 const { StreamableHTTPClientTransport } = require('@modelcontextprotocol/sdk/client/streamableHttp.js');
+const { StdioClientTransport } = require('@modelcontextprotocol/sdk/client/stdio.js');
 
 const [base, dataDir] = process.argv.slice(2);
 const read = (f) => fs.readFileSync(path.join(dataDir, f), 'utf8').trim();
@@ -115,6 +120,25 @@ try {
   catch (e) { bad = `${e.code} ${e.message}`; }
   check('waitSeconds out of range: -32602', /-32602.*waitSeconds/.test(bad), bad);
   await client.close();
+
+  // 5. A stdio-only client through the mcp-remote bridge, configured as the
+  // README shows: the same approval flow end to end.
+  if (process.env.INTEROP_MCP_REMOTE) {
+    const bridged = new Client({ name: 'countersign-interop-stdio', version: '1.0.0' }, { capabilities: {} });
+    await bridged.connect(new StdioClientTransport({
+      command: process.execPath,
+      args: [process.env.INTEROP_MCP_REMOTE, `${base}/mcp`, '--transport', 'http-only', '--header', `Authorization:Bearer ${agentToken}`],
+      env: { ...process.env, MCP_REMOTE_CONFIG_DIR: fs.mkdtempSync(path.join(dataDir, 'mcp-remote-')) },
+      stderr: 'ignore',
+    }));
+    const t5 = await gated(bridged, 'stdio client through mcp-remote', 'acct-plain-stdio', amount + 3);
+    const w5 = await_(bridged, t5.taskId);
+    await passkey.approveNext(adminToken, { taskId: t5.taskId });
+    const d5 = await w5;
+    check('stdio client through mcp-remote: countersign_await approved-executed',
+      d5.isError === false && text(d5).startsWith('[approved-executed]'), text(d5).slice(0, 100));
+    await bridged.close();
+  }
 } catch (e) {
   check('sdk run', false, e?.stack ?? String(e));
 }
