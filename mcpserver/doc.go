@@ -29,15 +29,14 @@
 //     with the policy's reason.
 //     requestable: see below.
 //
-// A requestable call becomes a task only for a client that can hold one: a
+// A requestable call always becomes a task. A client that can hold one (a
 // 2026-07-28 request that declares io.modelcontextprotocol/tasks in its
 // _meta client capabilities, or a 2025-11-25 tools/call carrying params.task
-// on a tool whose execution.taskSupport is "optional". Any other client gets
-// the degraded result SEP-2848 recommends: isError, disposition
-// denied-not-executed in _meta and in the text, saying approval is required,
-// the tool did not run, and how to retry. Otherwise the call goes to the
-// approval service (Options.Approvals, package approvals: the one place that
-// changes a task), which:
+// on a tool whose execution.taskSupport is "optional") gets the task itself;
+// any other client gets it behind an [approval-pending] tool result (see
+// "Clients without tasks" below). The call goes to the approval service
+// (Options.Approvals, package approvals: the one place that changes a task),
+// which:
 //
 //   - Dedup: tasks.Store.ClaimDedup on (principal, action hash). An identical
 //     call while the first is pending returns the same task, in the caller's
@@ -69,6 +68,41 @@
 // storage a caller can cause. (Their CreateTaskResult shows status completed at once;
 // SEP-2663 allows a non-working seed status, the 2025-11-25 text says tasks
 // begin working, and no client we know checks.)
+//
+// # Clients without tasks
+//
+// Most clients in use do not speak MCP tasks. For them a requestable call
+// opens the same task (same workflow, envelope, dedup, rate limit and
+// pending cap) and answers with a CallToolResult that cannot pass for
+// success: isError true, the first text block starting "[approval-pending]"
+// and saying that the tool has NOT run, that a human was asked, and how to
+// get the result; structuredContent {taskId, status, tool, approveUrl,
+// expiresAt}; _meta io.modelcontextprotocol/related-task and no disposition
+// key (nothing is final). isError is true so that no client narrates
+// success, and because SDK clients check structuredContent against the
+// tool's outputSchema only when isError is false: a pending answer must
+// never fail a client's schema check.
+//
+// Three tools of Countersign's own, listed to every client in both eras and
+// answered here before any policy (followup.go), take it from there:
+// countersign_await {taskId, waitSeconds?} waits on the read model (a KV
+// watch: approvals.Service.Await, no polling) up to waitSeconds (0-55,
+// default 25) and returns the task's final result, exactly the
+// CallToolResult tasks/get carries (a cancelled or failed task, which
+// stored none, gets an isError result saying the call did not run), or
+// another [approval-pending] result; countersign_cancel {taskId} has
+// tasks/cancel's rules; countersign_pending {} lists the caller's open
+// tasks. Another principal's task answers exactly as an unknown one
+// ([unknown-task]); bad arguments are -32602 naming the argument. A tool of
+// the registry may not take one of these names (New refuses it; a later
+// one is left out of tools/list and logged).
+//
+// Options.InlineWait (--inline-wait) holds such a call up to that long for
+// the decision: decided in time, the call returns the final result itself.
+// While it waits, a request with a progress token gets
+// notifications/progress every 5 seconds. A client that hangs up ends only
+// the wait; the task goes on, and countersign_await finds it. The wait
+// holds one of the principal's in-flight request slots.
 //
 // # Asynchronous tools, required tasks and input requests
 //
@@ -114,8 +148,8 @@
 // adjust. SEP-2848 requires the body of a denial to say that the call did
 // NOT run, with the disposition in _meta, so that a client reading only
 // content learns it; a JSON-RPC error has no such body and clients commonly
-// surface it as a transport problem and retry. So: denial, degraded
-// "approval required" and limit denials are CallToolResults with isError;
+// surface it as a transport problem and retry. So: denials,
+// [approval-pending] and limit denials are CallToolResults with isError;
 // only malformed input, unknown tools, schema failures, unknown tasks and
 // internal faults are JSON-RPC errors.
 //

@@ -263,14 +263,26 @@ func TestGatedCallLifecycle(t *testing.T) {
 		}
 	})
 
-	t.Run("client without tasks gets a degraded result", func(t *testing.T) {
+	t.Run("client without tasks gets [approval-pending]", func(t *testing.T) {
 		before := s.Transfers()
 		r := s.Call2026(s.AgentToken, "tools/call", "transfer_funds", map[string]any{"name": "transfer_funds", "arguments": map[string]any{"to": "acct-nt", "amount": 6000, "currency": "USD"}}, false)
-		if r.Error != nil || !strings.Contains(string(r.Result), `"isError":true`) || !strings.Contains(strings.ToLower(string(r.Result)), "approval") {
-			t.Fatalf("degraded result: %s %+v", r.Result, r.Error)
+		var res struct {
+			IsError           bool `json:"isError"`
+			StructuredContent struct {
+				TaskID string `json:"taskId"`
+			} `json:"structuredContent"`
+		}
+		if r.Error != nil || json.Unmarshal(r.Result, &res) != nil || !res.IsError || res.StructuredContent.TaskID == "" ||
+			!strings.Contains(string(r.Result), "[approval-pending]") {
+			t.Fatalf("pending result: %s %+v", r.Result, r.Error)
 		}
 		if s.Transfers() != before {
 			t.Fatal("tool ran for a client without tasks")
+		}
+		id := res.StructuredContent.TaskID
+		s.Call2026(s.AgentToken, "tools/call", "countersign_cancel", map[string]any{"name": "countersign_cancel", "arguments": map[string]any{"taskId": id}}, false)
+		if d := s.WaitTerminal(s.AgentToken, id); d.Status != tasks.StatusCancelled {
+			t.Fatalf("after countersign_cancel: %+v", d)
 		}
 	})
 
