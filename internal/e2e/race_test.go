@@ -49,7 +49,7 @@ import (
 func TestRace(t *testing.T) {
 	rounds := envIntDefault(t, "COUNTERSIGN_RACE_ROUNDS", 3)
 	invalid := envIntDefault(t, "COUNTERSIGN_RACE_INVALID", 15)
-	want := map[string]bool{"cancel": true, "deny": true, "quorum2": true}
+	want := map[string]bool{"cancel": true, "deny": true, "quorum2": true, "plaincancel": true}
 	if v := os.Getenv("COUNTERSIGN_RACE_VARIANTS"); v != "" {
 		want = map[string]bool{}
 		for _, name := range strings.Split(v, ",") {
@@ -79,6 +79,10 @@ func TestRace(t *testing.T) {
 		{name: "deny", tool: "transfer_funds", quorum: 1, approvals: 5, invalid: invalid, ender: enderDeny},
 		// Honest traffic only: twenty approvals of a quorum-2 delete and a cancel.
 		{name: "quorum2", tool: "delete_records", quorum: 2, approvals: 20, invalid: 0, ender: enderCancel},
+		// A client without tasks: its countersign_cancel tool call races
+		// twenty approvals of a quorum-2 delete, and what the tool answered
+		// (cancelled or not) must agree with every view.
+		{name: "plaincancel", tool: "delete_records", quorum: 2, approvals: 20, invalid: 0, ender: enderPlainCancel},
 	}
 	var total, failed atomic.Int64
 	views := map[string]string{} // task ID → the end tasks/get reported
@@ -121,6 +125,9 @@ type ender int
 const (
 	enderCancel ender = iota
 	enderDeny
+	// enderPlainCancel is the countersign_cancel tool of a client
+	// without tasks.
+	enderPlainCancel
 )
 
 type raceVariant struct {
@@ -318,6 +325,13 @@ func (r *racer) round(t *testing.T, v raceVariant, round int) (out roundOutcome)
 			era = tasks.Era2025 // its tasks/cancel says whether it cancelled
 		}
 		ops = append(ops, &raceOp{kind: "cancel-" + string(era), req: mcpRequest(s.Base, s.AgentToken, era, "tasks/cancel", task.TaskID, map[string]any{"taskId": task.TaskID})})
+	case enderPlainCancel:
+		era := tasks.Era2026
+		if round%2 == 1 {
+			era = tasks.Era2025
+		}
+		ops = append(ops, &raceOp{kind: "plaincancel", req: mcpRequest(s.Base, s.AgentToken, era, "tools/call", "countersign_cancel",
+			map[string]any{"name": "countersign_cancel", "arguments": map[string]any{"taskId": task.TaskID}})})
 	}
 	// Invalid decisions, cycling through the kinds an attacker holding the
 	// link (and sniffing the approvers' traffic) can send.
@@ -361,8 +375,27 @@ func (r *racer) round(t *testing.T, v raceVariant, round int) (out roundOutcome)
 	indeterminate := map[string]bool{}
 	denyAccepted := false
 	var cancel2025 *rpcAnswer
+	var plainCancelled *bool // what countersign_cancel answered
 	for _, op := range ops {
 		switch {
+		case op.kind == "plaincancel":
+			rpc, err := decodeRPC(op.ans)
+			var res struct {
+				StructuredContent struct {
+					Cancelled bool `json:"cancelled"`
+				} `json:"structuredContent"`
+			}
+			switch {
+			case err != nil:
+				fail("countersign_cancel: %v", err)
+			case rpc.Error != nil:
+				fail("countersign_cancel answered an error: %d %s", rpc.Error.Code, rpc.Error.Message)
+			case json.Unmarshal(rpc.Result, &res) != nil:
+				fail("countersign_cancel: undecodable %s", rpc.Result)
+			default:
+				plainCancelled = &res.StructuredContent.Cancelled
+			}
+			continue
 		case strings.HasPrefix(op.kind, "cancel"):
 			rpc, err := decodeRPC(op.ans)
 			if err != nil {
@@ -486,6 +519,10 @@ func (r *racer) round(t *testing.T, v raceVariant, round int) (out roundOutcome)
 		case cancel2025.Error != nil && cancel2025.Error.Code == -32602 && view == string(tasks.StatusCancelled):
 			fail("2025 tasks/cancel refused (%s) but the task says cancelled", cancel2025.Error.Message)
 		}
+	}
+
+	if plainCancelled != nil && *plainCancelled != (view == string(tasks.StatusCancelled)) {
+		fail("countersign_cancel answered cancelled=%t but the task says %s", *plainCancelled, view)
 	}
 
 	// The audit chain, as an auditor exports it, and the offline verifier.
