@@ -221,7 +221,15 @@ func (s *Server) waitFor(ctx context.Context, info *callInfo, rec tasks.Record, 
 		start := s.now()
 		t := time.NewTicker(progressEvery)
 		defer t.Stop()
+		reporting := make(chan struct{})
+		// Runs before the deferred cancel: the reporter is stopped and
+		// gone before the answer is written, so no progress follows it.
+		defer func() {
+			cancel()
+			<-reporting
+		}()
 		go func() {
+			defer close(reporting)
 			for {
 				select {
 				case <-wctx.Done():
