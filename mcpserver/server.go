@@ -32,6 +32,12 @@ const (
 	DefaultRequestsPerSecond       = 50
 	DefaultRequestBurst            = 100
 	DefaultMaxInFlightPerPrincipal = 16
+	// A principal's open notification streams (2026-07-28
+	// subscriptions/listen, 2025-11-25 GET): a client needs one.
+	DefaultMaxStreamsPerPrincipal = 4
+	// DefaultKeepAlive is how often an SSE comment goes down a quiet
+	// notification stream, so that proxies and clients do not close it.
+	DefaultKeepAlive = 15 * time.Second
 )
 
 // AnonymousPrincipal is the principal of every caller when [Options.NoAuth]
@@ -90,6 +96,14 @@ type Options struct {
 	RequestsPerSecond       float64
 	RequestBurst            int
 	MaxInFlightPerPrincipal int
+	// MaxStreamsPerPrincipal caps one principal's open notification
+	// streams (default 4): 2026-07-28 subscriptions/listen and 2025-11-25
+	// GET. Opening one spends a request token but holds no in-flight slot;
+	// over the cap the answer is HTTP 429 and -32029.
+	MaxStreamsPerPrincipal int
+	// KeepAlive is the interval of the SSE comments on a quiet
+	// notification stream (default DefaultKeepAlive).
+	KeepAlive time.Duration
 
 	// Logger receives operational logs; nil discards them.
 	Logger *slog.Logger
@@ -131,9 +145,13 @@ type Server struct {
 	pageSize int
 	mcp      *mcp.Server
 	handler  http.Handler
-	// toolsMu guards listed, the tool names registered on mcp.
-	toolsMu sync.Mutex
-	listed  map[string]bool
+	// toolsMu guards listed (each tool registered on mcp, as tools/list
+	// shows it) and toolsChanged, which is closed and replaced whenever
+	// that list changes (the 2025-11-25 GET streams wait on it).
+	toolsMu      sync.Mutex
+	listed       map[string][]byte
+	toolsChanged chan struct{}
+	streams      streams
 }
 
 // New validates opts, registers the tools and task methods on an MCP server
@@ -150,7 +168,8 @@ func New(opts Options) (*Server, error) {
 		return nil, errors.New("mcpserver: Tools is required")
 	case opts.Authenticate == nil && !opts.NoAuth:
 		return nil, errors.New("mcpserver: Authenticate is required unless NoAuth is set")
-	case opts.MaxBodyBytes < 0, opts.RequestsPerSecond < 0, opts.RequestBurst < 0, opts.MaxInFlightPerPrincipal < 0:
+	case opts.MaxBodyBytes < 0, opts.RequestsPerSecond < 0, opts.RequestBurst < 0, opts.MaxInFlightPerPrincipal < 0,
+		opts.MaxStreamsPerPrincipal < 0, opts.KeepAlive < 0:
 		return nil, errors.New("mcpserver: limits must not be negative")
 	}
 	if opts.MaxBodyBytes == 0 {
@@ -164,6 +183,12 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.MaxInFlightPerPrincipal == 0 {
 		opts.MaxInFlightPerPrincipal = DefaultMaxInFlightPerPrincipal
+	}
+	if opts.MaxStreamsPerPrincipal == 0 {
+		opts.MaxStreamsPerPrincipal = DefaultMaxStreamsPerPrincipal
+	}
+	if opts.KeepAlive == 0 {
+		opts.KeepAlive = DefaultKeepAlive
 	}
 	log := opts.Logger
 	if log == nil {
@@ -180,10 +205,14 @@ func New(opts Options) (*Server, error) {
 		budget:   ratelimit.NewBudget(opts.RequestsPerSecond, opts.RequestBurst, opts.MaxInFlightPerPrincipal),
 		pageSize: listPageSize,
 	}
+	s.streams.init()
 	// The SDK logs every stateless request at info; keep its warnings.
 	sdkLog := slog.New(minLevel{Handler: log.Handler(), min: slog.LevelWarn}).With("component", "mcp-sdk")
 
-	caps := &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}}
+	// listChanged: upstream tools come and go. 2026-07-28 clients hear of
+	// it on subscriptions/listen (the SDK's), 2025-11-25 clients on the GET
+	// stream (ours, listen.go).
+	caps := &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}}
 	caps.AddExtension(tasks.ExtTasks, nil)
 	caps.AddExtension(tasks.ExtToolApproval, nil)
 	caps.AddExtension(tasks.ExtToolApprovalAuthZEN, map[string]any{"version": "0.1"})
@@ -221,29 +250,58 @@ func New(opts Options) (*Server, error) {
 // syncTools makes the SDK server's tool list the registry's. tools/call
 // never reaches the tools' handlers: the receiving middleware answers it.
 // Registering the tools gives tools/list, the tools capability and the SDK's
-// Mcp-Name checks.
+// Mcp-Name checks. Only tools that are new, changed or gone touch the SDK
+// server, so a registry change that leaves the served list as it was
+// notifies no one; one that changes it notifies the 2026-07-28 listeners
+// (the SDK, debounced) and the 2025-11-25 GET streams (toolsChanged).
 func (s *Server) syncTools() {
 	s.toolsMu.Lock()
 	defer s.toolsMu.Unlock()
-	now := map[string]bool{}
+	now := map[string][]byte{}
+	changed := false
 	for _, t := range s.opts.Tools.List() {
 		if err := checkObjectSchema(t.InputSchema); err != nil {
 			s.log.Error("mcpserver: tool left out of tools/list", "tool", t.Name, "err", err)
 			continue
 		}
-		now[t.Name] = true
-		s.mcp.AddTool(mcpTool(t), unreachableTool)
+		mt := mcpTool(t)
+		shown, err := json.Marshal(mt)
+		if err != nil {
+			s.log.Error("mcpserver: tool left out of tools/list", "tool", t.Name, "err", err)
+			continue
+		}
+		now[t.Name] = shown
+		if old, ok := s.listed[t.Name]; ok && bytes.Equal(old, shown) {
+			continue
+		}
+		s.mcp.AddTool(mt, unreachableTool)
+		changed = true
 	}
 	var gone []string
 	for name := range s.listed {
-		if !now[name] {
+		if _, ok := now[name]; !ok {
 			gone = append(gone, name)
 		}
 	}
 	if len(gone) > 0 {
 		s.mcp.RemoveTools(gone...)
+		changed = true
 	}
 	s.listed = now
+	if changed || s.toolsChanged == nil {
+		if s.toolsChanged != nil {
+			close(s.toolsChanged)
+		}
+		s.toolsChanged = make(chan struct{})
+	}
+}
+
+// toolsChangedChan returns a channel closed at the next change of the
+// served tool list.
+func (s *Server) toolsChangedChan() <-chan struct{} {
+	s.toolsMu.Lock()
+	defer s.toolsMu.Unlock()
+	return s.toolsChanged
 }
 
 // mcpTool is a tool as tools/list shows it: an upstream's schemas, title,

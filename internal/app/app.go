@@ -472,6 +472,9 @@ func (a *App) startHTTP(ctx context.Context) error {
 		IdleTimeout: idleTimeout,
 		// No WriteTimeout: it would cut Streamable HTTP SSE streams.
 	}
+	// Notification streams last until the client leaves; Shutdown waits
+	// for handlers to return, so it ends them first.
+	a.httpSrv.RegisterOnShutdown(mcp.CloseStreams)
 	return nil
 }
 
