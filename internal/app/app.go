@@ -184,6 +184,9 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		a.Fixtures = conformance.New()
 		tools = append(tools, a.Fixtures.Tools()...)
 	}
+	if err := checkNamespaces(cfg.ConfigFile, tools, file.Upstreams); err != nil {
+		return nil, err
+	}
 	if a.Tools, err = gateway.NewRegistry(tools...); err != nil {
 		return nil, err
 	}

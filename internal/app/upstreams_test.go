@@ -1,0 +1,31 @@
+package app
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/gateway/conformance"
+	"github.com/countersign/countersign/internal/config"
+)
+
+// An upstream whose prefix puts Countersign's own tool in its namespace is
+// refused at startup, with the file, line and field; the shipped own tools
+// leave every prefix free.
+func TestCheckNamespaces(t *testing.T) {
+	own := append(gateway.DemoTools(nil), conformance.New().Tools()...)
+	ups := []config.Upstream{{Name: "fs", Prefix: "fs", Line: 2}, {Name: "transfer", Prefix: "transfer", Line: 5}, {Name: "greet", Prefix: "greet", Line: 8}}
+	if err := checkNamespaces("c.yaml", own, ups); err != nil {
+		t.Fatalf("the demo tools and fixtures against ordinary prefixes: %v", err)
+	}
+	own = append(own, gateway.Tool{Name: "fs__read"})
+	err := checkNamespaces("c.yaml", own, ups)
+	if err == nil {
+		t.Fatal("an own tool inside an upstream's namespace was accepted")
+	}
+	for _, want := range []string{`c.yaml:2: upstreams[0].prefix: "fs"`, `own tool "fs__read"`, "choose another prefix"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+}
