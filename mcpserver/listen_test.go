@@ -393,3 +393,32 @@ func TestNotificationStreams(t *testing.T) {
 		t.Errorf("GET after CloseStreams: HTTP %d", late.StatusCode)
 	}
 }
+
+// A change while a 2025-11-25 request is in flight (its stateless session
+// is a "legacy session" the SDK tries to notify, on a stream it does not
+// have) logs nothing: tool changes are routine.
+func TestToolChangeDuringLegacyRequestIsQuiet(t *testing.T) {
+	h, reg := newListHarness(t, nil)
+	p := principal(t, "a")
+	id := h.createTask(t, p, tasks.Era2025, acct(t, "wait"))
+	done := make(chan rpc, 1)
+	go func() {
+		done <- h.do(t, call{token: tok(p), era: tasks.Era2025, method: "tasks/result", params: map[string]any{"taskId": id}})
+	}()
+	time.Sleep(300 * time.Millisecond) // tasks/result is waiting
+	if err := reg.Replace("up", []gateway.Tool{upstreamTool("echo")}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // past the SDK's 10 ms debounce
+	if _, err := h.env.workflow.Cancel(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("tasks/result did not return after the task ended")
+	}
+	if logs := h.log.String(); strings.Contains(logs, "list_changed") {
+		t.Errorf("a routine tool change was logged:\n%s", logs)
+	}
+}

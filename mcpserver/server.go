@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -356,6 +357,18 @@ type minLevel struct {
 
 func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
 	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+// Handle drops the SDK's warning that a list_changed notification found no
+// stream to go on. The SDK tries every session it calls "legacy", and each
+// 2025-11-25 request in flight when the tool list changes has a stateless
+// session without one (those clients hear of it on their GET stream), so
+// the warning would come with every routine change.
+func (h minLevel) Handle(ctx context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, "calling notifications/tools/list_changed: rejected by transport") {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
 }
 
 func (h minLevel) WithAttrs(attrs []slog.Attr) slog.Handler {
