@@ -159,4 +159,13 @@ func TestUpstreamToolListChanged(t *testing.T) {
 	if !strings.Contains(string(body), "upstream junk: down") {
 		t.Errorf("/readyz = %d %q, want it to name the junk upstream", resp.StatusCode, body)
 	}
+
+	// Shutdown with both streams open: they end, so the HTTP server's
+	// graceful shutdown does not wait out its 15 s (Stop reports a failed
+	// shutdown).
+	start := time.Now()
+	s.Stop()
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("shutdown with open notification streams took %v", d)
+	}
 }
