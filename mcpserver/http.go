@@ -112,7 +112,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, sdk http.Hand
 	listen := rerr == nil && facts.method == methodListen
 	var release func()
 	if listen {
-		release, ok = s.admitStream(w, r, principal, id)
+		release, ok = s.admitStream(w, r, principal, methodListen, id)
 	} else {
 		release, ok = s.admit(w, r, principal, facts.method, id)
 	}

@@ -108,16 +108,16 @@ func (s *Server) CloseStreams() { s.streams.close() }
 // request token (no in-flight slot: the stream is long-lived by design,
 // like 2025-11-25 tasks/result) and takes one of the principal's stream
 // slots. Refused, it answers and returns false.
-func (s *Server) admitStream(w http.ResponseWriter, r *http.Request, principal string, id []byte) (release func(), ok bool) {
+func (s *Server) admitStream(w http.ResponseWriter, r *http.Request, principal, method string, id []byte) (release func(), ok bool) {
 	if retry, ok := s.budget.Spend(principal, s.now()); !ok {
-		s.refuse(w, r, principal, methodListen, id, retry)
+		s.refuse(w, r, principal, method, id, retry)
 		return nil, false
 	}
 	release, status, msg := s.streams.acquire(principal, s.opts.MaxStreamsPerPrincipal)
 	if release == nil {
 		// Not paused like a budget refusal: each try spent a token, so a
 		// client that loops runs into the paused refusal soon enough.
-		s.log.InfoContext(r.Context(), "mcpserver: notification stream refused", "principal", principal, "status", status)
+		s.log.InfoContext(r.Context(), "mcpserver: notification stream refused", "principal", principal, "method", method, "status", status)
 		w.Header().Set("Retry-After", "1")
 		writeRPCError(w, status, id, &rpcError{code: CodeTooManyRequests, msg: msg})
 		return nil, false
@@ -240,7 +240,7 @@ func (s *Server) serveGET(w http.ResponseWriter, r *http.Request, principal stri
 		http.Error(w, "Not Acceptable: a GET opens an SSE stream; Accept must include text/event-stream", http.StatusNotAcceptable)
 		return
 	}
-	release, ok := s.admitStream(w, r, principal, nil)
+	release, ok := s.admitStream(w, r, principal, "GET", nil)
 	if !ok {
 		return
 	}

@@ -325,6 +325,13 @@ func TestNotificationStreams(t *testing.T) {
 		resp.Body.Close()
 	}
 
+	// A listen the SDK refuses (no notifications filter) is a plain
+	// JSON-RPC error, and gives its stream slot back.
+	h.do(t, call{token: tok(p), era: tasks.Era2026, method: "subscriptions/listen"}).fails(t, http.StatusBadRequest, codeInvalidParams)
+	if n := h.srv.streams.openCount(p); n != 0 {
+		t.Fatalf("%d streams open after a refused listen", n)
+	}
+
 	// A GET stream: headers, keep-alives, the notification.
 	get := openStream(t, h, p, false, nil)
 	if get.StatusCode != http.StatusOK || get.Header.Get("Content-Type") != "text/event-stream" || get.Header.Get("X-Accel-Buffering") != "no" {
