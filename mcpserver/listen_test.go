@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -58,6 +59,25 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// noStreamGoroutines waits until no goroutine serves a notification stream
+// (ours, their keep-alives, the SDK's listen handler): a stream whose
+// client left or that CloseStreams ended must leave nothing behind.
+func noStreamGoroutines(t *testing.T) {
+	t.Helper()
+	var left string
+	waitFor(t, 10*time.Second, "stream goroutines gone", func() bool {
+		buf := make([]byte, 1<<20)
+		stacks := string(buf[:runtime.Stack(buf, true)])
+		left = ""
+		for _, fn := range []string{"mcpserver.(*Server).serveGET", "mcpserver.(*Server).serveListen", "mcp.(*Server).subscriptionsListen"} {
+			if strings.Contains(stacks, fn) {
+				left = fn
+			}
+		}
+		return left == ""
+	})
 }
 
 // expectNotified waits for one notification on ch and then for quiet.
@@ -162,6 +182,7 @@ func TestGoSDKModernClientHearsToolListChanged(t *testing.T) {
 	waitFor(t, 10*time.Second, "stream released after the client left", func() bool {
 		return h.srv.streams.openCount(p) == 0 && h.srv.streams.liveCount(p) == 0
 	})
+	noStreamGoroutines(t)
 }
 
 func TestGoSDKLegacyClientHearsToolListChanged(t *testing.T) {
@@ -177,6 +198,7 @@ func TestGoSDKLegacyClientHearsToolListChanged(t *testing.T) {
 	waitFor(t, 10*time.Second, "stream released after the client left", func() bool {
 		return h.srv.streams.openCount(p) == 0 && h.srv.streams.liveCount(p) == 0
 	})
+	noStreamGoroutines(t)
 }
 
 func TestMCPGoLegacyClientHearsToolListChanged(t *testing.T) {
@@ -229,6 +251,7 @@ func TestMCPGoLegacyClientHearsToolListChanged(t *testing.T) {
 	waitFor(t, 10*time.Second, "stream released after the client left", func() bool {
 		return h.srv.streams.openCount(p) == 0 && h.srv.streams.liveCount(p) == 0
 	})
+	noStreamGoroutines(t)
 }
 
 // openStream opens a raw notification stream: a 2025-11-25 GET, or a
@@ -395,6 +418,7 @@ func TestNotificationStreams(t *testing.T) {
 	waitFor(t, 10*time.Second, "streams released", func() bool {
 		return h.srv.streams.openCount(p) == 0 && h.srv.streams.liveCount(p) == 0
 	})
+	noStreamGoroutines(t)
 	late := openStream(t, h, p, false, nil)
 	if late.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("GET after CloseStreams: HTTP %d", late.StatusCode)
