@@ -407,6 +407,12 @@ func (a *App) startHTTP(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	maxStreams := 0 // mcpserver's default
+	if a.cfg.Conformance {
+		// Every caller is principal "anonymous", and each 2025-11-25
+		// client of the suites opens a GET stream.
+		maxStreams = conformanceRequestBudget
+	}
 	mcp, err := mcpserver.New(mcpserver.Options{
 		ServerID:     serverID,
 		PublicURL:    a.cfg.PublicURL,
@@ -421,6 +427,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 		RequestsPerSecond:       a.cfg.RequestsPerSecond,
 		RequestBurst:            a.cfg.RequestBurst,
 		MaxInFlightPerPrincipal: a.cfg.MaxInFlightPerPrincipal,
+		MaxStreamsPerPrincipal:  maxStreams,
 	})
 	if err != nil {
 		return fmt.Errorf("mcp endpoint: %w", err)
