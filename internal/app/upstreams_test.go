@@ -1,6 +1,10 @@
 package app
 
 import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -27,5 +31,23 @@ func TestCheckNamespaces(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
+	}
+}
+
+// Two upstreams whose tools would share names stop startup, before anything
+// starts, with the file, line and field.
+func TestDuplicatePrefixStopsStartup(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "countersign.yaml")
+	cfg := "upstreams:\n  - name: a\n    url: http://127.0.0.1:1/mcp\n    prefix: p\n  - name: b\n    command: [x]\n    prefix: p\n"
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := New(context.Background(), Config{DataDir: filepath.Join(dir, "data"), Addr: freeAddr(t), ConfigFile: path}, ModeDev, nil, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `countersign.yaml:7: upstreams[1].prefix: duplicate prefix "p"`) {
+		t.Fatalf("New: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
+		t.Errorf("the data dir was created before the configuration was checked (%v)", err)
 	}
 }
