@@ -170,7 +170,9 @@
 // budget (internal/ratelimit.Budget): a token bucket (RequestsPerSecond,
 // RequestBurst; default 50 a second, burst 100) and a cap on its concurrent
 // requests (MaxInFlightPerPrincipal, default 16). 2025-11-25 tasks/result
-// waits for its task by design, so it spends a token but holds no slot.
+// waits for its task by design, so it spends a token but holds no slot; so
+// do the notification streams, which have a cap of their own (see
+// Notification streams).
 // Over budget the answer is HTTP 429 with Retry-After (whole seconds) and
 // the JSON-RPC error CodeTooManyRequests (-32029) "Too many requests: …"
 // with the request's id; nothing runs, and no other principal is slowed.
@@ -219,7 +221,41 @@
 // the handler is stateless for both eras: a 2025-11-25 client's initialize
 // is answered without a session ID, later requests carry
 // Mcp-Protocol-Version, and no session state ties a client to a replica.
-// Responses are application/json (nothing is streamed).
+// Responses are application/json, except the two notification streams.
+//
+// Notification streams (listen.go). The tool list follows the registry
+// (gateway.Registry.OnChange); a change of what tools/list shows, and only
+// that, is told to clients, and capabilities say tools.listChanged:
+//
+//   - 2026-07-28: subscriptions/listen (SEP-2575) is the SDK's own; it
+//     answers as an SSE stream even in JSONResponse mode, acknowledges
+//     with notifications/subscriptions/acknowledged and sends
+//     notifications/tools/list_changed (debounced) until the client
+//     cancels. The HTTP wrapper adds what the SDK lacks: an SSE comment
+//     every KeepAlive (15 s) while quiet, serialized with the SDK's writes
+//     (it writes each event in one Write, so a comment never splits one),
+//     X-Accel-Buffering: no, and an end at shutdown.
+//   - 2025-11-25: the stateless SDK answers GET with 405, so the wrapper
+//     serves GET itself: after the same authentication and budget as a
+//     POST, a standalone SSE stream that carries only
+//     {"jsonrpc":"2.0","method":"notifications/tools/list_changed"}, with
+//     the same keep-alives. Events have no IDs and nothing is replayed; a
+//     client that reconnects lists the tools again. A GET whose Accept
+//     lacks text/event-stream is 406; a GET that says
+//     Mcp-Protocol-Version 2026-07-28 is 405 (that revision has no GET
+//     stream).
+//
+// A stream lasts as long as its client, so it spends one request token but
+// holds no in-flight slot, and a principal may hold MaxStreamsPerPrincipal
+// (4) at once: the next is HTTP 429 with -32029 "Too many open
+// notification streams…". The server sets no write deadline (no
+// WriteTimeout in internal/app; internal/httplimit only sets read
+// deadlines, which net/http clears once a body is read), so nothing cuts a
+// stream but the client or Server.CloseStreams, which internal/app calls
+// when the HTTP server shuts down (http.Server.Shutdown waits for handlers;
+// a stream would not return on its own); after it, a new stream is 503.
+// Streams are per replica: each replica tells its own clients about its own
+// registry, which follows the upstreams it is connected to.
 //
 // Receiving middleware. It resolves the era per request (the _meta protocol
 // version in 2026-07-28, the session's before) and whether the request

@@ -85,6 +85,10 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, sdk http.Hand
 	if !ok {
 		return
 	}
+	if r.Method == http.MethodGet {
+		s.serveGET(w, r, principal)
+		return
+	}
 	if r.Method != http.MethodPost {
 		release, ok := s.admit(w, r, principal, "", nil)
 		if !ok {
@@ -105,7 +109,13 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, sdk http.Hand
 	if id == nil {
 		id = facts.id
 	}
-	release, ok := s.admit(w, r, principal, facts.method, id)
+	listen := rerr == nil && facts.method == methodListen
+	var release func()
+	if listen {
+		release, ok = s.admitStream(w, r, principal, methodListen, id)
+	} else {
+		release, ok = s.admit(w, r, principal, facts.method, id)
+	}
 	if !ok {
 		return
 	}
@@ -117,6 +127,10 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, sdk http.Hand
 	r = r.WithContext(context.WithValue(r.Context(), factsKey{}, facts))
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
+	if listen {
+		s.serveListen(w, r, sdk, principal)
+		return
+	}
 	sdk.ServeHTTP(w, r)
 }
 
@@ -171,7 +185,9 @@ func (s *Server) refuseKnownOverBudget(w http.ResponseWriter, r *http.Request, b
 			method, id = msg.Method, validID(msg.ID)
 		}
 	}
-	retry, refused := s.budget.Refuses(principal, method != "tasks/result", s.now())
+	// Long-lived requests hold no in-flight slot (see admit).
+	slot := method != "tasks/result" && method != methodListen && r.Method != http.MethodGet
+	retry, refused := s.budget.Refuses(principal, slot, s.now())
 	if !refused {
 		return false
 	}
@@ -182,8 +198,9 @@ func (s *Server) refuseKnownOverBudget(w http.ResponseWriter, r *http.Request, b
 // admit charges one request to principal's budget. Admitted, the request
 // holds one of the principal's in-flight slots until release, except
 // 2025-11-25 tasks/result, which waits for its task by design and only
-// spends a token. Refused, admit answers HTTP 429 with Retry-After and a
-// -32029 error for id, and returns false.
+// spends a token (so do notification streams: admitStream). Refused, admit
+// answers HTTP 429 with Retry-After and a -32029 error for id, and returns
+// false.
 func (s *Server) admit(w http.ResponseWriter, r *http.Request, principal, method string, id json.RawMessage) (release func(), ok bool) {
 	now := s.now()
 	var retry time.Duration

@@ -821,13 +821,15 @@ func TestNewValidatesOptions(t *testing.T) {
 	}
 	base := Options{ServerID: "s", Approvals: svc, PDP: e.engine, Tools: e.tools, Authenticate: testAuth}
 	for name, tweak := range map[string]func(*Options){
-		"no server id":   func(o *Options) { o.ServerID = "" },
-		"no approvals":   func(o *Options) { o.Approvals = nil },
-		"no pdp":         func(o *Options) { o.PDP = nil },
-		"no tools":       func(o *Options) { o.Tools = nil },
-		"no auth":        func(o *Options) { o.Authenticate = nil },
-		"negative limit": func(o *Options) { o.RequestBurst = -1 },
-		"negative body":  func(o *Options) { o.MaxBodyBytes = -1 },
+		"no server id":        func(o *Options) { o.ServerID = "" },
+		"no approvals":        func(o *Options) { o.Approvals = nil },
+		"no pdp":              func(o *Options) { o.PDP = nil },
+		"no tools":            func(o *Options) { o.Tools = nil },
+		"no auth":             func(o *Options) { o.Authenticate = nil },
+		"negative limit":      func(o *Options) { o.RequestBurst = -1 },
+		"negative body":       func(o *Options) { o.MaxBodyBytes = -1 },
+		"negative streams":    func(o *Options) { o.MaxStreamsPerPrincipal = -1 },
+		"negative keep-alive": func(o *Options) { o.KeepAlive = -time.Second },
 	} {
 		o := base
 		tweak(&o)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,6 +33,12 @@ const (
 	DefaultRequestsPerSecond       = 50
 	DefaultRequestBurst            = 100
 	DefaultMaxInFlightPerPrincipal = 16
+	// A principal's open notification streams (2026-07-28
+	// subscriptions/listen, 2025-11-25 GET): a client needs one.
+	DefaultMaxStreamsPerPrincipal = 4
+	// DefaultKeepAlive is how often an SSE comment goes down a quiet
+	// notification stream, so that proxies and clients do not close it.
+	DefaultKeepAlive = 15 * time.Second
 )
 
 // AnonymousPrincipal is the principal of every caller when [Options.NoAuth]
@@ -94,6 +101,14 @@ type Options struct {
 	RequestsPerSecond       float64
 	RequestBurst            int
 	MaxInFlightPerPrincipal int
+	// MaxStreamsPerPrincipal caps one principal's open notification
+	// streams (default 4): 2026-07-28 subscriptions/listen and 2025-11-25
+	// GET. Opening one spends a request token but holds no in-flight slot;
+	// over the cap the answer is HTTP 429 and -32029.
+	MaxStreamsPerPrincipal int
+	// KeepAlive is the interval of the SSE comments on a quiet
+	// notification stream (default DefaultKeepAlive).
+	KeepAlive time.Duration
 
 	// Logger receives operational logs; nil discards them.
 	Logger *slog.Logger
@@ -135,9 +150,13 @@ type Server struct {
 	pageSize int
 	mcp      *mcp.Server
 	handler  http.Handler
-	// toolsMu guards listed, the tool names registered on mcp.
-	toolsMu sync.Mutex
-	listed  map[string]bool
+	// toolsMu guards listed (each tool registered on mcp, as tools/list
+	// shows it) and toolsChanged, which is closed and replaced whenever
+	// that list changes (the 2025-11-25 GET streams wait on it).
+	toolsMu      sync.Mutex
+	listed       map[string][]byte
+	toolsChanged chan struct{}
+	streams      streams
 }
 
 // New validates opts, registers the tools and task methods on an MCP server
@@ -154,7 +173,8 @@ func New(opts Options) (*Server, error) {
 		return nil, errors.New("mcpserver: Tools is required")
 	case opts.Authenticate == nil && !opts.NoAuth:
 		return nil, errors.New("mcpserver: Authenticate is required unless NoAuth is set")
-	case opts.MaxBodyBytes < 0, opts.RequestsPerSecond < 0, opts.RequestBurst < 0, opts.MaxInFlightPerPrincipal < 0:
+	case opts.MaxBodyBytes < 0, opts.RequestsPerSecond < 0, opts.RequestBurst < 0, opts.MaxInFlightPerPrincipal < 0,
+		opts.MaxStreamsPerPrincipal < 0, opts.KeepAlive < 0:
 		return nil, errors.New("mcpserver: limits must not be negative")
 	case opts.InlineWait < 0 || opts.InlineWait > MaxInlineWait:
 		return nil, fmt.Errorf("mcpserver: InlineWait must be from 0 to %v, not %v", MaxInlineWait, opts.InlineWait)
@@ -171,6 +191,12 @@ func New(opts Options) (*Server, error) {
 	if opts.MaxInFlightPerPrincipal == 0 {
 		opts.MaxInFlightPerPrincipal = DefaultMaxInFlightPerPrincipal
 	}
+	if opts.MaxStreamsPerPrincipal == 0 {
+		opts.MaxStreamsPerPrincipal = DefaultMaxStreamsPerPrincipal
+	}
+	if opts.KeepAlive == 0 {
+		opts.KeepAlive = DefaultKeepAlive
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -186,10 +212,14 @@ func New(opts Options) (*Server, error) {
 		budget:   ratelimit.NewBudget(opts.RequestsPerSecond, opts.RequestBurst, opts.MaxInFlightPerPrincipal),
 		pageSize: listPageSize,
 	}
+	s.streams.init()
 	// The SDK logs every stateless request at info; keep its warnings.
 	sdkLog := slog.New(minLevel{Handler: log.Handler(), min: slog.LevelWarn}).With("component", "mcp-sdk")
 
-	caps := &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}}
+	// listChanged: upstream tools come and go. 2026-07-28 clients hear of
+	// it on subscriptions/listen (the SDK's), 2025-11-25 clients on the GET
+	// stream (ours, listen.go).
+	caps := &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}}
 	caps.AddExtension(tasks.ExtTasks, nil)
 	caps.AddExtension(tasks.ExtToolApproval, nil)
 	caps.AddExtension(tasks.ExtToolApprovalAuthZEN, map[string]any{"version": "0.1"})
@@ -233,15 +263,18 @@ func New(opts Options) (*Server, error) {
 // syncTools makes the SDK server's tool list the registry's. tools/call
 // never reaches the tools' handlers: the receiving middleware answers it.
 // Registering the tools gives tools/list, the tools capability and the SDK's
-// Mcp-Name checks.
+// Mcp-Name checks. Only tools that are new, changed or gone touch the SDK
+// server, so a registry change that leaves the served list as it was
+// notifies no one; one that changes it notifies the 2026-07-28 listeners
+// (the SDK, debounced) and the 2025-11-25 GET streams (toolsChanged).
 func (s *Server) syncTools() {
 	s.toolsMu.Lock()
 	defer s.toolsMu.Unlock()
-	now := map[string]bool{}
-	for _, t := range followUpTools() {
-		now[t.Name] = true
-		s.mcp.AddTool(t, unreachableTool)
-	}
+	now := map[string][]byte{}
+	changed := false
+	// Countersign's own follow-up tools first: always served, never
+	// shadowed by a registry tool.
+	served := followUpTools()
 	for _, t := range s.opts.Tools.List() {
 		if err := checkObjectSchema(t.InputSchema); err != nil {
 			s.log.Error("mcpserver: tool left out of tools/list", "tool", t.Name, "err", err)
@@ -251,19 +284,46 @@ func (s *Server) syncTools() {
 			s.log.Error("mcpserver: tool left out of tools/list: the name is Countersign's own", "tool", t.Name)
 			continue
 		}
-		now[t.Name] = true
-		s.mcp.AddTool(mcpTool(t), unreachableTool)
+		served = append(served, mcpTool(t))
+	}
+	for _, mt := range served {
+		shown, err := json.Marshal(mt)
+		if err != nil {
+			s.log.Error("mcpserver: tool left out of tools/list", "tool", mt.Name, "err", err)
+			continue
+		}
+		now[mt.Name] = shown
+		if old, ok := s.listed[mt.Name]; ok && bytes.Equal(old, shown) {
+			continue
+		}
+		s.mcp.AddTool(mt, unreachableTool)
+		changed = true
 	}
 	var gone []string
 	for name := range s.listed {
-		if !now[name] {
+		if _, ok := now[name]; !ok {
 			gone = append(gone, name)
 		}
 	}
 	if len(gone) > 0 {
 		s.mcp.RemoveTools(gone...)
+		changed = true
 	}
 	s.listed = now
+	if changed || s.toolsChanged == nil {
+		if s.toolsChanged != nil {
+			close(s.toolsChanged)
+		}
+		s.toolsChanged = make(chan struct{})
+	}
+}
+
+// toolsChangedChan returns a channel closed at the next change of the
+// served tool list.
+func (s *Server) toolsChangedChan() <-chan struct{} {
+	s.toolsMu.Lock()
+	defer s.toolsMu.Unlock()
+	return s.toolsChanged
 }
 
 // mcpTool is a tool as tools/list shows it: an upstream's schemas, title,
@@ -318,6 +378,18 @@ type minLevel struct {
 
 func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
 	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+// Handle drops the SDK's warning that a list_changed notification found no
+// stream to go on. The SDK tries every session it calls "legacy", and each
+// 2025-11-25 request in flight when the tool list changes has a stateless
+// session without one (those clients hear of it on their GET stream), so
+// the warning would come with every routine change.
+func (h minLevel) Handle(ctx context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, "calling notifications/tools/list_changed: rejected by transport") {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
 }
 
 func (h minLevel) WithAttrs(attrs []slog.Attr) slog.Handler {

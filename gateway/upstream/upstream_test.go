@@ -40,6 +40,8 @@ func TestMain(m *testing.M) {
 		runHelper(false)
 	case "hang":
 		runHelper(true)
+	case "junk":
+		runJunk()
 	}
 	os.Exit(0)
 }
@@ -82,6 +84,14 @@ func runHelper(hang bool) {
 		})
 	}
 	_ = s.Run(context.Background(), &mcp.StdioTransport{})
+}
+
+// runJunk answers every line on stdin with malformed JSON.
+func runJunk() {
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		fmt.Println(`{"jsonrpc":"2.0","id":1,"result":{protocolVersion}}`)
+	}
 }
 
 // logBuf collects JSON log records.
@@ -607,6 +617,37 @@ func TestStdioHangingList(t *testing.T) {
 	u.Close()
 	if d := time.Since(begin); d > 8*time.Second {
 		t.Fatalf("Close took %v", d)
+	}
+}
+
+// An upstream that writes malformed JSON is down with an error, and is
+// retried; an upstream beside it serves all along, and nothing panics.
+func TestStdioMalformedJSON(t *testing.T) {
+	var logs logBuf
+	junk := Start(context.Background(), Options{
+		Name: "junk", Command: []string{os.Args[0]}, Env: map[string]string{helperEnv: "junk"},
+		ListTimeout: time.Second, Logger: logs.logger(),
+	})
+	t.Cleanup(func() { junk.Close() })
+	ch := make(changes, 100)
+	good := Start(context.Background(), Options{
+		Name: "helper", Command: []string{os.Args[0]}, Env: map[string]string{helperEnv: "server"},
+		Logger: slog.New(slog.DiscardHandler), OnChange: ch.onChange,
+	})
+	t.Cleanup(func() { good.Close() })
+
+	tools := ch.wait(t, "the good upstream's tools", has("helper__echo"))
+	logs.wait(t, "the junk upstream fails", func(r map[string]any) bool { return r["msg"] == "upstream unavailable" })
+	// The error says what was wrong.
+	if st := junk.State(); st.Up || !strings.Contains(st.Err, "invalid character") {
+		t.Fatalf("junk upstream state %+v", st)
+	}
+	r, err := run(t, find(tools, "helper__echo"), `{"text":"still here"}`)
+	if err != nil || firstText(t, r) != "still here" {
+		t.Fatalf("the good upstream beside the junk one: %+v %v", r, err)
+	}
+	if st := good.State(); !st.Up {
+		t.Fatalf("good upstream state %+v", st)
 	}
 }
 

@@ -188,6 +188,9 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		a.Fixtures = conformance.New()
 		tools = append(tools, a.Fixtures.Tools()...)
 	}
+	if err := checkNamespaces(cfg.ConfigFile, tools, file.Upstreams); err != nil {
+		return nil, err
+	}
 	if a.Tools, err = gateway.NewRegistry(tools...); err != nil {
 		return nil, err
 	}
@@ -408,6 +411,12 @@ func (a *App) startHTTP(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	maxStreams := 0 // mcpserver's default
+	if a.cfg.Conformance {
+		// Every caller is principal "anonymous", and each 2025-11-25
+		// client of the suites opens a GET stream.
+		maxStreams = conformanceRequestBudget
+	}
 	mcp, err := mcpserver.New(mcpserver.Options{
 		ServerID:     serverID,
 		PublicURL:    a.cfg.PublicURL,
@@ -423,6 +432,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 		RequestsPerSecond:       a.cfg.RequestsPerSecond,
 		RequestBurst:            a.cfg.RequestBurst,
 		MaxInFlightPerPrincipal: a.cfg.MaxInFlightPerPrincipal,
+		MaxStreamsPerPrincipal:  maxStreams,
 	})
 	if err != nil {
 		return fmt.Errorf("mcp endpoint: %w", err)
@@ -477,6 +487,9 @@ func (a *App) startHTTP(ctx context.Context) error {
 		IdleTimeout: idleTimeout,
 		// No WriteTimeout: it would cut Streamable HTTP SSE streams.
 	}
+	// Notification streams last until the client leaves; Shutdown waits
+	// for handlers to return, so it ends them first.
+	a.httpSrv.RegisterOnShutdown(mcp.CloseStreams)
 	return nil
 }
 

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -29,6 +30,31 @@ func loadConfigFile(path string) (*config.File, error) {
 		return nil, fmt.Errorf("configuration file: %w", err)
 	}
 	return f, nil
+}
+
+// checkNamespaces refuses, at startup, a configuration under which an
+// upstream's tool could take the name of one of Countersign's own tools
+// (the demo tools, the conformance fixtures). Served names cannot collide
+// otherwise: an upstream tool is <prefix>__<tool>, a prefix is a-z, 0-9 and
+// - (internal/config), so a name's first "__" ends its prefix, and
+// internal/config refuses two upstreams with one prefix. What is left is
+// an own tool named <prefix>__…, which this refuses. (The registry still
+// leaves out, and logs, any tool whose name is taken: an upstream that
+// lists one name twice.)
+func checkNamespaces(file string, own []gateway.Tool, ups []config.Upstream) error {
+	var errs []error
+	for i, u := range ups {
+		for _, t := range own {
+			if strings.HasPrefix(t.Name, u.Prefix+config.ToolSeparator) {
+				errs = append(errs, fmt.Errorf("%s:%d: upstreams[%d].prefix: %q would put upstream %s's tools beside Countersign's own tool %q (all %s%s* names are the upstream's); choose another prefix",
+					file, u.Line, i, u.Prefix, u.Name, t.Name, u.Prefix, config.ToolSeparator))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("configuration file: %w", errors.Join(errs...))
+	}
+	return nil
 }
 
 // startUpstreams connects every configured upstream MCP server and serves

@@ -1,0 +1,53 @@
+package app
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/gateway/conformance"
+	"github.com/countersign/countersign/internal/config"
+)
+
+// An upstream whose prefix puts Countersign's own tool in its namespace is
+// refused at startup, with the file, line and field; the shipped own tools
+// leave every prefix free.
+func TestCheckNamespaces(t *testing.T) {
+	own := append(gateway.DemoTools(nil), conformance.New().Tools()...)
+	ups := []config.Upstream{{Name: "fs", Prefix: "fs", Line: 2}, {Name: "transfer", Prefix: "transfer", Line: 5}, {Name: "greet", Prefix: "greet", Line: 8}}
+	if err := checkNamespaces("c.yaml", own, ups); err != nil {
+		t.Fatalf("the demo tools and fixtures against ordinary prefixes: %v", err)
+	}
+	own = append(own, gateway.Tool{Name: "fs__read"})
+	err := checkNamespaces("c.yaml", own, ups)
+	if err == nil {
+		t.Fatal("an own tool inside an upstream's namespace was accepted")
+	}
+	for _, want := range []string{`c.yaml:2: upstreams[0].prefix: "fs"`, `own tool "fs__read"`, "choose another prefix"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+}
+
+// Two upstreams whose tools would share names stop startup, before anything
+// starts, with the file, line and field.
+func TestDuplicatePrefixStopsStartup(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "countersign.yaml")
+	cfg := "upstreams:\n  - name: a\n    url: http://127.0.0.1:1/mcp\n    prefix: p\n  - name: b\n    command: [x]\n    prefix: p\n"
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := New(context.Background(), Config{DataDir: filepath.Join(dir, "data"), Addr: freeAddr(t), ConfigFile: path}, ModeDev, nil, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `countersign.yaml:7: upstreams[1].prefix: duplicate prefix "p"`) {
+		t.Fatalf("New: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
+		t.Errorf("the data dir was created before the configuration was checked (%v)", err)
+	}
+}
