@@ -65,20 +65,12 @@ type plainClient interface {
 // goSDKClient is github.com/modelcontextprotocol/go-sdk's client.
 type goSDKClient struct{ cs *mcp.ClientSession }
 
-type bearer struct{ token string }
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.token)
-	return http.DefaultTransport.RoundTrip(r)
-}
-
 func newGoSDKClient(t *testing.T, s *stack, token string) plainClient {
 	t.Helper()
 	c := mcp.NewClient(&mcp.Implementation{Name: "go-sdk-plain", Version: "1"}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: s.Base + "/mcp", HTTPClient: &http.Client{Transport: bearer{token}}}, nil)
+	cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: s.Base + "/mcp", HTTPClient: &http.Client{Transport: bearer(token)}}, nil)
 	if err != nil {
 		t.Fatalf("go-sdk connect: %v", err)
 	}
