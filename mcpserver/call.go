@@ -76,6 +76,11 @@ func (s *Server) decide(ctx context.Context, info *callInfo, p *mcp.CallToolPara
 		}
 		return nil, fx, &rpcError{code: codeMethodNotFound, msg: fmt.Sprintf("Tool %s must be called as a task (execution.taskSupport is \"required\")", tool.Name)}
 	}
+	if fx.RequiresCapability != "" && info.era == tasks.Era2026 && !info.declares(fx.RequiresCapability) {
+		// SEP-2575: a server must not rely on a capability the request
+		// did not declare.
+		return nil, fx, missingCapability(fx.RequiresCapability)
+	}
 	hash, err := canon.Hash(tool.Name, args, s.opts.ServerID)
 	if err != nil {
 		return nil, fx, invalidParams("Invalid arguments: not valid JSON")
@@ -240,7 +245,14 @@ func gatherInputs(info *callInfo, tool string, requests map[string]json.RawMessa
 	}
 	missing := map[string]json.RawMessage{}
 	answers := map[string]mcp.InputResponse{}
+	var unanswerable string
 	for id, req := range requests {
+		// Only what the request's client capabilities can answer is asked
+		// (SEP-2322); the tool runs without the rest.
+		if capability := inputCapability(req); capability != "" && !info.declares(capability) {
+			unanswerable = capability
+			continue
+		}
 		if r, ok := got[id]; ok && r != nil {
 			answers[id] = r
 		} else {
@@ -250,11 +262,34 @@ func gatherInputs(info *callInfo, tool string, requests map[string]json.RawMessa
 	if len(missing) > 0 {
 		return nil, &inputRequiredResult{ResultType: resultTypeInputRequired, InputRequests: missing}, nil
 	}
+	if len(answers) == 0 && unanswerable != "" {
+		// The client can answer none of the tool's questions.
+		return nil, nil, missingCapability(unanswerable)
+	}
 	b, err := json.Marshal(answers)
 	if err != nil {
 		return nil, nil, invalidParams("Invalid params: inputResponses")
 	}
 	return b, nil, nil
+}
+
+// inputCapability is the client capability an input request needs: its
+// method's feature ("elicitation", "sampling", "roots"), or "" for a
+// method this server does not know.
+func inputCapability(req json.RawMessage) string {
+	var r struct {
+		Method string `json:"method"`
+	}
+	_ = json.Unmarshal(req, &r) // the fixture's own, well-formed requests
+	switch r.Method {
+	case "elicitation/create":
+		return "elicitation"
+	case "sampling/createMessage":
+		return "sampling"
+	case "roots/list":
+		return "roots"
+	}
+	return ""
 }
 
 // clientHoldsTask reports whether the request can receive a task for tool,
@@ -294,6 +329,12 @@ func (s *Server) execute(ctx context.Context, c *gatedCall) (res tasks.CallToolR
 		Principal:      c.info.principal,
 		Arguments:      c.args,
 		Inputs:         c.inputs,
+		ProgressFunc: func(progress, total float64, message string) {
+			s.progress(ctx, progress, total, message)
+		},
+		LogFunc: func(level, message string) {
+			s.logToClient(ctx, mcp.LoggingLevel(level), message)
+		},
 	})
 	if errors.Is(err, gateway.ErrNotSent) {
 		// Nothing reached the tool: say so, and that it is safe to retry.

@@ -214,7 +214,15 @@ func New(opts Options) (*Server, error) {
 		Logger:              sdkLog,
 		MaxRequestBodyBytes: opts.MaxBodyBytes,
 	})
-	s.handler = s.httpHandler(sdk)
+	// The same server, answering with a stream: for the tools/calls that
+	// can use one (Server.streams), so that their progress and log
+	// notifications reach the client before the result.
+	sse := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.mcp }, &mcp.StreamableHTTPOptions{
+		Stateless:           true,
+		Logger:              sdkLog,
+		MaxRequestBodyBytes: opts.MaxBodyBytes,
+	})
+	s.handler = s.httpHandler(sdk, sse)
 	return s, nil
 }
 
