@@ -96,6 +96,13 @@
 //     every answer proceeds, and the answers reach the tool
 //     (gateway.Call.Inputs; Envelope.InputResponses for a task). Never for a
 //     requestable call: the answers are not in the action hash.
+//   - InputRounds (2026-07-28, SEP-2322): input requests in rounds, each
+//     asked once the previous is answered. Each InputRequiredResult carries
+//     a requestState: the answers so far, bound to the principal, the tool
+//     and the action hash, with a ten-minute expiry, HMAC-SHA256-signed
+//     with a per-process key (inputstate.go). An echoed requestState that
+//     fails any check is -32602 and nothing runs; it is honoured only by
+//     the process that issued it, which is enough for fixtures.
 //   - TaskInputRequests (2026-07-28, SEP-2663 + SEP-2322): the unattended
 //     task of an allowed call starts input_required with these requests
 //     (tasks/get shows inputRequests); tasks/update answers them (partial

@@ -3,6 +3,7 @@ package mcpserver
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -131,6 +132,8 @@ type Server struct {
 	pageSize int
 	mcp      *mcp.Server
 	handler  http.Handler
+	// stateKey signs SEP-2322 requestStates (see inputState).
+	stateKey []byte
 	// toolsMu guards listed, the tool names registered on mcp.
 	toolsMu sync.Mutex
 	listed  map[string]bool
@@ -179,6 +182,10 @@ func New(opts Options) (*Server, error) {
 		now:      time.Now,
 		budget:   ratelimit.NewBudget(opts.RequestsPerSecond, opts.RequestBurst, opts.MaxInFlightPerPrincipal),
 		pageSize: listPageSize,
+		stateKey: make([]byte, 32),
+	}
+	if _, err := rand.Read(s.stateKey); err != nil {
+		return nil, fmt.Errorf("mcpserver: request state key: %w", err)
 	}
 	// The SDK logs every stateless request at info; keep its warnings.
 	sdkLog := slog.New(minLevel{Handler: log.Handler(), min: slog.LevelWarn}).With("component", "mcp-sdk")

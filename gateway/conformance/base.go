@@ -33,6 +33,9 @@ import (
 //   - test_streaming_elicitation, test_input_required_result_elicitation,
 //     _sampling, _list_roots, _capabilities: SEP-2322 input requests
 //     (elicitation, sampling, roots), then a result built from the answers.
+//   - test_input_required_result_multiple_inputs, _request_state,
+//     _tampered_state, _multi_round: the same, with a requestState; the
+//     last asks in two rounds.
 
 // PNG is a 1×1 red pixel; WAV is eight samples of 8 kHz, 8-bit silence.
 const (
@@ -205,10 +208,29 @@ func baseFixtures() []Fixture {
 			"user_name":        elicit("What is your name?", `{"name":{"type":"string"}}`, "name"),
 			"capital_question": sampling("What is the capital of France?", 100),
 		}),
-		asking("test_input_required_result_multiple_inputs", map[string]json.RawMessage{
+		askingInRounds("test_input_required_result_multiple_inputs", map[string]json.RawMessage{
 			"user_name":    elicit("What is your name?", `{"name":{"type":"string"}}`, "name"),
 			"greeting":     sampling("Generate a greeting", 50),
 			"client_roots": listRoots,
 		}),
+		askingInRounds("test_input_required_result_request_state", map[string]json.RawMessage{
+			"confirm": elicit("Please confirm", `{"ok":{"type":"boolean"}}`, "ok"),
+		}),
+		askingInRounds("test_input_required_result_tampered_state", map[string]json.RawMessage{
+			"confirm": elicit("Please confirm", `{"ok":{"type":"boolean"}}`, "ok"),
+		}),
+		askingInRounds("test_input_required_result_multi_round",
+			map[string]json.RawMessage{"step1": elicit("Step 1: What is your name?", `{"name":{"type":"string"}}`, "name")},
+			map[string]json.RawMessage{"step2": elicit("Step 2: What is your favorite color?", `{"color":{"type":"string"}}`, "color")},
+		),
 	}
+}
+
+// askingInRounds is an asking fixture that asks in rounds, each once the
+// previous is answered, with a requestState (Fixture.InputRounds).
+func askingInRounds(name string, rounds ...map[string]json.RawMessage) Fixture {
+	f := asking(name, nil)
+	f.inputRequests = nil
+	f.inputRounds = func(json.RawMessage) []map[string]json.RawMessage { return rounds }
+	return f
 }

@@ -74,6 +74,7 @@ type Fixture struct {
 
 	delay             func(args json.RawMessage) time.Duration
 	inputRequests     func(args json.RawMessage) map[string]json.RawMessage
+	inputRounds       func(args json.RawMessage) []map[string]json.RawMessage
 	taskInputRequests func(args json.RawMessage) map[string]json.RawMessage
 }
 
@@ -113,6 +114,18 @@ func (f Fixture) InputRequests(args json.RawMessage) map[string]json.RawMessage 
 		return nil
 	}
 	return f.inputRequests(args)
+}
+
+// InputRounds are input requests asked in rounds (SEP-2322): each round
+// once the previous one is answered, with a requestState that carries the
+// answers so far; the call runs once every round is answered. Nil for a
+// fixture that asks at most once (InputRequests). Honoured only for calls
+// policy allows, like InputRequests.
+func (f Fixture) InputRounds(args json.RawMessage) []map[string]json.RawMessage {
+	if f.inputRounds == nil {
+		return nil
+	}
+	return f.inputRounds(args)
 }
 
 // TaskInputRequests are the input requests an Async fixture's TASK asks

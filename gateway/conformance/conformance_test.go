@@ -152,7 +152,7 @@ func TestFixtureWaitAndLookup(t *testing.T) {
 	if _, ok := fx.Lookup("transfer_funds"); ok {
 		t.Error("a real tool is not a fixture")
 	}
-	if got, want := len(fx.Tools()), 25; got != want {
+	if got, want := len(fx.Tools()), 28; got != want {
 		t.Errorf("%d fixture tools, want %d", got, want)
 	}
 	slow, _ := fx.Lookup("slow_compute")

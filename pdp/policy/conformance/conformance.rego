@@ -19,6 +19,9 @@ fixtures := {
 	"test_input_required_result_list_roots",
 	"test_input_required_result_capabilities",
 	"test_input_required_result_multiple_inputs",
+	"test_input_required_result_request_state",
+	"test_input_required_result_tampered_state",
+	"test_input_required_result_multi_round",
 }
 
 base := allow("conformance fixture") if tool in fixtures
