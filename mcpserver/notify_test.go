@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -192,5 +194,64 @@ func TestToolsOnlyServerRefusesOtherFeatures(t *testing.T) {
 				t.Errorf("%s %s: want -32601, got HTTP %d: %s", era, method, r.Status, r.Body)
 			}
 		}
+	}
+}
+
+// Many goroutines report progress for one call, and one keeps reporting
+// after the tool has returned: the client sees strictly increasing values,
+// the stream ends with the result (notes checks it: nothing trails it),
+// and nothing races.
+func TestProgressConcurrentAndAfterTheResult(t *testing.T) {
+	stop := make(chan struct{})
+	after := make(chan struct{})
+	tool := gateway.Tool{
+		Name: "race_progress", Upstream: "race", UpstreamTool: "progress", Approval: "never",
+		InputSchema: json.RawMessage(`{"type":"object"}`),
+		Run: func(_ context.Context, call gateway.Call) (tasks.CallToolResult, error) {
+			var wg sync.WaitGroup
+			for g := range 8 {
+				wg.Go(func() {
+					for i := range 50 {
+						call.ReportProgress(float64(i*8+g%3), 0, "")
+					}
+				})
+			}
+			wg.Wait()
+			go func() {
+				defer close(after)
+				for i := 1000; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+						call.ReportProgress(float64(i), 0, "late")
+						call.Log("info", "late")
+					}
+				}
+			}()
+			return tasks.CallToolResult{Content: []json.RawMessage{tasks.TextContent("done")}}, nil
+		},
+	}
+	reg, err := gateway.NewRegistry(tool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, func(o *Options) { o.Tools = reg })
+	r := h.do(t, call{token: tok(principal(t, "a")), era: tasks.Era2026, method: "tools/call", params: map[string]any{
+		"name": "race_progress", "arguments": map[string]any{}, "_meta": map[string]any{"progressToken": 7},
+	}})
+	close(stop)
+	<-after
+	got := notes(t, sseMessages(t, r), "notifications/progress")
+	if len(got) == 0 {
+		t.Fatal("no progress notifications")
+	}
+	last := -1.0
+	for _, p := range got {
+		v, _ := p["progress"].(float64)
+		if v <= last || p["progressToken"] != 7.0 {
+			t.Fatalf("progress not strictly increasing: %v", got)
+		}
+		last = v
 	}
 }
