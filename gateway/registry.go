@@ -57,6 +57,31 @@ type Call struct {
 	// Inputs are the client's answers to InputRequests (a JSON object keyed
 	// by request ID), or empty.
 	Inputs json.RawMessage
+	// ProgressFunc and LogFunc, when set, send notifications/progress and
+	// notifications/message to the client for this call while it runs
+	// (the MCP endpoint sets them for a call answered inline). Use
+	// [Call.ReportProgress] and [Call.Log], which are safe when they are
+	// nil.
+	ProgressFunc func(progress, total float64, message string)
+	LogFunc      func(level, message string)
+}
+
+// ReportProgress tells the client how far the call has come (progress of
+// total; total 0 when unknown). It does nothing when the client cannot hear
+// it (no progress token, no stream, a task run later by a workflow).
+func (c Call) ReportProgress(progress, total float64, message string) {
+	if c.ProgressFunc != nil {
+		c.ProgressFunc(progress, total, message)
+	}
+}
+
+// Log sends the client a log message at level ("debug", "info",
+// "warning", "error"…), when it can hear one; otherwise nothing happens.
+// Never put secrets or raw arguments in message.
+func (c Call) Log(level, message string) {
+	if c.LogFunc != nil {
+		c.LogFunc(level, message)
+	}
 }
 
 // Tool is a backend tool.

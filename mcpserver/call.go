@@ -41,7 +41,7 @@ func (s *Server) callTool(ctx context.Context, info *callInfo, p *mcp.CallToolPa
 	case pdp.EffectAllow:
 		// SEP-2322 MRTR: the tool may need the client's answers first.
 		// Only for allowed calls: the answers are not in the action hash.
-		inputs, ask, err := gatherInputs(info, c.tool.Name, fx.InputRequests(c.args), p.InputResponses)
+		inputs, ask, err := s.gatherInputs(info, c, fx, p)
 		if err != nil || ask != nil {
 			return ask, err
 		}
@@ -79,6 +79,11 @@ func (s *Server) decide(ctx context.Context, info *callInfo, p *mcp.CallToolPara
 			return nil, fx, missingTasksCapability()
 		}
 		return nil, fx, &rpcError{code: codeMethodNotFound, msg: fmt.Sprintf("Tool %s must be called as a task (execution.taskSupport is \"required\")", tool.Name)}
+	}
+	if fx.RequiresCapability != "" && info.era == tasks.Era2026 && !info.declares(fx.RequiresCapability) {
+		// SEP-2575: a server must not rely on a capability the request
+		// did not declare.
+		return nil, fx, missingCapability(fx.RequiresCapability)
 	}
 	hash, err := canon.Hash(tool.Name, args, s.opts.ServerID)
 	if err != nil {
@@ -249,32 +254,91 @@ type gatedCall struct {
 
 // gatherInputs returns the answers to a tool's input requests, or, when
 // some are missing, the InputRequiredResult that asks for them (SEP-2322,
-// 2026-07-28 only). Countersign keeps no requestState: a request is asked
-// again until the call that answers it arrives.
-func gatherInputs(info *callInfo, tool string, requests map[string]json.RawMessage, got mcp.InputResponseMap) (json.RawMessage, mcp.Result, error) {
-	if len(requests) == 0 {
+// 2026-07-28 only). A tool asks in rounds: the next round is asked once the
+// last one is answered. A one-round tool keeps no state: a request is
+// asked again until the call that answers it arrives. A tool that asks in
+// declared rounds (conformance.Fixture.InputRounds) gets a requestState
+// with each InputRequiredResult, carrying the answers so far, signed by
+// this server and bound to the caller, the tool and the arguments; a
+// requestState that fails that check is -32602 and nothing runs.
+func (s *Server) gatherInputs(info *callInfo, c *gatedCall, fx conformance.Fixture, p *mcp.CallToolParamsRaw) (json.RawMessage, mcp.Result, error) {
+	rounds, stateful := fx.InputRounds(c.args), true
+	if len(rounds) == 0 {
+		rounds, stateful = []map[string]json.RawMessage{fx.InputRequests(c.args)}, false
+	}
+	if len(rounds[0]) == 0 {
 		return nil, nil, nil
 	}
 	if info.era != tasks.Era2026 {
-		return nil, nil, invalidParams(fmt.Sprintf("Tool %s needs input from the client first (input requests, protocol 2026-07-28)", tool))
+		return nil, nil, invalidParams(fmt.Sprintf("Tool %s needs input from the client first (input requests, protocol 2026-07-28)", c.tool.Name))
 	}
-	missing := map[string]json.RawMessage{}
-	answers := map[string]mcp.InputResponse{}
-	for id, req := range requests {
-		if r, ok := got[id]; ok && r != nil {
-			answers[id] = r
-		} else {
-			missing[id] = req
+	st := inputState{Principal: info.principal, Tool: c.tool.Name, Hash: c.hash.String(), Answers: map[string]json.RawMessage{}}
+	if stateful && p.RequestState != "" {
+		prev, err := s.openInputState(p.RequestState, st, s.now())
+		if err != nil {
+			return nil, nil, err
+		}
+		st.Round, st.Answers = prev.Round, prev.Answers
+	}
+	if st.Round >= len(rounds) {
+		return nil, nil, invalidParams("Invalid params: requestState is not for this call")
+	}
+	var unanswerable string
+	for ; st.Round < len(rounds); st.Round++ {
+		missing := map[string]json.RawMessage{}
+		for id, req := range rounds[st.Round] {
+			// Only what the request's client capabilities can answer is
+			// asked (SEP-2322); the tool runs without the rest.
+			if capability := inputCapability(req); capability != "" && !info.declares(capability) {
+				unanswerable = capability
+				continue
+			}
+			if r, ok := p.InputResponses[id]; ok && r != nil {
+				b, err := json.Marshal(r)
+				if err != nil {
+					return nil, nil, invalidParams("Invalid params: inputResponses")
+				}
+				st.Answers[id] = b
+			} else if _, ok := st.Answers[id]; !ok {
+				missing[id] = req
+			}
+		}
+		if len(missing) > 0 {
+			ask := &inputRequiredResult{ResultType: resultTypeInputRequired, InputRequests: missing}
+			if stateful {
+				ask.RequestState = s.sealInputState(st, s.now())
+			}
+			return nil, ask, nil
 		}
 	}
-	if len(missing) > 0 {
-		return nil, &inputRequiredResult{ResultType: resultTypeInputRequired, InputRequests: missing}, nil
+	if len(st.Answers) == 0 && unanswerable != "" {
+		// The client can answer none of the tool's questions.
+		return nil, nil, missingCapability(unanswerable)
 	}
-	b, err := json.Marshal(answers)
+	b, err := json.Marshal(st.Answers)
 	if err != nil {
 		return nil, nil, invalidParams("Invalid params: inputResponses")
 	}
 	return b, nil, nil
+}
+
+// inputCapability is the client capability an input request needs: its
+// method's feature ("elicitation", "sampling", "roots"), or "" for a
+// method this server does not know.
+func inputCapability(req json.RawMessage) string {
+	var r struct {
+		Method string `json:"method"`
+	}
+	_ = json.Unmarshal(req, &r) // the fixture's own, well-formed requests
+	switch r.Method {
+	case "elicitation/create":
+		return "elicitation"
+	case "sampling/createMessage":
+		return "sampling"
+	case "roots/list":
+		return "roots"
+	}
+	return ""
 }
 
 // clientHoldsTask reports whether the request can receive a task for tool,
@@ -314,6 +378,12 @@ func (s *Server) execute(ctx context.Context, c *gatedCall) (res tasks.CallToolR
 		Principal:      c.info.principal,
 		Arguments:      c.args,
 		Inputs:         c.inputs,
+		ProgressFunc: func(progress, total float64, message string) {
+			s.progress(ctx, progress, total, message)
+		},
+		LogFunc: func(level, message string) {
+			s.logToClient(ctx, mcp.LoggingLevel(level), message)
+		},
 	})
 	if errors.Is(err, gateway.ErrNotSent) {
 		// Nothing reached the tool: say so, and that it is safe to retry.

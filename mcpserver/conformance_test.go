@@ -176,12 +176,14 @@ func TestConformanceInputThenTask(t *testing.T) {
 		TaskID        string                     `json:"taskId"`
 		InputRequests map[string]json.RawMessage `json:"inputRequests"`
 	}
-	h.confCall(t, tasks.Era2026, true, "test_tool_with_task", map[string]any{}).ok(t, &ask)
+	h.do(t, call{era: tasks.Era2026, tasks: true, caps: elicitation, method: "tools/call", params: map[string]any{
+		"name": "test_tool_with_task", "arguments": map[string]any{},
+	}}).ok(t, &ask)
 	if ask.ResultType != "input_required" || ask.TaskID != "" || ask.InputRequests["user_name"] == nil {
 		t.Fatalf("round 1 must ask for user_name: %+v", ask)
 	}
 	var created confTask
-	h.do(t, call{era: tasks.Era2026, tasks: true, method: "tools/call", params: map[string]any{
+	h.do(t, call{era: tasks.Era2026, tasks: true, caps: elicitation, method: "tools/call", params: map[string]any{
 		"name": "test_tool_with_task", "arguments": map[string]any{},
 		"inputResponses": map[string]any{"user_name": map[string]any{"action": "accept", "content": map[string]any{"name": "Alice"}}},
 	}}).ok(t, &created)

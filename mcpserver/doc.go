@@ -130,6 +130,13 @@
 //     every answer proceeds, and the answers reach the tool
 //     (gateway.Call.Inputs; Envelope.InputResponses for a task). Never for a
 //     requestable call: the answers are not in the action hash.
+//   - InputRounds (2026-07-28, SEP-2322): input requests in rounds, each
+//     asked once the previous is answered. Each InputRequiredResult carries
+//     a requestState: the answers so far, bound to the principal, the tool
+//     and the action hash, with a ten-minute expiry, HMAC-SHA256-signed
+//     with a per-process key (inputstate.go). An echoed requestState that
+//     fails any check is -32602 and nothing runs; it is honoured only by
+//     the process that issued it, which is enough for fixtures.
 //   - TaskInputRequests (2026-07-28, SEP-2663 + SEP-2322): the unattended
 //     task of an allowed call starts input_required with these requests
 //     (tasks/get shows inputRequests); tasks/update answers them (partial
@@ -221,7 +228,47 @@
 // the handler is stateless for both eras: a 2025-11-25 client's initialize
 // is answered without a session ID, later requests carry
 // Mcp-Protocol-Version, and no session state ties a client to a replica.
-// Responses are application/json, except the two notification streams.
+// With no session there are no server-to-client requests (sampling,
+// elicitation) in 2025-11-25; in 2026-07-28 a tool asks through SEP-2322
+// input requests instead.
+//
+// Responses are application/json, except the two notification streams
+// (below) and a tools/call that can use a stream: its client accepts text/event-stream and it asks for
+// notifications (a _meta progressToken, or a 2026-07-28 _meta log level),
+// or it calls a conformance fixture that logs unasked
+// (conformance.Fixture.Notifies). The HTTP wrapper hands such a call to a
+// second StreamableHTTPHandler on the same mcp.Server with JSONResponse
+// false, so the call's notifications travel on its response stream before
+// its one result; everything else is unchanged.
+//
+// Progress and log notifications. Code on the tools/call path sends them
+// with Server.progress(ctx, progress, total, message) and
+// Server.logToClient(ctx, level, message), with the handler's context or
+// one derived from it; a tool reaches them through
+// gateway.Call.ReportProgress and gateway.Call.Log. Both are safe for
+// concurrent use and no-ops when the client cannot hear them (no token, no
+// stream, the response already written: the SDK refuses writes after the
+// result, so nothing trails it); errors are logged at debug and never fail
+// the call. Progress values strictly increase: one not above the last sent
+// is dropped. Log messages follow the request's _meta log level in
+// 2026-07-28 (none without one); a 2025-11-25 client's logging/setLevel
+// went to another request's session, which a stateless server forgets, so
+// a streamed 2025-11-25 call gets messages at info and above (MCP lets the
+// server choose when no level is set).
+//
+// Tools only. Countersign declares no prompts, resources or completions
+// capability, and answers prompts/*, resources/* and completion/complete
+// with -32601 (the SDK would otherwise answer empty lists, as if it served
+// them).
+//
+// Client capabilities (2026-07-28, SEP-2575). A fixture may need a client
+// capability (conformance.Fixture.RequiresCapability): a call that does not
+// declare it in its _meta gets -32021 with data.requiredCapabilities naming
+// it ({"sampling": {}}), before policy runs. Input requests (SEP-2322) are
+// sent only for what the request declares: elicitation/create needs
+// elicitation, sampling/createMessage sampling, roots/list roots; the tool
+// runs without answers to the rest, and a call that can answer none of its
+// tool's requests gets -32021.
 //
 // Notification streams (listen.go). The tool list follows the registry
 // (gateway.Registry.OnChange); a change of what tools/list shows, and only

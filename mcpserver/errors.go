@@ -80,6 +80,14 @@ func methodNotFound(method string, era tasks.Era) *rpcError {
 
 func taskNotFound() *rpcError { return invalidParams(msgTaskNotFound) }
 
+// missingCapability is -32021 for a client capability (such as "sampling")
+// the request did not declare; data.requiredCapabilities names it as a
+// ClientCapabilities object.
+func missingCapability(capability string) *rpcError {
+	data, _ := json.Marshal(map[string]any{"requiredCapabilities": map[string]any{capability: struct{}{}}})
+	return &rpcError{code: codeMissingCapability, msg: msgMissingTasksCap, data: data}
+}
+
 func missingTasksCapability() *rpcError {
 	return &rpcError{code: codeMissingCapability, msg: msgMissingTasksCap, data: missingTasksData}
 }

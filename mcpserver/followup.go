@@ -217,7 +217,7 @@ func (s *Server) waitFor(ctx context.Context, info *callInfo, rec tasks.Record, 
 		stop := context.AfterFunc(info.httpCtx, cancel)
 		defer stop()
 	}
-	if info.progress != nil {
+	if info.notify != nil && info.notify.token != nil {
 		start := s.now()
 		t := time.NewTicker(progressEvery)
 		defer t.Stop()
@@ -236,7 +236,7 @@ func (s *Server) waitFor(ctx context.Context, info *callInfo, rec tasks.Record, 
 					return
 				case <-t.C:
 					waited := s.now().Sub(start).Round(time.Second)
-					info.progress(wctx, waited.Seconds(), d.Seconds(),
+					s.progress(wctx, waited.Seconds(), d.Seconds(),
 						fmt.Sprintf("Waiting for approval of %s (task %s): %s of at most %s", rec.Tool, rec.TaskID, waited, d))
 				}
 			}

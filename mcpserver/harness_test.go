@@ -264,6 +264,7 @@ type call struct {
 	token   string            // bearer token; "" sends none
 	era     tasks.Era         // wire era
 	tasks   bool              // 2026: declare the tasks extension
+	caps    map[string]any    // 2026: more client capabilities
 	method  string            // JSON-RPC method
 	params  map[string]any    // params (a _meta is added for 2026)
 	headers map[string]string // extra or overriding headers
@@ -289,14 +290,23 @@ func (h *harness) do(tb testing.TB, c call) rpc {
 		switch c.era {
 		case tasks.Era2026:
 			caps := map[string]any{}
+			for k, v := range c.caps {
+				caps[k] = v
+			}
 			if c.tasks {
 				caps["extensions"] = map[string]any{tasks.ExtTasks: map[string]any{}}
 			}
-			params["_meta"] = map[string]any{
+			meta := map[string]any{
 				"io.modelcontextprotocol/protocolVersion":    string(tasks.Era2026),
 				"io.modelcontextprotocol/clientCapabilities": caps,
 				"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "raw-test", "version": "1"},
 			}
+			if m, ok := params["_meta"].(map[string]any); ok {
+				for k, v := range m {
+					meta[k] = v
+				}
+			}
+			params["_meta"] = meta
 			hdr.Set("Mcp-Protocol-Version", string(tasks.Era2026))
 			hdr.Set("Mcp-Method", c.method)
 			switch c.method {

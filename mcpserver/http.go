@@ -17,6 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/tasks"
 )
@@ -48,6 +50,14 @@ type requestFacts struct {
 	// or a malformed message), for the request budget's answers.
 	method string
 	id     json.RawMessage
+	// tool is a tools/call's params.name; wantsNotes is set when the call
+	// asks for notifications (a _meta progressToken, or a 2026-07-28 _meta
+	// log level).
+	tool       string
+	wantsNotes bool
+	// stream: the request is served as text/event-stream (see
+	// Server.answersAsStream).
+	stream bool
 }
 
 func factsFrom(ctx context.Context) *requestFacts {
@@ -58,7 +68,7 @@ func factsFrom(ctx context.Context) *requestFacts {
 // httpHandler wraps the SDK's handler: recover, authenticate, cap and read
 // the body once, answer malformed JSON-RPC and header mismatches, and pass
 // the findings on in the request context.
-func (s *Server) httpHandler(sdk http.Handler) http.Handler {
+func (s *Server) httpHandler(sdk, sse http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tw := &trackingWriter{ResponseWriter: w}
 		defer func() {
@@ -72,11 +82,11 @@ func (s *Server) httpHandler(sdk http.Handler) http.Handler {
 				}
 			}
 		}()
-		s.serveHTTP(tw, r, sdk)
+		s.serveHTTP(tw, r, sdk, sse)
 	})
 }
 
-func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, sdk http.Handler) {
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, sdk, sse http.Handler) {
 	var body []byte
 	if s.refuseKnownOverBudget(w, r, &body) {
 		return
@@ -124,14 +134,36 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, sdk http.Hand
 		writeRPCError(w, status, id, rerr)
 		return
 	}
+	facts.stream = s.answersAsStream(r, facts)
 	r = r.WithContext(context.WithValue(r.Context(), factsKey{}, facts))
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
-	if listen {
+	switch {
+	case listen:
 		s.serveListen(w, r, sdk, principal)
+		return
+	case facts.stream:
+		sse.ServeHTTP(w, r)
 		return
 	}
 	sdk.ServeHTTP(w, r)
+}
+
+// answersAsStream reports whether a request is answered as text/event-stream
+// rather than application/json: a tools/call whose client accepts a stream
+// and either asks for notifications (a progress token, a 2026-07-28 log
+// level) or calls a conformance fixture that sends them unasked
+// (conformance.Fixture.Notifies). A stream carries the request's
+// notifications before its one response; every other request stays JSON.
+func (s *Server) answersAsStream(r *http.Request, facts *requestFacts) bool {
+	if facts.method != "tools/call" || !acceptsEventStream(r.Header.Values("Accept")) {
+		return false
+	}
+	if facts.wantsNotes {
+		return true
+	}
+	fx, ok := s.opts.Fixtures.Lookup(facts.tool)
+	return ok && fx.Notifies
 }
 
 // readBody reads the request body under MaxBodyBytes, or answers the
@@ -358,6 +390,7 @@ func inspect(body []byte, h http.Header, facts *requestFacts) (json.RawMessage, 
 		Meta   map[string]json.RawMessage `json:"_meta"`
 		Task   json.RawMessage            `json:"task"`
 		TaskID json.RawMessage            `json:"taskId"`
+		Name   json.RawMessage            `json:"name"`
 	}
 	if len(msg.Params) > 0 && json.Unmarshal(msg.Params, &params) != nil {
 		return nil, nil, 0 // params is not an object: the SDK answers -32602
@@ -366,6 +399,8 @@ func inspect(body []byte, h http.Header, facts *requestFacts) (json.RawMessage, 
 	case "tools/call":
 		task := bytes.TrimSpace(params.Task)
 		facts.legacyTask = len(task) > 0 && task[0] == '{'
+		_ = json.Unmarshal(params.Name, &facts.tool) // not a string: the SDK answers -32602
+		facts.wantsNotes = present(params.Meta["progressToken"]) || present(params.Meta[metaLogLevel])
 	case "tasks/get", "tasks/update", "tasks/cancel":
 		var metaVersion string
 		_ = json.Unmarshal(params.Meta["io.modelcontextprotocol/protocolVersion"], &metaVersion)
@@ -381,6 +416,15 @@ func inspect(body []byte, h http.Header, facts *requestFacts) (json.RawMessage, 
 		}
 	}
 	return nil, nil, 0
+}
+
+// metaLogLevel is the _meta key of a 2026-07-28 request's log level.
+const metaLogLevel = mcp.MetaKeyLogLevel
+
+// present reports whether a JSON value is there and not null.
+func present(v json.RawMessage) bool {
+	v = bytes.TrimSpace(v)
+	return len(v) > 0 && !bytes.Equal(v, []byte("null"))
 }
 
 // validID returns id if it is a JSON-RPC id (string or number), else nil.

@@ -21,11 +21,15 @@ type callInfo struct {
 	tasksDeclared bool
 	// legacyTask: a 2025-11-25 tools/call carried params.task.
 	legacyTask bool
+	// clientCaps are a 2026-07-28 tools/call's _meta client capabilities
+	// as sent (nil when absent, and in 2025-11-25).
+	clientCaps map[string]any
 	httpCtx    context.Context
-	// progress, when the request carries a progress token, sends
-	// notifications/progress for it (a client that hung up or a stream
-	// that cannot carry it is no error); nil otherwise.
-	progress func(ctx context.Context, progress, total float64, message string)
+	// streamed: the HTTP layer serves this request as a stream
+	// (text/event-stream), which can carry its notifications.
+	streamed bool
+	// notify sends this tools/call's notifications; nil for other methods.
+	notify *notifier
 }
 
 type callInfoKey struct{}
@@ -56,7 +60,7 @@ func (s *Server) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		if facts == nil {
 			return nil, s.wireError(ctx, method, internal(errors.New("mcpserver: request did not pass through Server.Handler")))
 		}
-		info := &callInfo{principal: facts.principal, era: eraOf(req), httpCtx: facts.httpCtx}
+		info := &callInfo{principal: facts.principal, era: eraOf(req), httpCtx: facts.httpCtx, streamed: facts.stream}
 		if info.era == tasks.Era2026 {
 			info.tasksDeclared = declaresTasks(req)
 		} else {
@@ -70,7 +74,19 @@ func (s *Server) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			if !ok || call.Params == nil {
 				return nil, s.wireError(ctx, method, invalidParams("Invalid params: name is required"))
 			}
-			info.progress = progressFunc(call)
+			info.notify = notifierFor(req, call.Params)
+			if info.era == tasks.Era2026 {
+				info.clientCaps, _ = call.Params.GetMeta()[metaClientCapabilities].(map[string]any)
+			}
+			if info.streamed && info.era == tasks.Era2025 && info.notify != nil {
+				// The client's logging/setLevel went to another request's
+				// session, which a stateless server forgets: with no level
+				// set, MCP lets the server choose; a streamed call gets
+				// messages at info and above (see logToClient).
+				if _, err := next(ctx, "logging/setLevel", &mcp.ServerRequest[*mcp.SetLoggingLevelParams]{Session: info.notify.session, Params: &mcp.SetLoggingLevelParams{Level: "info"}}); err != nil {
+					s.log.DebugContext(ctx, "mcpserver: log level for a streamed call not set", "err", err)
+				}
+			}
 			res, err := s.callTool(ctx, info, call.Params)
 			if err != nil {
 				return nil, s.wireError(ctx, method, err)
@@ -82,6 +98,12 @@ func (s *Server) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 				return legacyInitialize(init), nil
 			}
 			return res, err
+		case "prompts/list", "prompts/get", "resources/list", "resources/read", "resources/templates/list",
+			"resources/subscribe", "resources/unsubscribe", "completion/complete":
+			// Countersign serves tools only and declares no prompts,
+			// resources or completions capability: the SDK would answer
+			// these with empty lists or its own errors, as if it had them.
+			return nil, s.wireError(ctx, method, &rpcError{code: codeMethodNotFound, msg: "Method not found: " + method + " (this server has tools only)"})
 		case "tools/list":
 			res, err := next(ctx, method, req)
 			if list, ok := res.(*mcp.ListToolsResult); ok && err == nil && info.era == tasks.Era2025 {
@@ -90,20 +112,6 @@ func (s *Server) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			return res, err
 		}
 		return next(ctx, method, req)
-	}
-}
-
-// progressFunc returns what sends progress for call, or nil when the call
-// gave no progress token.
-func progressFunc(call *mcp.CallToolRequest) func(context.Context, float64, float64, string) {
-	token := call.Params.GetProgressToken()
-	if token == nil || call.Session == nil {
-		return nil
-	}
-	return func(ctx context.Context, progress, total float64, message string) {
-		_ = call.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
-			ProgressToken: token, Progress: progress, Total: total, Message: message,
-		})
 	}
 }
 
@@ -142,21 +150,38 @@ func hasParams(req mcp.Request) bool {
 // declaresTasks reports whether the request's client capabilities declare
 // the tasks extension.
 func declaresTasks(req mcp.Request) bool {
+	caps := clientCapabilities(req)
+	if caps == nil {
+		return false
+	}
+	_, ok := caps.Extensions[tasks.ExtTasks]
+	return ok
+}
+
+// metaClientCapabilities is the _meta key of a 2026-07-28 request's client
+// capabilities.
+const metaClientCapabilities = mcp.MetaKeyClientCapabilities
+
+// declares reports whether a tools/call declared a client capability
+// ("sampling", "elicitation", "roots").
+func (info *callInfo) declares(capability string) bool {
+	_, ok := info.clientCaps[capability]
+	return ok
+}
+
+// clientCapabilities returns the request's _meta client capabilities, or
+// nil.
+func clientCapabilities(req mcp.Request) *mcp.ClientCapabilities {
 	if !hasParams(req) {
-		return false // no _meta, so no per-request capabilities
+		return nil // no _meta, so no per-request capabilities
 	}
 	r, ok := req.(interface {
 		ClientCapabilities() *mcp.ClientCapabilities
 	})
 	if !ok {
-		return false
+		return nil
 	}
-	caps := r.ClientCapabilities()
-	if caps == nil {
-		return false
-	}
-	_, ok = caps.Extensions[tasks.ExtTasks]
-	return ok
+	return r.ClientCapabilities()
 }
 
 // legacyInitialize adds capabilities.tasks for clients that negotiated

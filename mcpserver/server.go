@@ -3,6 +3,7 @@ package mcpserver
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -150,6 +151,8 @@ type Server struct {
 	pageSize int
 	mcp      *mcp.Server
 	handler  http.Handler
+	// stateKey signs SEP-2322 requestStates (see inputState).
+	stateKey []byte
 	// toolsMu guards listed (each tool registered on mcp, as tools/list
 	// shows it) and toolsChanged, which is closed and replaced whenever
 	// that list changes (the 2025-11-25 GET streams wait on it).
@@ -211,6 +214,10 @@ func New(opts Options) (*Server, error) {
 		now:      time.Now,
 		budget:   ratelimit.NewBudget(opts.RequestsPerSecond, opts.RequestBurst, opts.MaxInFlightPerPrincipal),
 		pageSize: listPageSize,
+		stateKey: make([]byte, 32),
+	}
+	if _, err := rand.Read(s.stateKey); err != nil {
+		return nil, fmt.Errorf("mcpserver: request state key: %w", err)
 	}
 	s.streams.init()
 	// The SDK logs every stateless request at info; keep its warnings.
@@ -256,7 +263,15 @@ func New(opts Options) (*Server, error) {
 		Logger:              sdkLog,
 		MaxRequestBodyBytes: opts.MaxBodyBytes,
 	})
-	s.handler = s.httpHandler(sdk)
+	// The same server, answering with a stream: for the tools/calls that
+	// can use one (Server.answersAsStream), so that their progress and log
+	// notifications reach the client before the result.
+	sse := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.mcp }, &mcp.StreamableHTTPOptions{
+		Stateless:           true,
+		Logger:              sdkLog,
+		MaxRequestBodyBytes: opts.MaxBodyBytes,
+	})
+	s.handler = s.httpHandler(sdk, sse)
 	return s, nil
 }
 

@@ -22,11 +22,13 @@ const (
 )
 
 // inputRequiredResult is the SEP-2322 InputRequiredResult of a tools/call
-// whose tool needs the client's answers first. It carries no requestState.
+// whose tool needs the client's answers first. RequestState is set only for
+// a tool that asks in rounds (see Server.gatherInputs).
 type inputRequiredResult struct {
 	mcp.ResultBase
 	ResultType    string                     `json:"resultType"`
 	InputRequests map[string]json.RawMessage `json:"inputRequests"`
+	RequestState  string                     `json:"requestState,omitempty"`
 }
 
 // toolResult is a CallToolResult in either era. Content blocks stay raw so

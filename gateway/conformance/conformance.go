@@ -1,6 +1,6 @@
-// Package conformance holds the fixture tools the MCP conformance suite
-// (@modelcontextprotocol/conformance 0.2.0-alpha.12, SEP-2663 tasks-*
-// scenarios) expects. They are served only by `countersign dev
+// Package conformance holds the fixture tools the MCP conformance suites
+// (@modelcontextprotocol/conformance 0.2.0-alpha.12 and 0.1.16) expect: the
+// SEP-2663 tasks-* scenarios' below, the base scenarios' in base.go. They are served only by `countersign dev
 // --conformance`, and the conformance policy (pdp.WriteConformancePolicy)
 // allows them.
 //
@@ -63,9 +63,18 @@ type Fixture struct {
 	// TaskRequired: the tool can only be called as a task; a client that
 	// cannot hold one gets an error, not a result.
 	TaskRequired bool
+	// Notifies: the fixture sends notifications (log messages) while it
+	// runs even when the client asked for none, so a call to it that
+	// accepts text/event-stream is answered as a stream.
+	Notifies bool
+	// RequiresCapability names a client capability ("sampling") that a
+	// 2026-07-28 call must declare in its _meta client capabilities; a
+	// call that does not is refused with -32021 before policy runs.
+	RequiresCapability string
 
 	delay             func(args json.RawMessage) time.Duration
 	inputRequests     func(args json.RawMessage) map[string]json.RawMessage
+	inputRounds       func(args json.RawMessage) []map[string]json.RawMessage
 	taskInputRequests func(args json.RawMessage) map[string]json.RawMessage
 }
 
@@ -105,6 +114,18 @@ func (f Fixture) InputRequests(args json.RawMessage) map[string]json.RawMessage 
 		return nil
 	}
 	return f.inputRequests(args)
+}
+
+// InputRounds are input requests asked in rounds (SEP-2322): each round
+// once the previous one is answered, with a requestState that carries the
+// answers so far; the call runs once every round is answered. Nil for a
+// fixture that asks at most once (InputRequests). Honoured only for calls
+// policy allows, like InputRequests.
+func (f Fixture) InputRounds(args json.RawMessage) []map[string]json.RawMessage {
+	if f.inputRounds == nil {
+		return nil
+	}
+	return f.inputRounds(args)
 }
 
 // TaskInputRequests are the input requests an Async fixture's TASK asks
@@ -155,6 +176,10 @@ func (s *Set) Lookup(name string) (Fixture, bool) {
 }
 
 func fixtures() []Fixture {
+	return append(taskFixtures(), baseFixtures()...)
+}
+
+func taskFixtures() []Fixture {
 	return []Fixture{
 		{Tool: gateway.Tool{
 			Name:        "greet",

@@ -1,15 +1,19 @@
 package conformance_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"image/png"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/gateway/conformance"
+	"github.com/countersign/countersign/pdp"
 )
 
 func conformanceRegistry(t *testing.T) *gateway.Registry {
@@ -148,7 +152,7 @@ func TestFixtureWaitAndLookup(t *testing.T) {
 	if _, ok := fx.Lookup("transfer_funds"); ok {
 		t.Error("a real tool is not a fixture")
 	}
-	if got, want := len(fx.Tools()), 7; got != want {
+	if got, want := len(fx.Tools()), 28; got != want {
 		t.Errorf("%d fixture tools, want %d", got, want)
 	}
 	slow, _ := fx.Lookup("slow_compute")
@@ -163,5 +167,74 @@ func TestFixtureWaitAndLookup(t *testing.T) {
 	greet, _ := fx.Lookup("greet")
 	if greet.Delay(nil) != 0 || greet.InputRequests(nil) != nil || greet.TaskInputRequests(nil) != nil {
 		t.Error("greet neither waits nor asks")
+	}
+}
+
+// Every fixture is allowed by the conformance policy, and by nothing else.
+func TestConformancePolicyAllowsEveryFixture(t *testing.T) {
+	dir := t.TempDir()
+	if err := pdp.WriteConformancePolicy(dir); err != nil {
+		t.Fatal(err)
+	}
+	e, err := pdp.New(context.Background(), pdp.Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	def, err := pdp.New(context.Background(), pdp.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range conformance.New().Tools() {
+		in := pdp.Input{
+			Subject:  pdp.Entity{Type: "agent", ID: "anonymous"},
+			Action:   pdp.Action{Name: "tools/call"},
+			Resource: tool.PolicyResource(),
+			Context:  pdp.Context{Arguments: json.RawMessage(`{}`), ActionHash: strings.Repeat("ab", 32), Time: time.Now()},
+		}
+		if d, err := e.Evaluate(context.Background(), in); err != nil || d.Effect != pdp.EffectAllow {
+			t.Errorf("conformance policy on %s: %+v %v", tool.Name, d, err)
+		}
+		if d, _ := def.Evaluate(context.Background(), in); d.Effect == pdp.EffectAllow {
+			t.Errorf("the default policy allows fixture %s", tool.Name)
+		}
+	}
+}
+
+func TestBaseFixturesContent(t *testing.T) {
+	r := conformanceRegistry(t)
+	res, err := r.Execute(context.Background(), "test_multiple_content_types", gateway.Call{IdempotencyKey: "call_test", Arguments: json.RawMessage(`{}`)})
+	if err != nil || len(res.Content) != 3 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	var img struct{ Type, Data, MimeType string }
+	if err := json.Unmarshal(res.Content[1], &img); err != nil || img.Type != "image" || img.MimeType != "image/png" {
+		t.Fatalf("image content %s: %v", res.Content[1], err)
+	}
+	b, err := base64.StdEncoding.DecodeString(img.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := png.Decode(bytes.NewReader(b)); err != nil {
+		t.Errorf("the fixture image is not a PNG: %v", err)
+	}
+	var progress []float64
+	var logs []string
+	res, err = r.Execute(context.Background(), "test_tool_with_progress", gateway.Call{IdempotencyKey: "call_test",
+		ProgressFunc: func(p, _ float64, _ string) { progress = append(progress, p) }})
+	if err != nil || res.IsError || len(progress) != 3 || progress[2] != 100 {
+		t.Errorf("progress fixture: %v %+v %v", progress, res, err)
+	}
+	if _, err := r.Execute(context.Background(), "test_tool_with_logging", gateway.Call{IdempotencyKey: "call_test"}); err != nil {
+		t.Errorf("a fixture that logs to no one: %v", err)
+	}
+	if _, err := r.Execute(context.Background(), "test_tool_with_logging", gateway.Call{IdempotencyKey: "call_test",
+		LogFunc: func(_, m string) { logs = append(logs, m) }}); err != nil || len(logs) != 3 {
+		t.Errorf("logging fixture: %v %v", logs, err)
+	}
+	if err := r.Validate("json_schema_2020_12_tool", json.RawMessage(`{"contactMethod":"phone"}`)); err == nil {
+		t.Error("json_schema_2020_12_tool: if/then must require phone")
+	}
+	if err := r.Validate("json_schema_2020_12_tool", json.RawMessage(`{"contactMethod":"phone","phone":"1"}`)); err != nil {
+		t.Errorf("json_schema_2020_12_tool: %v", err)
 	}
 }
