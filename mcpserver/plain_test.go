@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/tasks"
 )
@@ -324,6 +326,46 @@ func TestInlineWaitBounds(t *testing.T) {
 		_, err := New(Options{ServerID: "x", Approvals: svc, PDP: env.engine, Tools: env.tools, NoAuth: true, InlineWait: d})
 		if err == nil || !strings.Contains(err.Error(), "InlineWait") {
 			t.Errorf("InlineWait %v: %v", d, err)
+		}
+	}
+}
+
+// TestInlineWaitProgress: a client that gave a progress token hears from
+// the call while it is held, on the call's own response stream.
+func TestInlineWaitProgress(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.InlineWait = 2*progressEvery + time.Second })
+	p := principal(t, "a")
+	var mu sync.Mutex
+	var got []*mcp.ProgressNotificationParams
+	c := mcp.NewClient(&mcp.Implementation{Name: "go-sdk-progress", Version: "1"}, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, req.Params)
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: h.ts.URL, HTTPClient: &http.Client{Transport: clientShim{token: tok(p)}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	params := &mcp.CallToolParams{Name: "transfer_funds", Arguments: transferArgs(acct(t, "prog"), 5000)}
+	params.SetProgressToken("wait-1")
+	res, err := cs.CallTool(ctx, params)
+	if err != nil || !res.IsError || !strings.HasPrefix(textOf(res), prefixPending) {
+		t.Fatalf("call: %v %+v", err, res)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) < 2 {
+		t.Fatalf("%d progress notifications during a %v wait, want at least 2", len(got), 2*progressEvery+time.Second)
+	}
+	for i, n := range got {
+		if n.ProgressToken != "wait-1" || n.Total != (2*progressEvery+time.Second).Seconds() ||
+			!strings.Contains(n.Message, "Waiting for approval of transfer_funds") || (i > 0 && n.Progress <= got[i-1].Progress) {
+			t.Errorf("notification %d: %+v", i, n)
 		}
 	}
 }
