@@ -382,6 +382,7 @@ func (s *Server) execute(ctx context.Context, c *gatedCall) (res tasks.CallToolR
 			s.progress(ctx, progress, total, message)
 		},
 		LogFunc: func(level, message string) {
+			//lint:ignore SA1019 MCP logging (deprecated in 2026-07-28, SEP-2577) stays supported for 2025-11-25 clients and the conformance logging scenarios
 			s.logToClient(ctx, mcp.LoggingLevel(level), message)
 		},
 	})

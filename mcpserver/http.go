@@ -419,6 +419,8 @@ func inspect(body []byte, h http.Header, facts *requestFacts) (json.RawMessage, 
 }
 
 // metaLogLevel is the _meta key of a 2026-07-28 request's log level.
+//
+//lint:ignore SA1019 MCP logging (deprecated in 2026-07-28, SEP-2577) stays supported for 2025-11-25 clients and the conformance logging scenarios
 const metaLogLevel = mcp.MetaKeyLogLevel
 
 // present reports whether a JSON value is there and not null.

@@ -83,6 +83,7 @@ func (s *Server) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 				// session, which a stateless server forgets: with no level
 				// set, MCP lets the server choose; a streamed call gets
 				// messages at info and above (see logToClient).
+				//lint:ignore SA1019 MCP logging (deprecated in 2026-07-28, SEP-2577) stays supported for 2025-11-25 clients and the conformance logging scenarios
 				if _, err := next(ctx, "logging/setLevel", &mcp.ServerRequest[*mcp.SetLoggingLevelParams]{Session: info.notify.session, Params: &mcp.SetLoggingLevelParams{Level: "info"}}); err != nil {
 					s.log.DebugContext(ctx, "mcpserver: log level for a streamed call not set", "err", err)
 				}

@@ -70,6 +70,8 @@ func (s *Server) progress(ctx context.Context, progress, total float64, message 
 // above (the middleware sets that level on the request's session; MCP lets
 // the server choose when no level was set). Like progress, it never fails
 // the call.
+//
+//lint:ignore SA1019 MCP logging (deprecated in 2026-07-28, SEP-2577) stays supported for 2025-11-25 clients and the conformance logging scenarios
 func (s *Server) logToClient(ctx context.Context, level mcp.LoggingLevel, message string) {
 	info, _ := ctx.Value(callInfoKey{}).(*callInfo)
 	if info == nil || info.notify == nil || info.notify.session == nil {
@@ -78,7 +80,9 @@ func (s *Server) logToClient(ctx context.Context, level mcp.LoggingLevel, messag
 	n := info.notify
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	//lint:ignore SA1019 MCP logging (deprecated in 2026-07-28, SEP-2577) stays supported for 2025-11-25 clients and the conformance logging scenarios
 	params := &mcp.LoggingMessageParams{Level: level, Data: message, Logger: ImplementationName}
+	//lint:ignore SA1019 MCP logging (deprecated in 2026-07-28, SEP-2577) stays supported for 2025-11-25 clients and the conformance logging scenarios
 	if err := n.session.Log(ctx, params); err != nil {
 		s.log.DebugContext(ctx, "mcpserver: log notification not sent", "err", err)
 	}
