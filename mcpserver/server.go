@@ -19,6 +19,7 @@ import (
 	"github.com/countersign/countersign/internal/ratelimit"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
+	"github.com/countersign/countersign/txtoken"
 )
 
 // Defaults for the zero values of [Options]. The task limits (creation
@@ -94,6 +95,12 @@ type Options struct {
 	RequestsPerSecond       float64
 	RequestBurst            int
 	MaxInFlightPerPrincipal int
+
+	// Tokens issues and redeems single-use transaction tokens for calls
+	// policy puts in the "token" mode (countersign/transactionToken, and
+	// tools/call with the token in _meta). Nil: the method is not served
+	// and a token-mode call is denied.
+	Tokens *txtoken.Service
 
 	// Logger receives operational logs; nil discards them.
 	Logger *slog.Logger
@@ -214,6 +221,9 @@ func New(opts Options) (*Server, error) {
 	// follows the registry.
 	opts.Tools.OnChange(s.syncTools)
 	if err := s.registerTaskMethods(); err != nil {
+		return nil, err
+	}
+	if err := s.registerTokenMethod(); err != nil {
 		return nil, err
 	}
 	s.mcp.AddReceivingMiddleware(s.middleware)

@@ -146,7 +146,7 @@ func TestIssueAndRedeemOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.Finish(ctx, "executed", "abc")
+	r.Finish(ctx, "executed", map[string]any{"content": []any{}})
 	if !f.consumed(t, is.JTI) {
 		t.Fatal("not consumed")
 	}

@@ -217,10 +217,15 @@ func (s *Service) Redeem(ctx context.Context, raw string, x Expect) (*Redemption
 	return &Redemption{Claims: c, s: s}, nil
 }
 
-// Finish records what the one run returned. A failure is logged: the call
-// has run, and the chain then shows a consumption without a result.
-func (r *Redemption) Finish(ctx context.Context, disposition, resultDigest string) {
+// Finish records what the one run returned: its disposition and the
+// digest of its result (audit.Digest). A failure is logged: the call has
+// run, and the chain then shows a consumption without a result.
+func (r *Redemption) Finish(ctx context.Context, disposition string, result any) {
 	at := r.s.opts.Now().UTC()
+	resultDigest, err := audit.Digest(result)
+	if err != nil {
+		r.s.log.ErrorContext(ctx, "txtoken: digest result", "jti", r.Claims.ID, "err", err)
+	}
 	if _, err := r.s.opts.Audit.Append(ctx, r.Claims.ID, audit.Step{ID: audit.StepTokenResult, Kind: audit.KindTokenResult, At: at, Body: audit.TokenResult{
 		Disposition: disposition, ResultDigest: resultDigest, At: at,
 	}}); err != nil {
