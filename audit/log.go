@@ -89,6 +89,9 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Log, erro
 	return l, nil
 }
 
+// CanSign reports whether the log holds signing keys (else it is read-only).
+func (l *Log) CanSign() bool { return l.keys != nil }
+
 // Redact reports whether arguments are recorded as a digest only.
 func (l *Log) Redact() bool { return l.redact }
 

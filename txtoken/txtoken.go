@@ -345,3 +345,7 @@ func (s *Service) Issue(ctx context.Context, r Request) (Issued, error) {
 	return Issued{Token: tok, JTI: c.ID, KeyID: kid, Principal: r.Principal, Tool: r.Tool,
 		ParametersHash: hash.String(), IssuedAt: now, ExpiresAt: exp}, nil
 }
+
+// ErrInvalidRequest marks a token request that names no known tool or
+// whose arguments do not validate; its message is safe to show the caller.
+var ErrInvalidRequest = errors.New("txtoken: invalid token request")
