@@ -286,3 +286,27 @@ func TestTokenRaceAcrossReplicas(t *testing.T) {
 	}
 	_ = fmt.Sprint()
 }
+
+// TestTokenCallAsLegacyTask: a 2025-11-25 client that sent params.task gets
+// a completed task (as for any call decided at once), and the token call
+// ran once inside it.
+func TestTokenCallAsLegacyTask(t *testing.T) {
+	h, _, _, _ := tokenHarness(t, nil)
+	who := principal(t, "a")
+	to := principal(t, "acct")
+	args := transferArgs(to, 5000)
+	tok := h.mustToken(t, tasks.Era2025, who, "transfer_funds", args)
+	var out struct {
+		Task legacyTask `json:"task"`
+	}
+	h.do(t, call{token: "tok:" + who, era: tasks.Era2025, method: "tools/call", params: map[string]any{
+		"name": "transfer_funds", "arguments": args, "task": map[string]any{},
+		"_meta": map[string]any{txtoken.MetaKey: tok.Token},
+	}}).ok(t, &out)
+	if out.Task.TaskID == "" || out.Task.Status != string(tasks.StatusCompleted) {
+		t.Fatalf("task %+v", out.Task)
+	}
+	if n := h.transfersTo(t, to); n != 1 {
+		t.Fatalf("%d transfers, want 1", n)
+	}
+}
