@@ -331,7 +331,7 @@ func (s *Service) Issue(ctx context.Context, r Request) (Issued, error) {
 	if err != nil {
 		return Issued{}, fmt.Errorf("txtoken: serialize: %w", err)
 	}
-	env, err := audit.NewEnvelope(r.Tool, r.Arguments, hash.String(), r.Principal, r.Tool, s.opts.ServerID, now, s.opts.Audit.Redact())
+	env, err := audit.NewEnvelope(r.Tool, r.Arguments, hash.String(), r.Principal, "tool:"+r.Tool, s.opts.ServerID, now, s.opts.Audit.Redact())
 	if err != nil {
 		return Issued{}, err
 	}

@@ -241,8 +241,10 @@ func TestRejections(t *testing.T) {
 			return own(c)
 		}, func() Expect { return expect(t) }, TypePermissionDenied, ReasonBadClaims, true},
 		{"missing jti", func() string { c := valid(); c.ID = ""; return own(c) }, func() Expect { return expect(t) }, TypePermissionDenied, ReasonBadClaims, true},
+		{"negative iat", func() string { c := valid(); c.IssuedAt = -1 << 62; c.Expiry = 1 << 62; return own(c) }, func() Expect { return expect(t) }, TypePermissionDenied, ReasonBadClaims, true},
 		{"another audience", func() string { return other.issue(t).Token }, func() Expect { return expect(t) }, TypePermissionDenied, ReasonWrongAudience, false},
 		{"lifetime over 60s", func() string { c := valid(); c.Expiry = c.IssuedAt + 61; return own(c) }, func() Expect { return expect(t) }, TypePermissionDenied, ReasonLifetimeTooLong, false},
+		{"lifetime overflowing a Duration", func() string { c := valid(); c.Expiry = c.IssuedAt + 1<<62; return own(c) }, func() Expect { return expect(t) }, TypePermissionDenied, ReasonLifetimeTooLong, false},
 		{"issued in the future", func() string { c := valid(); c.IssuedAt += 30; c.Expiry += 30; return own(c) }, func() Expect { return expect(t) }, TypePermissionDenied, ReasonNotYetValid, false},
 		{"expired", func() string { c := valid(); c.IssuedAt -= 100; c.Expiry = c.IssuedAt + 60; return own(c) }, func() Expect { return expect(t) }, TypeTokenExpired, ReasonExpired, false},
 	}

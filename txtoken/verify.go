@@ -133,9 +133,9 @@ func Parse(raw string, key func(kid string) (ed25519.PublicKey, error)) (Claims,
 	if err := dec.Decode(&c); err != nil || dec.More() {
 		return Claims{}, reject(ReasonBadClaims, "the token's claims are not the expected object")
 	}
-	if c.Issuer == "" || c.Subject == "" || c.Audience == "" || c.Expiry == 0 || c.IssuedAt == 0 ||
+	if c.Issuer == "" || c.Subject == "" || c.Audience == "" || c.Expiry <= 0 || c.IssuedAt <= 0 ||
 		!jtiRE.MatchString(c.ID) || c.MCP.Tool == "" || len(c.MCP.ParametersHash) != 64 {
-		return Claims{}, reject(ReasonBadClaims, "the token lacks a required claim (iss, sub, aud, exp, iat, jti, mcp.tool, mcp.parameters_hash)")
+		return Claims{}, reject(ReasonBadClaims, "the token lacks a required claim (iss, sub, aud, exp, iat, jti, mcp.tool, mcp.parameters_hash) or has one out of range")
 	}
 	return c, nil
 }
@@ -155,7 +155,7 @@ func check(c Claims, x Expect, serverID string, now time.Time, skew time.Duratio
 		return reject(ReasonWrongAudience, "the token was issued for another server")
 	case time.Unix(c.IssuedAt, 0).After(now.Add(skew)):
 		return reject(ReasonNotYetValid, "the token is issued in the future")
-	case c.Expiry <= c.IssuedAt || time.Duration(c.Expiry-c.IssuedAt)*time.Second > MaxLifetime:
+	case c.Expiry <= c.IssuedAt || c.Expiry-c.IssuedAt > int64(MaxLifetime/time.Second):
 		return reject(ReasonLifetimeTooLong, fmt.Sprintf("the token's lifetime exceeds %v", MaxLifetime))
 	case now.After(time.Unix(c.Expiry, 0).Add(skew)):
 		return reject(ReasonExpired, "the token has expired; request a new one for this call")
