@@ -76,7 +76,10 @@
 // the verified token, "token-consumed" and "token-result". A token that
 // never verified gets a one-record "token-rejected" chain of its own.
 // A token whose issuance cannot be recorded is not returned; a consumption
-// that cannot be recorded does not run the call.
+// that cannot be recorded does not run the call. A rejection's record is
+// best effort (logged when it fails; the rejection stands), and the
+// records a caller can cause with garbage tokens are bounded by its
+// request budget (mcpserver).
 //
 // # Crash semantics
 //

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/internal/app"
@@ -145,6 +147,14 @@ func TestTransactionTokensTwoProcesses(t *testing.T) {
 		t.Fatalf("%d transfers, want 2", n)
 	}
 
+	// A token that never verifies: rejected, audited in a chain of its own.
+	if isErr, typ := call(b, "not-a-token"); !isErr || typ != "permission_denied" {
+		t.Fatalf("garbage token: %v %s", isErr, typ)
+	}
+	if n := a.Transfers() - before; n != 2 {
+		t.Fatalf("%d transfers, want 2", n)
+	}
+
 	// The audit chains, signed by the two processes' keys.
 	var keys []byte
 	for _, s := range []*devtest.Stack{a, b} {
@@ -153,6 +163,24 @@ func TestTransactionTokensTwoProcesses(t *testing.T) {
 	pubs, err := audit.ParsePublicKeys(keys)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The whole export verifies offline, as `countersign audit verify` does.
+	var export [][]byte
+	if err := a.App.Audit.Export(context.Background(), time.Time{}, func(line []byte) error {
+		export = append(export, append([]byte(nil), line...))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rep := audit.Verify(export, pubs, audit.VerifyOptions{})
+	lone := 0
+	for _, v := range rep.Tasks {
+		if strings.HasPrefix(v.TaskID, "txr_") {
+			lone++
+		}
+	}
+	if !rep.OK || lone != 1 {
+		t.Fatalf("export: ok %v, %d lone rejections, %+v", rep.OK, lone, rep)
 	}
 	for _, jti := range []string{issued.JTI, op.JTI} {
 		lines, err := a.App.Audit.Chain(context.Background(), jti)
