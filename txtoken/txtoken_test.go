@@ -411,3 +411,34 @@ func TestOpenRefusesBadOptions(t *testing.T) {
 		t.Fatal("no server id accepted")
 	}
 }
+
+// TestCrashAfterConsume: the process consumes a token and dies before the
+// call finishes (no Finish). After a restart (a new Service on the same
+// NATS) the token is spent: the call can never run a second time, and the
+// audit chain says it was consumed without a result.
+func TestCrashAfterConsume(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	is := f.issue(t)
+	if _, err := f.svc.Redeem(ctx, is.Token, expect(t)); err != nil {
+		t.Fatal(err)
+	}
+	// "Crash": the redemption is dropped; a new process starts.
+	restarted, err := Open(ctx, f.js, Options{ServerID: serverID, Audit: f.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = restarted.Redeem(ctx, is.Token, expect(t))
+	var rej *Error
+	if !errors.As(err, &rej) || rej.ErrorType != TypeTokenConsumed {
+		t.Fatalf("after the restart: %v", err)
+	}
+	lines, err := f.log.Chain(ctx, is.JTI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _, err := audit.CheckChain(is.JTI, lines, audit.CheckOptions{Keys: f.keys.PublicKeys()})
+	if err != nil || !v.OK || len(v.Notes) == 0 || !strings.Contains(strings.Join(v.Notes, " "), "consumed without a result") {
+		t.Fatalf("chain: %v %+v", err, v)
+	}
+}
