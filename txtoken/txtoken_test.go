@@ -155,6 +155,10 @@ func TestIssueAndRedeemOnce(t *testing.T) {
 	if !errors.As(err, &rej) || rej.ErrorType != TypeTokenConsumed || rej.Reason != ReasonAlreadyUsed || rej.JTI != is.JTI {
 		t.Fatalf("replay: %v", err)
 	}
+	if !errors.Is(err, &Error{ErrorType: TypeTokenConsumed}) || !errors.Is(err, &Error{Reason: ReasonAlreadyUsed}) ||
+		errors.Is(err, &Error{ErrorType: TypeTokenExpired}) || errors.Is(err, &Error{}) {
+		t.Fatalf("Is by code: %v", err)
+	}
 	got := strings.Join(f.chain(t, is.JTI), ",")
 	if got != "token-issued,token-consumed,token-result,token-rejected" {
 		t.Fatalf("chain %s", got)

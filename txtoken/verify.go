@@ -60,6 +60,21 @@ func (e *Error) Error() string {
 	return "txtoken: " + e.ErrorType + " (" + e.Reason + "): " + e.Message
 }
 
+// Is matches another *Error by code: the same reason, or, when target
+// names no reason, the same error type. errors.Is(err,
+// &txtoken.Error{ErrorType: txtoken.TypeTokenConsumed}) asks "was the
+// token used before?".
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	if !ok {
+		return false
+	}
+	if t.Reason != "" {
+		return t.Reason == e.Reason
+	}
+	return t.ErrorType != "" && t.ErrorType == e.ErrorType
+}
+
 // reject builds the Error for a reason.
 func reject(reason, msg string) *Error {
 	e := &Error{Reason: reason, Message: msg, ErrorType: TypePermissionDenied, StatusCode: 403}
