@@ -175,8 +175,8 @@
 // Phase 2, tools/call with the token: decided as any call (unknown tool,
 // schema, action hash over the arguments as received, policy). Only when
 // policy says "token" is the token read: verified and its jti consumed
-// (txtoken.Service.Redeem: form, algorithm, key, signature, claims,
-// audience, issued-at, lifetime, expiry with a small skew, subject, tool,
+// (txtoken.Service.Redeem: form, algorithm, key, signature, claims, key
+// retirement, audience, issued-at, lifetime, expiry with a small skew, subject, tool,
 // parameters hash, then the atomic consume). Then the call runs once on the
 // same path as an allowed call (execute), and the run's disposition and
 // result digest are audited. An allowed call ignores a token it carries

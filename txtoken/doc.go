@@ -25,6 +25,11 @@
 // The first replica to start creates the key (a create-only write of
 // "current"); the others load it. A kid this process has not seen is
 // looked up in the bucket, so a key added later verifies everywhere.
+// [Service.Rotate] makes a new key current (compare-and-set) and retires
+// the old one ("retired.<kid>" = when); every replica follows "current" when
+// it next issues, and a retired key's token verifies only if issued before
+// the retirement, so once those have expired the old key mints nothing
+// that passes.
 //
 // # Verification, in order
 //
@@ -33,6 +38,8 @@
 //  3. kid: present and known (this server's bucket);
 //  4. signature;
 //  5. claims: exactly the claims above, all present (unknown claims refused);
+//     then the key's retirement: a retired key's token must be issued
+//     before it was retired;
 //  6. iss and aud: this server ID;
 //  7. iat not beyond now + skew; exp - iat at most 60 s;
 //  8. exp: now not past exp + skew (Options.Skew, default 5 s);
@@ -53,6 +60,7 @@
 //	unknown_key            permission_denied   401     false
 //	bad_signature          permission_denied   401     false
 //	bad_claims             permission_denied   401     false
+//	retired_key            permission_denied   401     false
 //	wrong_audience         permission_denied   403     false
 //	not_yet_valid          permission_denied   403     false
 //	lifetime_too_long      permission_denied   403     false

@@ -175,7 +175,11 @@ func (s *Service) loadCurrent(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("txtoken: read current key: %w", err)
 	}
-	kid := string(e.Value())
+	return s.use(ctx, string(e.Value()))
+}
+
+// use makes kid the key this process signs with.
+func (s *Service) use(ctx context.Context, kid string) error {
 	priv, err := s.privateKey(ctx, kid)
 	if err != nil {
 		return err
@@ -320,6 +324,14 @@ func (s *Service) Issue(ctx context.Context, r Request) (Issued, error) {
 	if err != nil {
 		return Issued{}, err
 	}
+	// Follow a rotation made on any replica: one read of "current".
+	if e, err := s.keys.Get(ctx, currentKey); err != nil {
+		return Issued{}, fmt.Errorf("txtoken: read current key: %w", err)
+	} else if cur := string(e.Value()); cur != s.CurrentKeyID() {
+		if err := s.use(ctx, cur); err != nil {
+			return Issued{}, err
+		}
+	}
 	s.mu.RLock()
 	signer, kid := s.signer, s.current
 	s.mu.RUnlock()
@@ -349,3 +361,65 @@ func (s *Service) Issue(ctx context.Context, r Request) (Issued, error) {
 // ErrInvalidRequest marks a token request that names no known tool or
 // whose arguments do not validate; its message is safe to show the caller.
 var ErrInvalidRequest = errors.New("txtoken: invalid token request")
+
+// Rotate makes a new signing key current, for every replica (each follows
+// "current" when it next issues), and retires the one it replaces: a token
+// of a retired key verifies only if it was issued before the retirement, so
+// once the last of them has expired (MaxLifetime plus the skew) the old key
+// can mint nothing that passes. Concurrent rotations are safe: "current"
+// moves by compare-and-set, and the loser's key is retired at once, unused.
+func (s *Service) Rotate(ctx context.Context) (string, error) {
+	e, err := s.keys.Get(ctx, currentKey)
+	if err != nil {
+		return "", fmt.Errorf("txtoken: read current key: %w", err)
+	}
+	old := string(e.Value())
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return "", err
+	}
+	kid := KeyID(priv.Public().(ed25519.PublicKey))
+	der, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		return "", err
+	}
+	if _, err := s.keys.Create(ctx, "key."+kid, der); err != nil {
+		return "", fmt.Errorf("txtoken: store key: %w", err)
+	}
+	now := s.opts.Now().UTC()
+	retire := old
+	if _, err := s.keys.Update(ctx, currentKey, []byte(kid), e.Revision()); err != nil {
+		// Another rotation won: this key never signed anything.
+		retire = kid
+	}
+	if _, err := s.keys.Create(ctx, "retired."+retire, []byte(now.Format(time.RFC3339Nano))); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		return "", fmt.Errorf("txtoken: retire key %s: %w", retire, err)
+	}
+	cur, err := s.keys.Get(ctx, currentKey)
+	if err != nil {
+		return "", fmt.Errorf("txtoken: read current key: %w", err)
+	}
+	if err := s.use(ctx, string(cur.Value())); err != nil {
+		return "", err
+	}
+	s.log.InfoContext(ctx, "txtoken: signing key rotated", "kid", string(cur.Value()), "retired", retire)
+	return string(cur.Value()), nil
+}
+
+// retiredAt returns when kid was retired, or the zero time for a key in
+// use. It is read for every redemption, so a retirement on any replica
+// counts at once everywhere.
+func (s *Service) retiredAt(ctx context.Context, kid string) (time.Time, error) {
+	e, err := s.keys.Get(ctx, "retired."+kid)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("txtoken: read retirement of %s: %w", kid, err)
+	}
+	t, err := time.Parse(time.RFC3339Nano, string(e.Value()))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("txtoken: retirement of %s: %w", kid, err)
+	}
+	return t, nil
+}

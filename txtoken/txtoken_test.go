@@ -446,3 +446,67 @@ func TestCrashAfterConsume(t *testing.T) {
 		t.Fatalf("chain: %v %+v", err, v)
 	}
 }
+
+// TestRotate: a rotation on one replica moves every replica's signing key;
+// tokens issued before it still verify; a token the retired key signs
+// afterwards (a leaked key) is refused.
+func TestRotate(t *testing.T) {
+	a := newFixture(t)
+	b := newFixtureOn(t, a.js, serverID)
+	b.svc.opts.Now = a.svc.opts.Now // one clock
+	ctx := context.Background()
+	old := a.svc.CurrentKeyID()
+	before := b.issue(t)
+	oldPriv, err := a.svc.privateKey(ctx, old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kid, err := a.svc.Rotate(ctx)
+	if err != nil || kid == old || a.svc.CurrentKeyID() != kid {
+		t.Fatalf("rotate: %q %v", kid, err)
+	}
+	after := b.issue(t)
+	if after.KeyID != kid || b.svc.CurrentKeyID() != kid {
+		t.Fatalf("replica B signs with %s, want %s", after.KeyID, kid)
+	}
+	for _, tok := range []Issued{before, after} {
+		if _, err := a.svc.Redeem(ctx, tok.Token, expect(t)); err != nil {
+			t.Fatalf("token of %s: %v", tok.KeyID, err)
+		}
+	}
+	a.advance(10 * time.Second)
+	now := a.now.Load().Unix()
+	forged := signWith(t, oldPriv, jose.EdDSA, old, Claims{Issuer: serverID, Subject: "agent-a", Audience: serverID, IssuedAt: now, Expiry: now + 30,
+		ID: newID("txt_"), MCP: MCP{Tool: "transfer_funds", ParametersHash: hashOf(t, "transfer_funds", args)}})
+	_, err = b.svc.Redeem(ctx, forged, expect(t))
+	var rej *Error
+	if !errors.As(err, &rej) || rej.Reason != ReasonRetiredKey || rej.JTI != "" {
+		t.Fatalf("retired key: %v", err)
+	}
+}
+
+// TestConcurrentRotate: two replicas rotating at once agree on one current
+// key; the losing key is retired unused.
+func TestConcurrentRotate(t *testing.T) {
+	a := newFixture(t)
+	b := newFixtureOn(t, a.js, serverID)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for _, f := range []*fixture{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := f.svc.Rotate(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	ia, ib := a.issue(t), b.issue(t)
+	if ia.KeyID != ib.KeyID {
+		t.Fatalf("replicas sign with %s and %s", ia.KeyID, ib.KeyID)
+	}
+	if r, err := a.svc.retiredAt(ctx, ia.KeyID); err != nil || !r.IsZero() {
+		t.Fatalf("the current key is retired: %v %v", r, err)
+	}
+}

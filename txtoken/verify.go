@@ -32,6 +32,7 @@ const (
 	ReasonUnsupportedAlg   = "unsupported_algorithm" // alg is not EdDSA
 	ReasonUnknownKey       = "unknown_key"           // no kid, or a kid this service never had
 	ReasonBadSignature     = "bad_signature"         // the signature does not verify
+	ReasonRetiredKey       = "retired_key"           // issued after its key was retired
 	ReasonBadClaims        = "bad_claims"            // claims missing or of the wrong type
 	ReasonWrongAudience    = "wrong_audience"        // iss or aud is not this server
 	ReasonNotYetValid      = "not_yet_valid"         // iat in the future beyond the skew
@@ -86,7 +87,7 @@ func reject(reason, msg string) *Error {
 		e.ErrorType, e.StatusCode = TypeTokenConsumed, 409
 	case ReasonParameterChanged:
 		e.ErrorType, e.StatusCode = TypeParameterMismatch, 400
-	case ReasonMalformed, ReasonUnsupportedAlg, ReasonUnknownKey, ReasonBadSignature, ReasonBadClaims:
+	case ReasonMalformed, ReasonUnsupportedAlg, ReasonUnknownKey, ReasonBadSignature, ReasonBadClaims, ReasonRetiredKey:
 		e.StatusCode = 401
 	}
 	return e
@@ -198,7 +199,8 @@ type Redemption struct {
 // could not be recorded returns an error, so the call does not run.
 // Any other error means nothing runs; the token may be spent.
 func (s *Service) Redeem(ctx context.Context, raw string, x Expect) (*Redemption, error) {
-	c, err := Parse(raw, func(kid string) (ed25519.PublicKey, error) { return s.publicKey(ctx, kid) })
+	var kid string
+	c, err := Parse(raw, func(k string) (ed25519.PublicKey, error) { kid = k; return s.publicKey(ctx, k) })
 	var rej *Error
 	if errors.As(err, &rej) {
 		s.rejected(ctx, "", rej, x)
@@ -206,6 +208,17 @@ func (s *Service) Redeem(ctx context.Context, raw string, x Expect) (*Redemption
 	}
 	if err != nil {
 		return nil, err
+	}
+	retired, err := s.retiredAt(ctx, kid)
+	if err != nil {
+		return nil, err
+	}
+	if !retired.IsZero() && time.Unix(c.IssuedAt, 0).After(retired) {
+		// Signed by a key after it was retired: not a token this
+		// service issued. Its jti is not trusted.
+		rej := reject(ReasonRetiredKey, "the token was signed by a retired key")
+		s.rejected(ctx, "", rej, x)
+		return nil, rej
 	}
 	now := s.opts.Now()
 	if rej := check(c, x, s.opts.ServerID, now, s.opts.Skew); rej != nil {

@@ -13,9 +13,11 @@ import (
 
 // TokenIssuer issues a transaction token on a principal's behalf after
 // checking the call as tools/call would (the tool exists, the arguments
-// validate); an error wrapping txtoken.ErrInvalidRequest is the caller's.
+// validate; an error wrapping txtoken.ErrInvalidRequest is the caller's),
+// and rotates the signing key (txtoken.Service.Rotate).
 type TokenIssuer interface {
 	IssueFor(ctx context.Context, principal, tool string, arguments json.RawMessage, issuedBy string) (txtoken.Issued, error)
+	Rotate(ctx context.Context) (kid string, err error)
 }
 
 var errTokensOff = notFound("transaction tokens are not enabled on this server")
@@ -64,5 +66,27 @@ func (h *Handler) issueToken(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	writeJSON(w, http.StatusCreated, issueTokenResponse{Issued: is, MetaKey: txtoken.MetaKey})
+	return nil
+}
+
+type rotateKeyResponse struct {
+	KeyID string `json:"kid"`
+}
+
+// rotateTokenKey: POST /admin/v1/transaction-tokens/keys → 201 {kid}: a new
+// signing key for every replica; the old one is retired (its tokens issued
+// before now still verify until they expire).
+func (h *Handler) rotateTokenKey(w http.ResponseWriter, r *http.Request) error {
+	if h.txtokens == nil {
+		return errTokensOff
+	}
+	if err := h.decodeJSON(w, r, &struct{}{}, false); err != nil {
+		return err
+	}
+	kid, err := h.txtokens.Rotate(r.Context())
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, rotateKeyResponse{KeyID: kid})
 	return nil
 }

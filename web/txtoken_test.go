@@ -30,6 +30,8 @@ func (s schemaIssuer) IssueFor(ctx context.Context, principal, tool string, args
 	return s.svc.Issue(ctx, txtoken.Request{Principal: principal, Tool: tool, Arguments: args, IssuedBy: by})
 }
 
+func (s schemaIssuer) Rotate(ctx context.Context) (string, error) { return s.svc.Rotate(ctx) }
+
 func withTokens(t *testing.T, out **txtoken.Service, log **audit.Log) envOption {
 	return func(e *env, s *setup) {
 		keys, err := audit.OpenKeyring(t.TempDir())
@@ -110,5 +112,23 @@ func TestAdminTransactionTokensOff(t *testing.T) {
 	r := e.do(t, http.MethodPost, "/admin/v1/transaction-tokens", map[string]any{"principal": "a", "tool": "t"}, e.adminAuth()...)
 	if r.code != http.StatusNotFound {
 		t.Fatalf("got %v", r)
+	}
+}
+
+func TestAdminRotatesTransactionTokenKey(t *testing.T) {
+	var svc *txtoken.Service
+	var l *audit.Log
+	e := newEnv(t, withTokens(t, &svc, &l))
+	old := svc.CurrentKeyID()
+	const path = "/admin/v1/transaction-tokens/keys"
+	if r := e.do(t, http.MethodPost, path, nil); r.code != http.StatusUnauthorized {
+		t.Fatalf("no admin token: %v", r)
+	}
+	r := e.do(t, http.MethodPost, path, nil, e.adminAuth()...)
+	var got struct {
+		KeyID string `json:"kid"`
+	}
+	if r.code != http.StatusCreated || json.Unmarshal(r.body, &got) != nil || got.KeyID == old || got.KeyID != svc.CurrentKeyID() {
+		t.Fatalf("rotate: %v (old %s)", r, old)
 	}
 }

@@ -183,6 +183,14 @@ func runAdmin(ctx context.Context, args []string, stdout io.Writer) error {
 		// The whole answer, for the agent's client: it sends "token" in
 		// the tools/call's params._meta["metaKey"] within 60 seconds.
 		fmt.Fprintf(stdout, "%s\n", out)
+	case "transaction-tokens rotate-key":
+		var out struct {
+			KeyID string `json:"kid"`
+		}
+		if err := c.do(ctx, http.MethodPost, "/admin/v1/transaction-tokens/keys", struct{}{}, &out); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "Transaction tokens are now signed with %s; the previous key is retired.\n", out.KeyID)
 	case "approvals list":
 		var out []struct {
 			Ref         string `json:"ref"`

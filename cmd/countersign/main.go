@@ -26,6 +26,7 @@ Usage:
   countersign agents add NAME [--server URL] [--data-dir DIR]
   countersign approvals list [--server URL] [--data-dir DIR]
   countersign transaction-tokens issue TOOL --principal AGENT [--arguments JSON] [--server URL] [--data-dir DIR]
+  countersign transaction-tokens rotate-key [--server URL] [--data-dir DIR]
   countersign audit show TASK [--server URL] [--data-dir DIR]
   countersign audit export [--since RFC3339] [--server URL] [--data-dir DIR] > audit.jsonl
   countersign audit verify FILE --key PUBKEY

@@ -60,6 +60,10 @@ func TestAdminCommands(t *testing.T) {
 	if code != 2 {
 		t.Fatalf("transaction-tokens issue without --principal: exit %d, err %q", code, stderr)
 	}
+	code, out, stderr = runCLI("transaction-tokens", "rotate-key", "--data-dir", dir)
+	if code != 0 || !strings.Contains(out, "signed with ed25519-") {
+		t.Fatalf("transaction-tokens rotate-key: exit %d, out %q, err %q", code, out, stderr)
+	}
 	code, out, _ = runCLI("approvals", "list", "--data-dir", dir)
 	if code != 0 || !strings.Contains(out, "No pending approvals") {
 		t.Fatalf("approvals list: exit %d, out %q", code, out)
