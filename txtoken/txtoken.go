@@ -347,7 +347,7 @@ func (s *Service) Issue(ctx context.Context, r Request) (Issued, error) {
 	if err != nil {
 		return Issued{}, err
 	}
-	if _, err := s.opts.Audit.Append(ctx, c.ID, audit.Step{ID: audit.StepTokenIssued, Kind: audit.KindTokenIssued, At: now, Body: audit.TokenIssued{
+	if err := s.record(ctx, c.ID, audit.Step{ID: audit.StepTokenIssued, Kind: audit.KindTokenIssued, At: now, Body: audit.TokenIssued{
 		JTI: c.ID, KeyID: kid, Envelope: env, IssuedBy: r.IssuedBy, PolicyVersion: r.PolicyVersion,
 		IssuedAt: now, ExpiresAt: exp,
 	}}); err != nil {

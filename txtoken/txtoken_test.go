@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -359,7 +360,8 @@ func TestCheckOrder(t *testing.T) {
 }
 
 // TestConcurrentRedeem races one token on two replicas (two Services on
-// one NATS): exactly one redemption wins, every other is token_consumed.
+// one NATS), 64 redemptions at once: exactly one wins, every other is
+// token_consumed, and all of them are in the token's audit chain.
 func TestConcurrentRedeem(t *testing.T) {
 	a := newFixture(t)
 	b := newFixtureOn(t, a.js, serverID)
@@ -370,7 +372,7 @@ func TestConcurrentRedeem(t *testing.T) {
 		is := b.issue(t)
 		var wins, consumed atomic.Int32
 		var wg sync.WaitGroup
-		for i := 0; i < 32; i++ {
+		for i := 0; i < 64; i++ {
 			svc := a.svc
 			if i%2 == 1 {
 				svc = b.svc
@@ -391,8 +393,19 @@ func TestConcurrentRedeem(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		if wins.Load() != 1 || consumed.Load() != 31 {
+		if wins.Load() != 1 || consumed.Load() != 63 {
 			t.Fatalf("round %d: %d wins, %d consumed", round, wins.Load(), consumed.Load())
+		}
+		// Every rejection is recorded, however many race on one chain.
+		kinds := a.chain(t, is.JTI, b)
+		n := 0
+		for _, k := range kinds {
+			if k == audit.KindTokenRejected {
+				n++
+			}
+		}
+		if n != 63 || kinds[0] != audit.KindTokenIssued || !slices.Contains(kinds, audit.KindTokenConsumed) {
+			t.Fatalf("round %d: %d rejections recorded, want 63 (%v)", round, n, kinds)
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"strings"
 	"time"
 
@@ -236,7 +237,7 @@ func (s *Service) Redeem(ctx context.Context, raw string, x Expect) (*Redemption
 		}
 		return nil, fmt.Errorf("txtoken: consume %s: %w", c.ID, err)
 	}
-	if _, err := s.opts.Audit.Append(ctx, c.ID, audit.Step{ID: audit.StepTokenConsumed, Kind: audit.KindTokenConsumed, At: now.UTC(), Body: audit.TokenConsumed{
+	if err := s.record(ctx, c.ID, audit.Step{ID: audit.StepTokenConsumed, Kind: audit.KindTokenConsumed, At: now.UTC(), Body: audit.TokenConsumed{
 		JTI: c.ID, Principal: x.Principal, Tool: x.Tool, ActionHash: x.ActionHash, At: now.UTC(),
 	}}); err != nil {
 		return nil, fmt.Errorf("txtoken: audit consumption of %s (token spent, call not run): %w", c.ID, err)
@@ -254,7 +255,7 @@ func (r *Redemption) Finish(ctx context.Context, disposition string, result any)
 	if err != nil {
 		r.s.log.ErrorContext(ctx, "txtoken: digest result", "jti", r.Claims.ID, "err", err)
 	}
-	if _, err := r.s.opts.Audit.Append(ctx, r.Claims.ID, audit.Step{ID: audit.StepTokenResult, Kind: audit.KindTokenResult, At: at, Body: audit.TokenResult{
+	if err := r.s.record(ctx, r.Claims.ID, audit.Step{ID: audit.StepTokenResult, Kind: audit.KindTokenResult, At: at, Body: audit.TokenResult{
 		Disposition: disposition, ResultDigest: resultDigest, At: at,
 	}}); err != nil {
 		r.s.log.ErrorContext(ctx, "txtoken: audit result", "jti", r.Claims.ID, "err", err)
@@ -271,9 +272,33 @@ func (s *Service) rejected(ctx context.Context, jti string, e *Error, x Expect) 
 		chain, step = newID("txr_"), "rejected"
 	}
 	at := s.opts.Now().UTC()
-	if _, err := s.opts.Audit.Append(ctx, chain, audit.Step{ID: step, Kind: audit.KindTokenRejected, At: at, Body: audit.TokenRejected{
+	if err := s.record(ctx, chain, audit.Step{ID: step, Kind: audit.KindTokenRejected, At: at, Body: audit.TokenRejected{
 		JTI: jti, ErrorType: e.ErrorType, Reason: e.Reason, Principal: x.Principal, Tool: x.Tool, ActionHash: x.ActionHash, At: at,
 	}}); err != nil {
 		s.log.ErrorContext(ctx, "txtoken: audit rejection", "jti", jti, "reason", e.Reason, "err", err)
+	}
+}
+
+// recordPatience bounds how long a record is retried: one token's chain
+// takes every concurrent rejection of it, and audit.Log.Append gives up
+// after a number of lost races. Appends are idempotent by step ID, so a
+// retry never writes a step twice.
+const recordPatience = 5 * time.Second
+
+// record appends a step to a token's chain, retrying with jittered
+// backoff until recordPatience has passed or ctx ends.
+func (s *Service) record(ctx context.Context, chain string, step audit.Step) error {
+	deadline := time.Now().Add(recordPatience)
+	for attempt := 0; ; attempt++ {
+		_, err := s.opts.Audit.Append(ctx, chain, step)
+		if err == nil || errors.Is(err, audit.ErrSealed) || errors.Is(err, audit.ErrInvalidTaskID) || time.Now().After(deadline) {
+			return err
+		}
+		wait := time.Duration(10+mrand.IntN(40*min(attempt+1, 5))) * time.Millisecond
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
 	}
 }
