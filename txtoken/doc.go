@@ -81,8 +81,11 @@
 // audit, "Transaction-token chains"): a chain per jti with "token-issued"
 // (the envelope: tool, arguments or their digest, action hash, principal,
 // server ID; who asked; kid; expiry), "token-rejected" for each refusal of
-// the verified token, "token-consumed" and "token-result". A token that
-// never verified gets a one-record "token-rejected" chain of its own.
+// the verified token presented by its own principal, "token-consumed" and
+// "token-result". A token that never verified, or that another principal
+// presented, gets a one-record "token-rejected" chain of its own (naming
+// the jti when the token verified): nobody but the token's principal can
+// grow its chain, so nobody else can fill it and block the token's use.
 // A token whose issuance cannot be recorded is not returned; a consumption
 // that cannot be recorded does not run the call. A rejection's record is
 // best effort (logged when it fails; the rejection stands), and the

@@ -224,7 +224,14 @@ func (s *Service) Redeem(ctx context.Context, raw string, x Expect) (*Redemption
 	now := s.opts.Now()
 	if rej := check(c, x, s.opts.ServerID, now, s.opts.Skew); rej != nil {
 		rej.JTI = c.ID
-		s.rejected(ctx, c.ID, rej, x)
+		chain := c.ID
+		if c.Subject != x.Principal {
+			// Someone else's token: its chain takes only what its own
+			// principal does, so another caller cannot fill it (and
+			// block its use) with rejections.
+			chain = ""
+		}
+		s.rejected(ctx, chain, rej, x)
 		return nil, rej
 	}
 	val, _ := json.Marshal(audit.TokenConsumed{JTI: c.ID, Principal: x.Principal, Tool: x.Tool, ActionHash: x.ActionHash, At: now.UTC()})
@@ -262,12 +269,14 @@ func (r *Redemption) Finish(ctx context.Context, disposition string, result any)
 	}
 }
 
-// rejected records a rejection: in the token's chain when it verified
-// (jti set), else in a chain of its own. A failure to record is logged;
-// the rejection stands.
-func (s *Service) rejected(ctx context.Context, jti string, e *Error, x Expect) {
+// rejected records a rejection: in the token's chain (chain = its jti)
+// when the token verified and the caller is its subject, else in a chain
+// of its own; the record names the jti whenever the token verified
+// (e.JTI). A failure to record is logged; the rejection stands.
+func (s *Service) rejected(ctx context.Context, chain string, e *Error, x Expect) {
+	jti := e.JTI
 	s.log.WarnContext(ctx, "txtoken: rejected", "jti", jti, "error_type", e.ErrorType, "reason", e.Reason, "principal", x.Principal, "tool", x.Tool)
-	chain, step := jti, newID("rejected-")
+	step := newID("rejected-")
 	if chain == "" {
 		chain, step = newID("txr_"), "rejected"
 	}
