@@ -149,6 +149,9 @@
 // bound to this principal, this tool and the action hash of these exact
 // arguments (the Zero-Trust MCP Handshake RFC's two phases).
 //
+// The server then advertises the capability extension
+// "io.countersign/transaction-tokens" {method, metaKey}.
+//
 // Phase 1, the custom method countersign/transactionToken {name,
 // arguments} (both eras; served only with Options.Tokens): the tool must
 // exist and the arguments validate (else -32602, as tools/call), and

@@ -200,6 +200,9 @@ func New(opts Options) (*Server, error) {
 	caps.AddExtension(tasks.ExtTasks, nil)
 	caps.AddExtension(tasks.ExtToolApproval, nil)
 	caps.AddExtension(tasks.ExtToolApprovalAuthZEN, map[string]any{"version": "0.1"})
+	if opts.Tokens != nil {
+		caps.AddExtension(ExtTransactionTokens, map[string]any{"method": MethodTransactionToken, "metaKey": txtoken.MetaKey})
+	}
 	s.mcp = mcp.NewServer(&mcp.Implementation{Name: ImplementationName, Version: ImplementationVersion}, &mcp.ServerOptions{
 		Logger:       sdkLog,
 		Capabilities: caps,

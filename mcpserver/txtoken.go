@@ -19,6 +19,11 @@ import (
 // Zero-Trust MCP Handshake RFC). Registered only when Options.Tokens is set.
 const MethodTransactionToken = "countersign/transactionToken"
 
+// ExtTransactionTokens is the server capability extension advertised when
+// transaction tokens are served: {"method": MethodTransactionToken,
+// "metaKey": txtoken.MetaKey}.
+const ExtTransactionTokens = "io.countersign/transaction-tokens"
+
 // CodeTokenRefused answers a transaction-token request policy does not
 // allow: its data is the RFC's error_handling object (error_type
 // "permission_denied", reason "policy"). Implementation-defined, like

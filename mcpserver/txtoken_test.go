@@ -310,3 +310,25 @@ func TestTokenCallAsLegacyTask(t *testing.T) {
 		t.Fatalf("%d transfers, want 1", n)
 	}
 }
+
+// TestTokenCapability: the extension is advertised only when tokens are
+// served, naming the method and the _meta key.
+func TestTokenCapability(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		h, _, _, _ := tokenHarness(t, func(o *Options) {
+			if !on {
+				o.Tokens = nil
+			}
+		})
+		var res struct {
+			Capabilities struct {
+				Extensions map[string]map[string]any `json:"extensions"`
+			} `json:"capabilities"`
+		}
+		h.do(t, call{token: "tok:" + principal(t, "a"), era: tasks.Era2026, method: "server/discover"}).ok(t, &res)
+		ext, ok := res.Capabilities.Extensions[ExtTransactionTokens]
+		if ok != on || (on && (ext["method"] != MethodTransactionToken || ext["metaKey"] != txtoken.MetaKey)) {
+			t.Fatalf("tokens %v: extension %v %v", on, ok, ext)
+		}
+	}
+}
