@@ -99,7 +99,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, 
 		return nil, errors.New("txtoken: ServerID is required")
 	case opts.Audit == nil:
 		return nil, errors.New("txtoken: Audit is required")
-	case opts.Lifetime < 0 || opts.Lifetime > MaxLifetime:
+	case opts.Lifetime < 0 || (opts.Lifetime > 0 && opts.Lifetime < time.Second) || opts.Lifetime > MaxLifetime:
 		return nil, fmt.Errorf("txtoken: Lifetime must be from 1s to %v", MaxLifetime)
 	case opts.Skew < 0 || opts.Skew > MaxSkew:
 		return nil, fmt.Errorf("txtoken: Skew must be from 0 to %v", MaxSkew)

@@ -431,6 +431,12 @@ func TestOpenRefusesBadOptions(t *testing.T) {
 	if _, err := Open(ctx, js, Options{ServerID: serverID, Audit: l, Lifetime: 61 * time.Second}); err == nil {
 		t.Fatal("lifetime over 60s accepted")
 	}
+	if _, err := Open(ctx, js, Options{ServerID: serverID, Audit: l, Lifetime: 500 * time.Millisecond}); err == nil {
+		t.Fatal("lifetime under 1s accepted")
+	}
+	if _, err := Open(ctx, js, Options{ServerID: serverID, Audit: l, Skew: time.Minute}); err == nil {
+		t.Fatal("skew over 30s accepted")
+	}
 	if _, err := Open(ctx, js, Options{Audit: l}); err == nil {
 		t.Fatal("no server id accepted")
 	}
