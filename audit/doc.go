@@ -36,6 +36,15 @@
 //   - Only the process holding the [Keyring] (the worker) signs; the private
 //     keys never leave their directory.
 //
+// # Transaction-token chains
+//
+// A single-use transaction token (package txtoken) has a chain of its own,
+// named by its jti: "token-issued", any "token-rejected", at most one
+// "token-consumed" and, after it, at most one "token-result"; an unverified
+// token's rejection is a one-record chain. The verifier checks their
+// grammar and binding ([RuleToken]); they carry no outcome record. See
+// txtoken.go.
+//
 // # Verification
 //
 // [Verify] checks each record (canonical form, signature, links) and then

@@ -89,6 +89,9 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Log, erro
 	return l, nil
 }
 
+// CanSign reports whether the log holds signing keys (else it is read-only).
+func (l *Log) CanSign() bool { return l.keys != nil }
+
 // Redact reports whether arguments are recorded as a digest only.
 func (l *Log) Redact() bool { return l.redact }
 
@@ -214,11 +217,11 @@ func (l *Log) appendTo(ctx context.Context, taskID string, es []entry, s Step, b
 	var prev string
 	var lastSeq uint64
 	if n := len(es); n > 0 {
-		if es[n-1].rec.Kind == KindOutcome {
+		if es[n-1].rec.Kind == KindOutcome || es[0].rec.Kind == KindTokenRejected {
 			return entry{}, ErrSealed
 		}
 		prev, lastSeq = es[n-1].hash, es[n-1].seq
-	} else if s.Kind != KindRequested {
+	} else if s.Kind != KindRequested && !IsTokenChainStart(s.Kind) {
 		return entry{}, fmt.Errorf("%w: chain of %s has no requested record; cannot append %s", ErrBrokenChain, taskID, s.Kind)
 	}
 	if len(es) >= MaxChainLen {

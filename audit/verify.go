@@ -355,6 +355,10 @@ func verifyChain(taskID string, recs []Record, hashes []string, opts VerifyOptio
 		fail(RuleChainLinks, -1, "no valid records")
 		return v
 	}
+	if IsTokenChainStart(recs[0].Kind) {
+		verifyTokenChain(recs, fail, &v)
+		return v
+	}
 	if recs[0].Kind != KindRequested {
 		fail(RuleRequested, 0, "the first record is %q, want %q", recs[0].Kind, KindRequested)
 		return v

@@ -102,7 +102,9 @@ func (s *Server) decide(ctx context.Context, info *callInfo, p *mcp.CallToolPara
 	}
 	s.log.InfoContext(ctx, "mcpserver: tools/call decided", "tool", tool.Name, "principal", info.principal,
 		"action_hash", hash.String(), "decision", d.Effect, "policy_version", d.PolicyVersion)
-	return &gatedCall{info: info, tool: tool, args: args, hash: hash, decision: d, now: now}, fx, nil
+	c := &gatedCall{info: info, tool: tool, args: args, hash: hash, decision: d, now: now}
+	c.token, c.tokenPresent = tokenFrom(p.Meta)
+	return c, fx, nil
 }
 
 // requestApproval turns a requestable denial into a task held for
@@ -187,12 +189,21 @@ func (s *Server) answerNow(ctx context.Context, c *gatedCall, wait func(context.
 		}
 	}
 	var result tasks.CallToolResult
-	if c.decision.Effect == pdp.EffectAllow {
+	switch c.decision.Effect {
+	case pdp.EffectAllow:
 		result = s.execute(ctx, c)
 		if c.protocolErr != nil {
 			return nil, &rpcError{code: c.protocolErr.Code, msg: c.protocolErr.Message}
 		}
-	} else {
+	case pdp.EffectToken:
+		var err error
+		if result, err = s.runWithToken(ctx, c); err != nil {
+			return nil, err
+		}
+		if c.protocolErr != nil {
+			return nil, &rpcError{code: c.protocolErr.Code, msg: c.protocolErr.Message}
+		}
+	default:
 		// A policy denial is a tool result, not a JSON-RPC error: see doc.go.
 		result = tasks.Outcome(tasks.DeniedNotExecuted, c.tool.Name, "Denied by policy: "+c.decision.Reason, nil)
 	}
@@ -250,6 +261,10 @@ type gatedCall struct {
 	protocolErr *gateway.ProtocolError
 	// inputs are the client's answers to the tool's input requests.
 	inputs json.RawMessage
+	// token is the transaction token the call carried in its _meta
+	// (tokenPresent: it carried the key at all).
+	token        string
+	tokenPresent bool
 }
 
 // gatherInputs returns the answers to a tool's input requests, or, when

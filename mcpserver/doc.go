@@ -28,6 +28,8 @@
 //     deny: an isError result built by tasks.Outcome(denied-not-executed)
 //     with the policy's reason.
 //     requestable: see below.
+//     token: the call runs once now only with a valid single-use
+//     transaction token (see "Transaction tokens" below).
 //
 // A requestable call always becomes a task. A client that can hold one (a
 // 2026-07-28 request that declares io.modelcontextprotocol/tasks in its
@@ -145,6 +147,68 @@
 //
 // A tool that fails with gateway.ProtocolError did not act: inline, the
 // caller gets that JSON-RPC error; in a task, the task ends failed.
+//
+// # Transaction tokens
+//
+// With Options.Tokens set (package txtoken), policy may answer a
+// tools/call with the effect "token": the call runs only if it carries, in
+// params._meta["io.countersign/transaction-token"], a single-use token
+// bound to this principal, this tool and the action hash of these exact
+// arguments (the Zero-Trust MCP Handshake RFC's two phases).
+//
+// The server then advertises the capability extension
+// "io.countersign/transaction-tokens" {method, metaKey}.
+//
+// Phase 1, the custom method countersign/transactionToken {name,
+// arguments} (both eras; served only with Options.Tokens): the tool must
+// exist and the arguments validate (else -32602, as tools/call), and
+// policy is asked with action.name "transaction-token/issue" and the same
+// subject, resource and context as the call. Only "allow" issues; anything
+// else is the JSON-RPC error CodeTokenRefused (-32030) whose data is the
+// RFC's error_handling object (error_type "permission_denied", reason
+// "policy"). The result is {token, jti, kid, sub, tool, parameters_hash,
+// issued_at, expires_at, metaKey}. Issuance is audited before the token is
+// returned.
+//
+// Who may obtain a token is policy's, per principal, tool and arguments.
+// A token proves the call it authorizes was authorized as that exact call
+// before it was made; it does not prove a human meant it. An agent allowed
+// to obtain its own tokens is a caller that can be talked into asking for
+// one, so a policy that means "a human decides" must not allow
+// transaction-token/issue for the agent: the operator then issues on the
+// principal's behalf (POST /admin/v1/transaction-tokens) and hands the
+// token to the agent's client, out of the model's reach. The method is a
+// custom JSON-RPC method, not a tool, so it is not in tools/list and a
+// model cannot call it through its tool interface; only the client's own
+// code can.
+//
+// Phase 2, tools/call with the token: decided as any call (unknown tool,
+// schema, action hash over the arguments as received, policy). Only when
+// policy says "token" is the token read: verified and its jti consumed
+// (txtoken.Service.Redeem: form, algorithm, key, signature, claims, key
+// retirement, audience, issued-at, lifetime, expiry with a small skew, subject, tool,
+// parameters hash, then the atomic consume). Then the call runs once on the
+// same path as an allowed call (execute), and the run's disposition and
+// result digest are audited. An allowed call ignores a token it carries
+// (nothing is consumed); a denied one is denied whatever it carries.
+//
+// A missing or rejected token is an isError CallToolResult built by
+// tasks.Outcome(denied-not-executed), its text naming the error type and
+// reason, with _meta "io.countersign/transaction-token-error" holding the
+// RFC's error_handling object (status_code, error_type, message,
+// retry_allowed) plus the specific reason and, for a token that verified,
+// its jti. It is a result and not a JSON-RPC error for the reason a denial
+// is (below): the request was understood and answered "did not run". A
+// missing token is error_type "permission_denied", reason "missing_token",
+// retry_allowed true. The token store or the audit log failing is -32603:
+// nothing ran (the token may be spent).
+//
+// Exactly once: the jti consume is a create-only write to NATS KV, so of
+// any number of calls with one token, on any replicas, one runs. No
+// workflow claim is needed: no other path runs a token-mode call, and the
+// consume happens before the run. A process that dies after the consume
+// and before the call ends leaves the token spent; the call ran at most
+// once (see package txtoken, "Crash semantics").
 //
 // # Why a policy denial is a tool result, not a JSON-RPC error
 //

@@ -296,16 +296,15 @@ func (h *harness) do(tb testing.TB, c call) rpc {
 			if c.tasks {
 				caps["extensions"] = map[string]any{tasks.ExtTasks: map[string]any{}}
 			}
-			meta := map[string]any{
-				"io.modelcontextprotocol/protocolVersion":    string(tasks.Era2026),
-				"io.modelcontextprotocol/clientCapabilities": caps,
-				"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "raw-test", "version": "1"},
-			}
-			if m, ok := params["_meta"].(map[string]any); ok {
+			meta := map[string]any{}
+			if m, ok := c.params["_meta"].(map[string]any); ok {
 				for k, v := range m {
-					meta[k] = v
+					meta[k] = v // the call's own _meta members (a transaction token)
 				}
 			}
+			meta["io.modelcontextprotocol/protocolVersion"] = string(tasks.Era2026)
+			meta["io.modelcontextprotocol/clientCapabilities"] = caps
+			meta["io.modelcontextprotocol/clientInfo"] = map[string]any{"name": "raw-test", "version": "1"}
 			params["_meta"] = meta
 			hdr.Set("Mcp-Protocol-Version", string(tasks.Era2026))
 			hdr.Set("Mcp-Method", c.method)

@@ -21,6 +21,7 @@ import (
 	"github.com/countersign/countersign/internal/ratelimit"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
+	"github.com/countersign/countersign/txtoken"
 )
 
 // Defaults for the zero values of [Options]. The task limits (creation
@@ -110,6 +111,12 @@ type Options struct {
 	// KeepAlive is the interval of the SSE comments on a quiet
 	// notification stream (default DefaultKeepAlive).
 	KeepAlive time.Duration
+
+	// Tokens issues and redeems single-use transaction tokens for calls
+	// policy puts in the "token" mode (countersign/transactionToken, and
+	// tools/call with the token in _meta). Nil: the method is not served
+	// and a token-mode call is denied.
+	Tokens *txtoken.Service
 
 	// Logger receives operational logs; nil discards them.
 	Logger *slog.Logger
@@ -230,6 +237,9 @@ func New(opts Options) (*Server, error) {
 	caps.AddExtension(tasks.ExtTasks, nil)
 	caps.AddExtension(tasks.ExtToolApproval, nil)
 	caps.AddExtension(tasks.ExtToolApprovalAuthZEN, map[string]any{"version": "0.1"})
+	if opts.Tokens != nil {
+		caps.AddExtension(ExtTransactionTokens, map[string]any{"method": MethodTransactionToken, "metaKey": txtoken.MetaKey})
+	}
 	s.mcp = mcp.NewServer(&mcp.Implementation{Name: ImplementationName, Version: ImplementationVersion}, &mcp.ServerOptions{
 		Logger:       sdkLog,
 		Capabilities: caps,
@@ -251,6 +261,9 @@ func New(opts Options) (*Server, error) {
 	// follows the registry.
 	opts.Tools.OnChange(s.syncTools)
 	if err := s.registerTaskMethods(); err != nil {
+		return nil, err
+	}
+	if err := s.registerTokenMethod(); err != nil {
 		return nil, err
 	}
 	s.mcp.AddReceivingMiddleware(s.middleware)

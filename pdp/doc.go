@@ -1,7 +1,8 @@
 // Package pdp is Countersign's policy decision point: it evaluates one
 // AuthZEN-shaped tool call ([Input]) against an OPA policy set and returns a
-// validated [Decision]: allow, deny, or requestable (approver group, quorum,
-// approval TTL, authenticator class).
+// validated [Decision]: allow, deny, requestable (approver group, quorum,
+// approval TTL, authenticator class), or token (a single-use transaction
+// token is required).
 //
 // # Invariants
 //
@@ -40,7 +41,7 @@
 // The engine queries data.countersign.authz.decision, an object:
 //
 //	{
-//	  "effect": "allow" | "deny" | "requestable",
+//	  "effect": "allow" | "deny" | "requestable" | "token",
 //	  "reason": string,
 //	  # requestable only:
 //	  "approver_group": string,       # required
@@ -49,6 +50,14 @@
 //	  "authenticator_class": "platform" | "cross-platform", # default "platform"
 //	  "slack_channel": string,        # optional
 //	}
+//
+// "token" means the call runs once, now, only with a valid single-use
+// transaction token (package txtoken) bound to its principal, tool and
+// arguments; it carries only a reason. A request for such a token is
+// evaluated with action.name [ActionIssueToken] and the same subject,
+// resource and context as the call: only "allow" lets the agent obtain the
+// token itself, so a policy that never allows that action leaves issuance
+// to operators (the admin API).
 //
 // Policies are Rego v1 (the OPA 1.x syntax, with `if` and `contains`). The
 // input document is the JSON encoding of [Input], with

@@ -105,7 +105,19 @@ const (
 	EffectAllow       Effect = "allow"
 	EffectDeny        Effect = "deny"
 	EffectRequestable Effect = "requestable"
+	// EffectToken: the call runs once, now, only if it carries a valid
+	// single-use transaction token bound to its principal, tool and
+	// arguments (package txtoken); without one it is refused, and nothing
+	// runs. The decision carries only a reason.
+	EffectToken Effect = "token"
 )
+
+// ActionIssueToken is the action name of a request for a transaction token
+// (the input's action.name; tool calls are "tools/call"). The subject,
+// resource and context are those of the call the token would authorize.
+// Only an allow decision lets the subject obtain one itself; an operator's
+// issuance through the admin API is not asked.
+const ActionIssueToken = "transaction-token/issue"
 
 // Decision is the validated result of one evaluation. The approval fields are
 // set only when Effect is [EffectRequestable]. PolicyVersion is always set.
@@ -237,6 +249,8 @@ func (e *Engine) parse(v any) (Decision, error) {
 	}
 	switch d.Effect = Effect(effect); d.Effect {
 	case EffectAllow, EffectDeny:
+		return d, nil
+	case EffectToken:
 		return d, nil
 	case EffectRequestable:
 	default:

@@ -474,3 +474,35 @@ func BenchmarkEvaluate(b *testing.B) {
 		})
 	})
 }
+
+// TestTokenEffect: "token" is a decision of its own, with only a reason,
+// and the issuance action is evaluated like any other input.
+func TestTokenEffect(t *testing.T) {
+	dir := writePolicy(t, map[string]string{"authz.rego": `package countersign.authz
+
+decision := {"effect": "token", "reason": "refunds need a transaction token"} if {
+	input.action.name == "tools/call"
+	input.resource.id == "refund"
+}
+
+decision := {"effect": "allow", "reason": "agents may ask for refund tokens"} if {
+	input.action.name == "transaction-token/issue"
+	input.resource.id == "refund"
+}
+`})
+	e := newEngine(t, dir)
+	in := call("refund", `{"amount": 5}`)
+	d, err := e.Evaluate(context.Background(), in)
+	if err != nil || d.Effect != pdp.EffectToken || d.Reason != "refunds need a transaction token" || d.Quorum != 0 || d.PolicyVersion == "" {
+		t.Fatalf("tools/call: %+v %v", d, err)
+	}
+	in.Action.Name = pdp.ActionIssueToken
+	if d, err = e.Evaluate(context.Background(), in); err != nil || d.Effect != pdp.EffectAllow {
+		t.Fatalf("issue: %+v %v", d, err)
+	}
+	in = call("other", `{}`)
+	in.Action.Name = pdp.ActionIssueToken
+	if d, err = e.Evaluate(context.Background(), in); err != nil || d.Effect != pdp.EffectDeny {
+		t.Fatalf("issue for another tool: %+v %v", d, err)
+	}
+}

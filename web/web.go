@@ -49,6 +49,9 @@ type Options struct {
 	Tokens   *authn.Tokens
 	// Audit serves the admin audit API; nil answers it with 404.
 	Audit *audit.Log
+	// Transactions serves POST /admin/v1/transaction-tokens; nil answers it
+	// with 404.
+	Transactions TokenIssuer
 	// MaxBodyBytes caps JSON request bodies. Zero means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
 	// Logger receives structured logs. Nil discards them.
@@ -65,6 +68,7 @@ type Handler struct {
 	passkeys  *passkey.Service
 	tokens    *authn.Tokens
 	audit     *audit.Log
+	txtokens  TokenIssuer
 	maxBody   int64
 	log       *slog.Logger
 	now       func() time.Time
@@ -115,6 +119,7 @@ func New(opts Options) (*Handler, error) {
 		passkeys:  opts.Passkeys,
 		tokens:    opts.Tokens,
 		audit:     opts.Audit,
+		txtokens:  opts.Transactions,
 		maxBody:   opts.MaxBodyBytes,
 		log:       opts.Logger,
 		now:       time.Now,
@@ -177,6 +182,8 @@ func (h *Handler) routes() {
 	m.HandleFunc("GET /admin/v1/approvals", h.api(h.admin(h.listApprovals)))
 	m.HandleFunc("GET /admin/v1/audit", h.api(h.admin(h.exportAudit)))
 	m.HandleFunc("GET /admin/v1/audit/{taskId}", h.api(h.admin(h.showAudit)))
+	m.HandleFunc("POST /admin/v1/transaction-tokens", h.api(h.admin(h.issueToken)))
+	m.HandleFunc("POST /admin/v1/transaction-tokens/keys", h.api(h.admin(h.rotateTokenKey)))
 
 	// Approver API: the passkey is the authority.
 	m.HandleFunc("POST /approver/v1/enrollments/{token}/begin", h.api(h.beginEnrollment))

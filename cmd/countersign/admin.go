@@ -107,6 +107,11 @@ func runAdmin(ctx context.Context, args []string, stdout io.Writer) error {
 	name, rest := splitPositional(args[2:])
 	fs, server, dataDir := newAdminFlags(cmd)
 	var groups, principals stringList
+	var tokenFor, tokenArgs *string
+	if cmd == "transaction-tokens issue" {
+		tokenFor = fs.String("principal", "", "the agent principal that will make the call (required)")
+		tokenArgs = fs.String("arguments", "{}", "the call's arguments, a JSON object, exactly as the agent will send them")
+	}
 	if cmd == "approvers add" {
 		fs.Var(&groups, "group", "approver group (repeatable)")
 		fs.Var(&principals, "principal", "agent principal the approver acts as, and so may not approve (repeatable; default: NAME)")
@@ -163,6 +168,29 @@ func runAdmin(ctx context.Context, args []string, stdout io.Writer) error {
 			return err
 		}
 		fmt.Fprintf(stdout, "Agent %s added. Its bearer token (shown once):\n%s\n", name, out.Token)
+	case "transaction-tokens issue":
+		if name == "" || *tokenFor == "" {
+			return usageError{"usage: countersign transaction-tokens issue TOOL --principal AGENT [--arguments JSON]"}
+		}
+		if !json.Valid([]byte(*tokenArgs)) {
+			return usageError{"--arguments must be a JSON object"}
+		}
+		var out json.RawMessage
+		body := map[string]any{"principal": *tokenFor, "tool": name, "arguments": json.RawMessage(*tokenArgs)}
+		if err := c.do(ctx, http.MethodPost, "/admin/v1/transaction-tokens", body, &out); err != nil {
+			return err
+		}
+		// The whole answer, for the agent's client: it sends "token" in
+		// the tools/call's params._meta["metaKey"] within 60 seconds.
+		fmt.Fprintf(stdout, "%s\n", out)
+	case "transaction-tokens rotate-key":
+		var out struct {
+			KeyID string `json:"kid"`
+		}
+		if err := c.do(ctx, http.MethodPost, "/admin/v1/transaction-tokens/keys", struct{}{}, &out); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "Transaction tokens are now signed with %s; the previous key is retired.\n", out.KeyID)
 	case "approvals list":
 		var out []struct {
 			Ref         string `json:"ref"`

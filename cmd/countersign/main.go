@@ -25,6 +25,8 @@ Usage:
   countersign approvers invite APPROVER_ID [--server URL] [--data-dir DIR]
   countersign agents add NAME [--server URL] [--data-dir DIR]
   countersign approvals list [--server URL] [--data-dir DIR]
+  countersign transaction-tokens issue TOOL --principal AGENT [--arguments JSON] [--server URL] [--data-dir DIR]
+  countersign transaction-tokens rotate-key [--server URL] [--data-dir DIR]
   countersign audit show TASK [--server URL] [--data-dir DIR]
   countersign audit export [--since RFC3339] [--server URL] [--data-dir DIR] > audit.jsonl
   countersign audit verify FILE --key PUBKEY
@@ -48,7 +50,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "dev", "server", "worker":
 		err = runService(ctx, args[0], args[1:], stdout, stderr)
-	case "approvers", "agents", "approvals":
+	case "approvers", "agents", "approvals", "transaction-tokens":
 		err = runAdmin(ctx, args, stdout)
 	case "audit":
 		err = runAudit(ctx, args[1:], stdout, stderr)

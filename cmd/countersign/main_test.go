@@ -46,6 +46,24 @@ func TestAdminCommands(t *testing.T) {
 	if code != 1 || stderr == "" {
 		t.Fatalf("duplicate agent: exit %d, err %q", code, stderr)
 	}
+	// An operator's transaction token for the dev agent's exact call.
+	code, out, stderr = runCLI("transaction-tokens", "issue", "transfer_funds", "--principal", "dev-agent",
+		"--arguments", `{"to":"acct-cli","amount":5000,"currency":"EUR"}`, "--data-dir", dir)
+	if code != 0 || !strings.Contains(out, `"token":"ey`) || !strings.Contains(out, `"jti":"txt_`) {
+		t.Fatalf("transaction-tokens issue: exit %d, out %q, err %q", code, out, stderr)
+	}
+	code, _, stderr = runCLI("transaction-tokens", "issue", "transfer_funds", "--principal", "dev-agent", "--arguments", `{"amount":"lots"}`, "--data-dir", dir)
+	if code != 1 || !strings.Contains(stderr, "invalid_request") {
+		t.Fatalf("transaction-tokens issue, bad arguments: exit %d, err %q", code, stderr)
+	}
+	code, _, stderr = runCLI("transaction-tokens", "issue", "transfer_funds", "--data-dir", dir)
+	if code != 2 {
+		t.Fatalf("transaction-tokens issue without --principal: exit %d, err %q", code, stderr)
+	}
+	code, out, stderr = runCLI("transaction-tokens", "rotate-key", "--data-dir", dir)
+	if code != 0 || !strings.Contains(out, "signed with ed25519-") {
+		t.Fatalf("transaction-tokens rotate-key: exit %d, out %q, err %q", code, out, stderr)
+	}
 	code, out, _ = runCLI("approvals", "list", "--data-dir", dir)
 	if code != 0 || !strings.Contains(out, "No pending approvals") {
 		t.Fatalf("approvals list: exit %d, out %q", code, out)

@@ -80,7 +80,7 @@ func serviceFlags(cmd string, cfg *app.Config, conformance bool) (fs *flag.FlagS
 	fs.DurationVar(&cfg.BodyReadTimeout, "body-read-timeout", envDuration("COUNTERSIGN_BODY_READ_TIMEOUT", def.BodyReadTimeout), "time a client has to send a request body")
 	fs.IntVar(&cfg.MaxSlowBodies, "max-slow-bodies", envInt("COUNTERSIGN_MAX_SLOW_BODIES", def.MaxSlowBodies), "request bodies still arriving after 1s that are read at once, server-wide; more are refused with 503")
 	fs.IntVar(&cfg.MaxConnections, "max-connections", envInt("COUNTERSIGN_MAX_CONNECTIONS", def.MaxConnections), "open HTTP connections")
-	fs.StringVar(&cfg.AuditKeyDir, "audit-key-dir", envOr("COUNTERSIGN_AUDIT_KEY_DIR", ""), "directory of the audit signing keys (default DATA_DIR/audit-keys); worker and dev only")
+	fs.StringVar(&cfg.AuditKeyDir, "audit-key-dir", envOr("COUNTERSIGN_AUDIT_KEY_DIR", ""), "directory of the audit signing keys (default DATA_DIR/audit-keys); a server uses them for transaction-token records only")
 	fs.BoolVar(&cfg.AuditRedact, "audit-redact", os.Getenv("COUNTERSIGN_AUDIT_REDACT") == "true", "record a digest of tool arguments in audit records instead of the arguments")
 	fs.BoolVar(&cfg.Conformance, "conformance", false, "serve /mcp WITHOUT authentication for conformance suites (loopback only); lifts the defaults of --rate-per-minute, --requests-per-second, --request-burst and --max-in-flight")
 	logLevel = fs.String("log-level", envOr("COUNTERSIGN_LOG_LEVEL", "info"), "log level: debug, info, warn, error")

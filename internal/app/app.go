@@ -36,6 +36,7 @@ import (
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
+	"github.com/countersign/countersign/txtoken"
 	"github.com/countersign/countersign/web"
 	"github.com/countersign/countersign/workflows"
 )
@@ -97,7 +98,10 @@ type App struct {
 	PDP       *pdp.Engine
 	Audit     *audit.Log
 	Ledger    *gateway.Ledger
-	Tools     *gateway.Registry
+	// Transactions issues and redeems single-use transaction tokens; nil
+	// in a worker, and in a server without audit signing keys.
+	Transactions *txtoken.Service
+	Tools        *gateway.Registry
 	// Fixtures are the conformance fixtures among Tools; nil unless
 	// Config.Conformance.
 	Fixtures *conformance.Set
@@ -417,6 +421,13 @@ func (a *App) startHTTP(ctx context.Context) error {
 		// client of the suites opens a GET stream.
 		maxStreams = conformanceRequestBudget
 	}
+	if a.Audit.CanSign() {
+		if a.Transactions, err = txtoken.Open(ctx, a.js, txtoken.Options{
+			ServerID: serverID, Audit: a.Audit, Replicas: a.cfg.NATSReplicas, Logger: a.log,
+		}); err != nil {
+			return err
+		}
+	}
 	mcp, err := mcpserver.New(mcpserver.Options{
 		ServerID:     serverID,
 		PublicURL:    a.cfg.PublicURL,
@@ -427,6 +438,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 		Authenticate: a.Tokens.Agent,
 		NoAuth:       a.cfg.Conformance,
 		InlineWait:   a.cfg.InlineWait,
+		Tokens:       a.Transactions,
 		Logger:       a.log,
 
 		RequestsPerSecond:       a.cfg.RequestsPerSecond,
@@ -437,14 +449,18 @@ func (a *App) startHTTP(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("mcp endpoint: %w", err)
 	}
-	site, err := web.New(web.Options{
+	siteOpts := web.Options{
 		PublicURL: a.cfg.PublicURL,
 		Approvals: a.Approvals,
 		Passkeys:  a.Passkeys,
 		Tokens:    a.Tokens,
 		Audit:     a.Audit,
 		Logger:    a.log,
-	})
+	}
+	if a.Transactions != nil {
+		siteOpts.Transactions = tokenIssuer{tools: a.Tools, svc: a.Transactions}
+	}
+	site, err := web.New(siteOpts)
 	if err != nil {
 		return fmt.Errorf("approver site: %w", err)
 	}

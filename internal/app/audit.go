@@ -22,14 +22,23 @@ const (
 )
 
 // startAudit opens the audit log. Processes that run the worker hold the
-// signing keys; an HTTP-only server reads the log without them.
+// signing keys. An HTTP-only server signs only transaction-token records
+// (it is the process that issues and consumes tokens): it opens its key
+// directory when it can, and without one it serves no transaction tokens
+// (token-mode calls are denied) and reads the log read-only.
 func (a *App) startAudit(ctx context.Context, js jetstream.JetStream) error {
 	opts := audit.Options{Redact: a.cfg.AuditRedact, Replicas: a.cfg.NATSReplicas, Logger: a.log}
-	if a.mode != ModeServer {
-		dir := a.cfg.AuditKeyDir
-		if dir == "" {
-			dir = filepath.Join(a.cfg.DataDir, AuditKeyDir)
+	dir := a.cfg.AuditKeyDir
+	if dir == "" {
+		dir = filepath.Join(a.cfg.DataDir, AuditKeyDir)
+	}
+	if a.mode == ModeServer {
+		if keys, err := audit.OpenKeyring(dir); err != nil {
+			a.log.Warn("audit: no signing keys; transaction tokens are off on this server", "dir", dir, "err", err)
+		} else {
+			opts.Keys = keys
 		}
+	} else {
 		keys, err := audit.OpenKeyring(dir)
 		if err != nil {
 			return err

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -40,11 +41,17 @@ func (s *Stack) Call2026(token, method, name string, params map[string]any, decl
 	if params == nil {
 		params = map[string]any{}
 	}
-	params["_meta"] = map[string]any{
-		"io.modelcontextprotocol/protocolVersion":    "2026-07-28",
-		"io.modelcontextprotocol/clientCapabilities": caps,
-		"io.modelcontextprotocol/clientInfo":         map[string]any{"name": s.clientName, "version": "1"},
+	meta := map[string]any{}
+	if m, ok := params["_meta"].(map[string]any); ok {
+		for k, v := range m {
+			meta[k] = v // the call's own _meta members (a transaction token)
+		}
 	}
+	meta["io.modelcontextprotocol/protocolVersion"] = "2026-07-28"
+	meta["io.modelcontextprotocol/clientCapabilities"] = caps
+	meta["io.modelcontextprotocol/clientInfo"] = map[string]any{"name": s.clientName, "version": "1"}
+	params = maps.Clone(params)
+	params["_meta"] = meta
 	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": rpcID.Add(1), "method": method, "params": params})
 	req, _ := http.NewRequest("POST", s.Base+"/mcp", bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")

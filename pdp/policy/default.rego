@@ -2,7 +2,7 @@
 # and the tools of the upstream MCP servers Countersign gates.
 #
 # The engine queries data.countersign.authz.decision. It must be an object with
-# "effect" ("allow", "deny" or "requestable") and "reason"; a requestable
+# "effect" ("allow", "deny", "requestable" or "token") and "reason"; a requestable
 # decision also carries "approver_group", "quorum", "approval_ttl_seconds",
 # "authenticator_class" and, optionally, "slack_channel". An undefined
 # decision means deny.

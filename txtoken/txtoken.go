@@ -1,0 +1,425 @@
+package txtoken
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"sync"
+	"time"
+
+	jose "github.com/go-jose/go-jose/v4"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/countersign/countersign/audit"
+	"github.com/countersign/countersign/internal/canon"
+)
+
+// Buckets.
+const (
+	// KeyBucket holds the signing keys (PKCS#8, under "key.<kid>") and the
+	// kid of the one that signs ("current").
+	KeyBucket = "countersign_txtoken_keys"
+	// UsedBucket holds one entry per consumed jti, created with a
+	// compare-and-set; entries live UsedTTL.
+	UsedBucket = "countersign_txtoken_used"
+)
+
+// Limits.
+const (
+	// MaxLifetime is the longest a token lives (exp - iat).
+	MaxLifetime = 60 * time.Second
+	// DefaultLifetime is a token's lifetime when Options.Lifetime is 0.
+	DefaultLifetime = 60 * time.Second
+	// DefaultSkew is the clock skew tolerated between replicas.
+	DefaultSkew = 5 * time.Second
+	// MaxSkew bounds Options.Skew.
+	MaxSkew = 30 * time.Second
+	// UsedTTL is how long a consumed jti is remembered: longer than any
+	// token lives plus the skew, so a jti is never forgotten while its
+	// token could still pass the expiry check.
+	UsedTTL = 5 * time.Minute
+	// MaxTokenBytes bounds a presented token; a longer one is malformed.
+	MaxTokenBytes = 4096
+)
+
+// Algorithm is the one signature algorithm tokens use and accept.
+const Algorithm = jose.EdDSA
+
+// MetaKey is the tools/call params._meta key that carries a token.
+const MetaKey = "io.countersign/transaction-token"
+
+// Options configures [Open].
+type Options struct {
+	// ServerID is the issuer and the audience of every token: Countersign's
+	// SEP-2672 server ID, the one the action hash binds. Required.
+	ServerID string
+	// Audit records every issuance and use. Required, with signing keys:
+	// a token that cannot be audited is not issued and not used.
+	Audit *audit.Log
+	// Lifetime of an issued token (default and maximum 60 s).
+	Lifetime time.Duration
+	// Skew tolerated on iat and exp (default 5 s, at most 30 s).
+	Skew time.Duration
+	// Replicas of the buckets; 0 means 1.
+	Replicas int
+	// Now is the clock (tests); nil is time.Now.
+	Now    func() time.Time
+	Logger *slog.Logger
+}
+
+// Service issues, verifies and consumes transaction tokens. Every replica
+// opens the same buckets: any one may issue, all verify, exactly one
+// consumes a given jti.
+type Service struct {
+	opts Options
+	log  *slog.Logger
+	keys jetstream.KeyValue
+	used jetstream.KeyValue
+
+	mu      sync.RWMutex
+	signer  jose.Signer
+	current string
+	pubs    map[string]ed25519.PublicKey
+}
+
+// Open opens (creating if needed) the buckets and loads the signing key,
+// creating the first one when there is none. Replicas race safely: the
+// first "current" written wins and the others load it.
+func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, error) {
+	switch {
+	case opts.ServerID == "":
+		return nil, errors.New("txtoken: ServerID is required")
+	case opts.Audit == nil:
+		return nil, errors.New("txtoken: Audit is required")
+	case opts.Lifetime < 0 || (opts.Lifetime > 0 && opts.Lifetime < time.Second) || opts.Lifetime > MaxLifetime:
+		return nil, fmt.Errorf("txtoken: Lifetime must be from 1s to %v", MaxLifetime)
+	case opts.Skew < 0 || opts.Skew > MaxSkew:
+		return nil, fmt.Errorf("txtoken: Skew must be from 0 to %v", MaxSkew)
+	}
+	if opts.Lifetime == 0 {
+		opts.Lifetime = DefaultLifetime
+	}
+	if opts.Skew == 0 {
+		opts.Skew = DefaultSkew
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	rep := max(opts.Replicas, 1)
+	keys, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: KeyBucket, Description: "Countersign transaction-token signing keys",
+		History: 1, Storage: jetstream.FileStorage, Replicas: rep,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("txtoken: key bucket: %w", err)
+	}
+	used, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: UsedBucket, Description: "Countersign consumed transaction-token IDs",
+		History: 1, Storage: jetstream.FileStorage, Replicas: rep, TTL: UsedTTL,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("txtoken: used bucket: %w", err)
+	}
+	s := &Service{opts: opts, log: log, keys: keys, used: used, pubs: map[string]ed25519.PublicKey{}}
+	if err := s.loadCurrent(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// KeyID derives a key ID from an Ed25519 public key, as the audit keys do.
+func KeyID(pub ed25519.PublicKey) string {
+	sum := sha256.Sum256(pub)
+	return "ed25519-" + hex.EncodeToString(sum[:16])
+}
+
+var kidRE = regexp.MustCompile(`^ed25519-[0-9a-f]{32}$`)
+
+const currentKey = "current"
+
+// loadCurrent loads the signing key named by "current", creating a key
+// (and "current") when the bucket has none.
+func (s *Service) loadCurrent(ctx context.Context) error {
+	e, err := s.keys.Get(ctx, currentKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		_, priv, gerr := ed25519.GenerateKey(rand.Reader)
+		if gerr != nil {
+			return gerr
+		}
+		kid := KeyID(priv.Public().(ed25519.PublicKey))
+		der, merr := x509.MarshalPKCS8PrivateKey(priv)
+		if merr != nil {
+			return merr
+		}
+		if _, err := s.keys.Create(ctx, "key."+kid, der); err != nil {
+			return fmt.Errorf("txtoken: store key: %w", err)
+		}
+		if _, err := s.keys.Create(ctx, currentKey, []byte(kid)); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+			return fmt.Errorf("txtoken: store current key: %w", err)
+		}
+		// Another replica may have won: read what is current.
+		e, err = s.keys.Get(ctx, currentKey)
+	}
+	if err != nil {
+		return fmt.Errorf("txtoken: read current key: %w", err)
+	}
+	return s.use(ctx, string(e.Value()))
+}
+
+// use makes kid the key this process signs with.
+func (s *Service) use(ctx context.Context, kid string) error {
+	priv, err := s.privateKey(ctx, kid)
+	if err != nil {
+		return err
+	}
+	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: Algorithm, Key: priv},
+		(&jose.SignerOptions{}).WithType("JWT").WithHeader(jose.HeaderKey("kid"), kid))
+	if err != nil {
+		return fmt.Errorf("txtoken: signer: %w", err)
+	}
+	s.mu.Lock()
+	s.signer, s.current = signer, kid
+	s.pubs[kid] = priv.Public().(ed25519.PublicKey)
+	s.mu.Unlock()
+	return nil
+}
+
+// privateKey reads a key from the bucket and checks that it is the key
+// its name says.
+func (s *Service) privateKey(ctx context.Context, kid string) (ed25519.PrivateKey, error) {
+	if !kidRE.MatchString(kid) {
+		return nil, fmt.Errorf("txtoken: bad key id %q", kid)
+	}
+	e, err := s.keys.Get(ctx, "key."+kid)
+	if err != nil {
+		return nil, fmt.Errorf("txtoken: read key %s: %w", kid, err)
+	}
+	k, err := x509.ParsePKCS8PrivateKey(e.Value())
+	if err != nil {
+		return nil, fmt.Errorf("txtoken: key %s: %w", kid, err)
+	}
+	priv, ok := k.(ed25519.PrivateKey)
+	if !ok || KeyID(priv.Public().(ed25519.PublicKey)) != kid {
+		return nil, fmt.Errorf("txtoken: key %s is not the Ed25519 key its name says", kid)
+	}
+	return priv, nil
+}
+
+// publicKey resolves a kid for verification: the keys this process has
+// seen, else the bucket (a key another replica created). errUnknownKey
+// when neither has it.
+func (s *Service) publicKey(ctx context.Context, kid string) (ed25519.PublicKey, error) {
+	s.mu.RLock()
+	pub, ok := s.pubs[kid]
+	s.mu.RUnlock()
+	if ok {
+		return pub, nil
+	}
+	if !kidRE.MatchString(kid) {
+		return nil, errUnknownKey
+	}
+	priv, err := s.privateKey(ctx, kid)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, errUnknownKey
+	}
+	if err != nil {
+		return nil, err
+	}
+	pub = priv.Public().(ed25519.PublicKey)
+	s.mu.Lock()
+	s.pubs[kid] = pub
+	s.mu.Unlock()
+	return pub, nil
+}
+
+var errUnknownKey = errors.New("txtoken: unknown key")
+
+// CurrentKeyID is the kid of the key that signs new tokens.
+func (s *Service) CurrentKeyID() string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.current
+}
+
+// Claims are a token's claims. Tool and ParametersHash sit under "mcp", as
+// the Zero-Trust MCP Handshake RFC's ephemeral token claims do.
+type Claims struct {
+	Issuer   string `json:"iss"`
+	Subject  string `json:"sub"`
+	Audience string `json:"aud"`
+	Expiry   int64  `json:"exp"`
+	IssuedAt int64  `json:"iat"`
+	ID       string `json:"jti"`
+	MCP      MCP    `json:"mcp"`
+}
+
+// MCP are the MCP-specific claims: the one call the token authorizes.
+type MCP struct {
+	Tool           string `json:"tool"`
+	ParametersHash string `json:"parameters_hash"` // the SEP-2672 action hash, hex
+}
+
+// Request asks for a token for one exact call.
+type Request struct {
+	Principal string          // the sub: the agent that will make the call
+	Tool      string          // as Countersign serves it
+	Arguments json.RawMessage // exactly as the call will send them
+	// IssuedBy says who asked: "agent:<principal>" over MCP, or
+	// "admin:<name>" over the admin API.
+	IssuedBy      string
+	PolicyVersion string
+}
+
+// Issued is a token and what it binds.
+type Issued struct {
+	Token          string    `json:"token"`
+	JTI            string    `json:"jti"`
+	KeyID          string    `json:"kid"`
+	Principal      string    `json:"sub"`
+	Tool           string    `json:"tool"`
+	ParametersHash string    `json:"parameters_hash"`
+	IssuedAt       time.Time `json:"issued_at"`
+	ExpiresAt      time.Time `json:"expires_at"`
+}
+
+var jtiRE = regexp.MustCompile(`^txt_[0-9a-f]{32}$`)
+
+func newID(prefix string) string {
+	var b [16]byte
+	rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// Issue signs a token for r and records its issuance; a token whose
+// issuance could not be recorded is not returned. Policy (who may ask for
+// which call) is the caller's to check.
+func (s *Service) Issue(ctx context.Context, r Request) (Issued, error) {
+	if r.Principal == "" || r.Tool == "" || r.IssuedBy == "" {
+		return Issued{}, errors.New("txtoken: principal, tool and issuer are required")
+	}
+	hash, err := canon.Hash(r.Tool, r.Arguments, s.opts.ServerID)
+	if err != nil {
+		return Issued{}, err
+	}
+	now := s.opts.Now().UTC().Truncate(time.Second)
+	exp := now.Add(s.opts.Lifetime)
+	c := Claims{
+		Issuer: s.opts.ServerID, Subject: r.Principal, Audience: s.opts.ServerID,
+		IssuedAt: now.Unix(), Expiry: exp.Unix(), ID: newID("txt_"),
+		MCP: MCP{Tool: r.Tool, ParametersHash: hash.String()},
+	}
+	payload, err := json.Marshal(c)
+	if err != nil {
+		return Issued{}, err
+	}
+	// Follow a rotation made on any replica: one read of "current".
+	if e, err := s.keys.Get(ctx, currentKey); err != nil {
+		return Issued{}, fmt.Errorf("txtoken: read current key: %w", err)
+	} else if cur := string(e.Value()); cur != s.CurrentKeyID() {
+		if err := s.use(ctx, cur); err != nil {
+			return Issued{}, err
+		}
+	}
+	s.mu.RLock()
+	signer, kid := s.signer, s.current
+	s.mu.RUnlock()
+	jws, err := signer.Sign(payload)
+	if err != nil {
+		return Issued{}, fmt.Errorf("txtoken: sign: %w", err)
+	}
+	tok, err := jws.CompactSerialize()
+	if err != nil {
+		return Issued{}, fmt.Errorf("txtoken: serialize: %w", err)
+	}
+	env, err := audit.NewEnvelope(r.Tool, r.Arguments, hash.String(), r.Principal, "tool:"+r.Tool, s.opts.ServerID, now, s.opts.Audit.Redact())
+	if err != nil {
+		return Issued{}, err
+	}
+	if err := s.record(ctx, c.ID, audit.Step{ID: audit.StepTokenIssued, Kind: audit.KindTokenIssued, At: now, Body: audit.TokenIssued{
+		JTI: c.ID, KeyID: kid, Envelope: env, IssuedBy: r.IssuedBy, PolicyVersion: r.PolicyVersion,
+		IssuedAt: now, ExpiresAt: exp,
+	}}); err != nil {
+		return Issued{}, fmt.Errorf("txtoken: audit issuance: %w", err)
+	}
+	s.log.InfoContext(ctx, "txtoken: issued", "jti", c.ID, "principal", r.Principal, "tool", r.Tool, "action_hash", hash.String(), "issued_by", r.IssuedBy)
+	return Issued{Token: tok, JTI: c.ID, KeyID: kid, Principal: r.Principal, Tool: r.Tool,
+		ParametersHash: hash.String(), IssuedAt: now, ExpiresAt: exp}, nil
+}
+
+// ErrInvalidRequest marks a token request that names no known tool or
+// whose arguments do not validate; its message is safe to show the caller.
+var ErrInvalidRequest = errors.New("txtoken: invalid token request")
+
+// Rotate makes a new signing key current, for every replica (each follows
+// "current" when it next issues), and retires the one it replaces: a token
+// of a retired key verifies only if it was issued before the retirement, so
+// once the last of them has expired (MaxLifetime plus the skew) the old key
+// can mint nothing that passes. Concurrent rotations are safe: "current"
+// moves by compare-and-set, and the loser's key is retired at once, unused.
+func (s *Service) Rotate(ctx context.Context) (string, error) {
+	e, err := s.keys.Get(ctx, currentKey)
+	if err != nil {
+		return "", fmt.Errorf("txtoken: read current key: %w", err)
+	}
+	old := string(e.Value())
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return "", err
+	}
+	kid := KeyID(priv.Public().(ed25519.PublicKey))
+	der, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		return "", err
+	}
+	if _, err := s.keys.Create(ctx, "key."+kid, der); err != nil {
+		return "", fmt.Errorf("txtoken: store key: %w", err)
+	}
+	now := s.opts.Now().UTC()
+	retire := old
+	if _, err := s.keys.Update(ctx, currentKey, []byte(kid), e.Revision()); err != nil {
+		// Another rotation won: this key never signed anything.
+		retire = kid
+	}
+	if _, err := s.keys.Create(ctx, "retired."+retire, []byte(now.Format(time.RFC3339Nano))); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		return "", fmt.Errorf("txtoken: retire key %s: %w", retire, err)
+	}
+	cur, err := s.keys.Get(ctx, currentKey)
+	if err != nil {
+		return "", fmt.Errorf("txtoken: read current key: %w", err)
+	}
+	if err := s.use(ctx, string(cur.Value())); err != nil {
+		return "", err
+	}
+	s.log.InfoContext(ctx, "txtoken: signing key rotated", "kid", string(cur.Value()), "retired", retire)
+	return string(cur.Value()), nil
+}
+
+// retiredAt returns when kid was retired, or the zero time for a key in
+// use. It is read for every redemption, so a retirement on any replica
+// counts at once everywhere.
+func (s *Service) retiredAt(ctx context.Context, kid string) (time.Time, error) {
+	e, err := s.keys.Get(ctx, "retired."+kid)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("txtoken: read retirement of %s: %w", kid, err)
+	}
+	t, err := time.Parse(time.RFC3339Nano, string(e.Value()))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("txtoken: retirement of %s: %w", kid, err)
+	}
+	return t, nil
+}

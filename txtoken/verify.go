@@ -1,0 +1,313 @@
+package txtoken
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"strings"
+	"time"
+
+	jose "github.com/go-jose/go-jose/v4"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/countersign/countersign/audit"
+)
+
+// Error types: the Zero-Trust MCP Handshake RFC's error_handling.error_type
+// values a token rejection uses.
+const (
+	TypeTokenExpired      = "token_expired"
+	TypeTokenConsumed     = "token_consumed"
+	TypeParameterMismatch = "parameter_mismatch"
+	TypePermissionDenied  = "permission_denied"
+)
+
+// Reasons: the specific cause of a rejection, one per check.
+const (
+	ReasonMalformed        = "malformed"             // not a compact JWS of the expected shape
+	ReasonUnsupportedAlg   = "unsupported_algorithm" // alg is not EdDSA
+	ReasonUnknownKey       = "unknown_key"           // no kid, or a kid this service never had
+	ReasonBadSignature     = "bad_signature"         // the signature does not verify
+	ReasonRetiredKey       = "retired_key"           // issued after its key was retired
+	ReasonBadClaims        = "bad_claims"            // claims missing or of the wrong type
+	ReasonWrongAudience    = "wrong_audience"        // iss or aud is not this server
+	ReasonNotYetValid      = "not_yet_valid"         // iat in the future beyond the skew
+	ReasonLifetimeTooLong  = "lifetime_too_long"     // exp - iat over MaxLifetime
+	ReasonExpired          = "expired"               // now past exp + skew
+	ReasonWrongSubject     = "wrong_subject"         // sub is another principal
+	ReasonWrongTool        = "wrong_tool"            // mcp.tool is another tool
+	ReasonParameterChanged = "parameters_changed"    // the call's action hash differs
+	ReasonAlreadyUsed      = "already_used"          // the jti was consumed before
+)
+
+// Error is a rejected token: nothing ran and, but for the audit record,
+// nothing changed. Its wire form is the RFC's error_handling object plus
+// the specific reason.
+type Error struct {
+	StatusCode   int    `json:"status_code"`
+	ErrorType    string `json:"error_type"`
+	Reason       string `json:"reason"`
+	Message      string `json:"message"`
+	RetryAllowed bool   `json:"retry_allowed"`
+	// JTI is set once the token verified (signature and claims).
+	JTI string `json:"jti,omitempty"`
+}
+
+func (e *Error) Error() string {
+	return "txtoken: " + e.ErrorType + " (" + e.Reason + "): " + e.Message
+}
+
+// Is matches another *Error by code: the same reason, or, when target
+// names no reason, the same error type. errors.Is(err,
+// &txtoken.Error{ErrorType: txtoken.TypeTokenConsumed}) asks "was the
+// token used before?".
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	if !ok {
+		return false
+	}
+	if t.Reason != "" {
+		return t.Reason == e.Reason
+	}
+	return t.ErrorType != "" && t.ErrorType == e.ErrorType
+}
+
+// reject builds the Error for a reason.
+func reject(reason, msg string) *Error {
+	e := &Error{Reason: reason, Message: msg, ErrorType: TypePermissionDenied, StatusCode: 403}
+	switch reason {
+	case ReasonExpired:
+		// A new token for the same call may be requested.
+		e.ErrorType, e.StatusCode, e.RetryAllowed = TypeTokenExpired, 401, true
+	case ReasonAlreadyUsed:
+		e.ErrorType, e.StatusCode = TypeTokenConsumed, 409
+	case ReasonParameterChanged:
+		e.ErrorType, e.StatusCode = TypeParameterMismatch, 400
+	case ReasonMalformed, ReasonUnsupportedAlg, ReasonUnknownKey, ReasonBadSignature, ReasonBadClaims, ReasonRetiredKey:
+		e.StatusCode = 401
+	}
+	return e
+}
+
+// header is the protected header we read before go-jose does, to name the
+// reason precisely.
+type header struct {
+	Alg string `json:"alg"`
+	Kid string `json:"kid"`
+}
+
+// Parse checks a presented token's form, algorithm, key and signature, in
+// that order, and decodes its claims. It changes nothing and reads only
+// through key, which resolves a kid to a public key (errUnknownKey when it
+// has none). Any other error from key is returned as is (the key store
+// failed); a rejection is an *Error.
+func Parse(raw string, key func(kid string) (ed25519.PublicKey, error)) (Claims, error) {
+	if raw == "" || len(raw) > MaxTokenBytes {
+		return Claims{}, reject(ReasonMalformed, fmt.Sprintf("the token must be a compact JWS of at most %d bytes", MaxTokenBytes))
+	}
+	parts := strings.Split(raw, ".")
+	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+		return Claims{}, reject(ReasonMalformed, "the token is not a compact JWS (three base64url parts)")
+	}
+	hb, err := base64.RawURLEncoding.DecodeString(parts[0])
+	if err != nil {
+		return Claims{}, reject(ReasonMalformed, "the token's header is not base64url")
+	}
+	var h header
+	if err := json.Unmarshal(hb, &h); err != nil {
+		return Claims{}, reject(ReasonMalformed, "the token's header is not a JSON object")
+	}
+	if h.Alg != string(Algorithm) {
+		return Claims{}, reject(ReasonUnsupportedAlg, fmt.Sprintf("the token's alg must be %s", Algorithm))
+	}
+	jws, err := jose.ParseSignedCompact(raw, []jose.SignatureAlgorithm{Algorithm})
+	if err != nil || len(jws.Signatures) != 1 {
+		return Claims{}, reject(ReasonMalformed, "the token is not a valid compact JWS")
+	}
+	kid := jws.Signatures[0].Protected.KeyID
+	if kid == "" || kid != h.Kid {
+		return Claims{}, reject(ReasonUnknownKey, "the token names no signing key (kid)")
+	}
+	pub, err := key(kid)
+	if errors.Is(err, errUnknownKey) {
+		return Claims{}, reject(ReasonUnknownKey, "the token was signed by a key this server does not have")
+	}
+	if err != nil {
+		return Claims{}, err
+	}
+	payload, err := jws.Verify(pub)
+	if err != nil {
+		return Claims{}, reject(ReasonBadSignature, "the token's signature does not verify")
+	}
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.DisallowUnknownFields()
+	var c Claims
+	if err := dec.Decode(&c); err != nil || dec.More() {
+		return Claims{}, reject(ReasonBadClaims, "the token's claims are not the expected object")
+	}
+	if c.Issuer == "" || c.Subject == "" || c.Audience == "" || c.Expiry <= 0 || c.IssuedAt <= 0 ||
+		!jtiRE.MatchString(c.ID) || c.MCP.Tool == "" || len(c.MCP.ParametersHash) != 64 {
+		return Claims{}, reject(ReasonBadClaims, "the token lacks a required claim (iss, sub, aud, exp, iat, jti, mcp.tool, mcp.parameters_hash) or has one out of range")
+	}
+	return c, nil
+}
+
+// Expect is the call a token is presented with.
+type Expect struct {
+	Principal  string // the authenticated caller
+	Tool       string
+	ActionHash string // of the arguments as received, hex
+}
+
+// check applies the claim checks, in order: issuer and audience, issued-at,
+// lifetime, expiry, subject, tool, parameters hash.
+func check(c Claims, x Expect, serverID string, now time.Time, skew time.Duration) *Error {
+	switch {
+	case c.Issuer != serverID || c.Audience != serverID:
+		return reject(ReasonWrongAudience, "the token was issued for another server")
+	case time.Unix(c.IssuedAt, 0).After(now.Add(skew)):
+		return reject(ReasonNotYetValid, "the token is issued in the future")
+	case c.Expiry <= c.IssuedAt || c.Expiry-c.IssuedAt > int64(MaxLifetime/time.Second):
+		return reject(ReasonLifetimeTooLong, fmt.Sprintf("the token's lifetime exceeds %v", MaxLifetime))
+	case now.After(time.Unix(c.Expiry, 0).Add(skew)):
+		return reject(ReasonExpired, "the token has expired; request a new one for this call")
+	case c.Subject != x.Principal:
+		return reject(ReasonWrongSubject, "the token was issued to another principal")
+	case c.MCP.Tool != x.Tool:
+		return reject(ReasonWrongTool, "the token was issued for another tool")
+	case c.MCP.ParametersHash != x.ActionHash:
+		return reject(ReasonParameterChanged, "the call's arguments are not those the token was issued for")
+	}
+	return nil
+}
+
+// Redemption is a consumed token: the call it authorizes runs now, once.
+type Redemption struct {
+	Claims Claims
+	s      *Service
+}
+
+// Redeem verifies a token presented with call x (Parse, then the claim
+// checks), then consumes its jti with a create-only write: of any number
+// of concurrent redemptions, on any replicas, exactly one succeeds. Every
+// outcome is audited: a rejection (*Error) is recorded, then returned; a
+// consumption is recorded before Redeem returns, and a consumption that
+// could not be recorded returns an error, so the call does not run.
+// Any other error means nothing runs; the token may be spent.
+func (s *Service) Redeem(ctx context.Context, raw string, x Expect) (*Redemption, error) {
+	var kid string
+	c, err := Parse(raw, func(k string) (ed25519.PublicKey, error) { kid = k; return s.publicKey(ctx, k) })
+	var rej *Error
+	if errors.As(err, &rej) {
+		s.rejected(ctx, "", rej, x)
+		return nil, rej
+	}
+	if err != nil {
+		return nil, err
+	}
+	retired, err := s.retiredAt(ctx, kid)
+	if err != nil {
+		return nil, err
+	}
+	if !retired.IsZero() && time.Unix(c.IssuedAt, 0).After(retired) {
+		// Signed by a key after it was retired: not a token this
+		// service issued. Its jti is not trusted.
+		rej := reject(ReasonRetiredKey, "the token was signed by a retired key")
+		s.rejected(ctx, "", rej, x)
+		return nil, rej
+	}
+	now := s.opts.Now()
+	if rej := check(c, x, s.opts.ServerID, now, s.opts.Skew); rej != nil {
+		rej.JTI = c.ID
+		chain := c.ID
+		if c.Subject != x.Principal {
+			// Someone else's token: its chain takes only what its own
+			// principal does, so another caller cannot fill it (and
+			// block its use) with rejections.
+			chain = ""
+		}
+		s.rejected(ctx, chain, rej, x)
+		return nil, rej
+	}
+	val, _ := json.Marshal(audit.TokenConsumed{JTI: c.ID, Principal: x.Principal, Tool: x.Tool, ActionHash: x.ActionHash, At: now.UTC()})
+	if _, err := s.used.Create(ctx, c.ID, val); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			rej := reject(ReasonAlreadyUsed, "the token has already been used")
+			rej.JTI = c.ID
+			s.rejected(ctx, c.ID, rej, x)
+			return nil, rej
+		}
+		return nil, fmt.Errorf("txtoken: consume %s: %w", c.ID, err)
+	}
+	if err := s.record(ctx, c.ID, audit.Step{ID: audit.StepTokenConsumed, Kind: audit.KindTokenConsumed, At: now.UTC(), Body: audit.TokenConsumed{
+		JTI: c.ID, Principal: x.Principal, Tool: x.Tool, ActionHash: x.ActionHash, At: now.UTC(),
+	}}); err != nil {
+		return nil, fmt.Errorf("txtoken: audit consumption of %s (token spent, call not run): %w", c.ID, err)
+	}
+	s.log.InfoContext(ctx, "txtoken: consumed", "jti", c.ID, "principal", x.Principal, "tool", x.Tool)
+	return &Redemption{Claims: c, s: s}, nil
+}
+
+// Finish records what the one run returned: its disposition and the
+// digest of its result (audit.Digest). A failure is logged: the call has
+// run, and the chain then shows a consumption without a result.
+func (r *Redemption) Finish(ctx context.Context, disposition string, result any) {
+	at := r.s.opts.Now().UTC()
+	resultDigest, err := audit.Digest(result)
+	if err != nil {
+		r.s.log.ErrorContext(ctx, "txtoken: digest result", "jti", r.Claims.ID, "err", err)
+	}
+	if err := r.s.record(ctx, r.Claims.ID, audit.Step{ID: audit.StepTokenResult, Kind: audit.KindTokenResult, At: at, Body: audit.TokenResult{
+		Disposition: disposition, ResultDigest: resultDigest, At: at,
+	}}); err != nil {
+		r.s.log.ErrorContext(ctx, "txtoken: audit result", "jti", r.Claims.ID, "err", err)
+	}
+}
+
+// rejected records a rejection: in the token's chain (chain = its jti)
+// when the token verified and the caller is its subject, else in a chain
+// of its own; the record names the jti whenever the token verified
+// (e.JTI). A failure to record is logged; the rejection stands.
+func (s *Service) rejected(ctx context.Context, chain string, e *Error, x Expect) {
+	jti := e.JTI
+	s.log.WarnContext(ctx, "txtoken: rejected", "jti", jti, "error_type", e.ErrorType, "reason", e.Reason, "principal", x.Principal, "tool", x.Tool)
+	step := newID("rejected-")
+	if chain == "" {
+		chain, step = newID("txr_"), "rejected"
+	}
+	at := s.opts.Now().UTC()
+	if err := s.record(ctx, chain, audit.Step{ID: step, Kind: audit.KindTokenRejected, At: at, Body: audit.TokenRejected{
+		JTI: jti, ErrorType: e.ErrorType, Reason: e.Reason, Principal: x.Principal, Tool: x.Tool, ActionHash: x.ActionHash, At: at,
+	}}); err != nil {
+		s.log.ErrorContext(ctx, "txtoken: audit rejection", "jti", jti, "reason", e.Reason, "err", err)
+	}
+}
+
+// recordPatience bounds how long a record is retried: one token's chain
+// takes every concurrent rejection of it, and audit.Log.Append gives up
+// after a number of lost races. Appends are idempotent by step ID, so a
+// retry never writes a step twice.
+const recordPatience = 5 * time.Second
+
+// record appends a step to a token's chain, retrying with jittered
+// backoff until recordPatience has passed or ctx ends.
+func (s *Service) record(ctx context.Context, chain string, step audit.Step) error {
+	deadline := time.Now().Add(recordPatience)
+	for attempt := 0; ; attempt++ {
+		_, err := s.opts.Audit.Append(ctx, chain, step)
+		if err == nil || errors.Is(err, audit.ErrSealed) || errors.Is(err, audit.ErrInvalidTaskID) || time.Now().After(deadline) {
+			return err
+		}
+		wait := time.Duration(10+mrand.IntN(40*min(attempt+1, 5))) * time.Millisecond
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+	}
+}

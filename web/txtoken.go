@@ -1,0 +1,92 @@
+package web
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/countersign/countersign/internal/authn"
+	"github.com/countersign/countersign/txtoken"
+)
+
+// TokenIssuer issues a transaction token on a principal's behalf after
+// checking the call as tools/call would (the tool exists, the arguments
+// validate; an error wrapping txtoken.ErrInvalidRequest is the caller's),
+// and rotates the signing key (txtoken.Service.Rotate).
+type TokenIssuer interface {
+	IssueFor(ctx context.Context, principal, tool string, arguments json.RawMessage, issuedBy string) (txtoken.Issued, error)
+	Rotate(ctx context.Context) (kid string, err error)
+}
+
+var errTokensOff = notFound("transaction tokens are not enabled on this server")
+
+type issueTokenRequest struct {
+	Principal string          `json:"principal"`
+	Tool      string          `json:"tool"`
+	Arguments json.RawMessage `json:"arguments"`
+}
+
+type issueTokenResponse struct {
+	txtoken.Issued
+	MetaKey string `json:"metaKey"`
+}
+
+// issueToken: POST /admin/v1/transaction-tokens {principal, tool,
+// arguments} → 201 {token, jti, kid, sub, tool, parameters_hash,
+// issued_at, expires_at, metaKey}. An operator issues a single-use token
+// for one exact call of an agent; policy is not asked (the operator is the
+// human who decided), and the issuance is audited with issuedBy
+// "admin:<name>". The agent's client sends the token in the tools/call's
+// params._meta[metaKey].
+func (h *Handler) issueToken(w http.ResponseWriter, r *http.Request) error {
+	if h.txtokens == nil {
+		return errTokensOff
+	}
+	var req issueTokenRequest
+	if err := h.decodeJSON(w, r, &req, true); err != nil {
+		return err
+	}
+	if req.Principal == "" || len(req.Principal) > 64 || req.Tool == "" {
+		return badRequest("principal (1-64 characters) and tool are required")
+	}
+	if len(req.Arguments) == 0 || string(req.Arguments) == "null" {
+		req.Arguments = json.RawMessage("{}")
+	}
+	admin, err := h.tokens.Lookup(r.Context(), authn.BearerToken(r.Header.Get("Authorization")))
+	if err != nil {
+		return err
+	}
+	is, err := h.txtokens.IssueFor(r.Context(), req.Principal, req.Tool, req.Arguments, "admin:"+admin.Name)
+	if errors.Is(err, txtoken.ErrInvalidRequest) {
+		return badRequest("%s", strings.TrimPrefix(err.Error(), "txtoken: invalid token request: "))
+	}
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, issueTokenResponse{Issued: is, MetaKey: txtoken.MetaKey})
+	return nil
+}
+
+type rotateKeyResponse struct {
+	KeyID string `json:"kid"`
+}
+
+// rotateTokenKey: POST /admin/v1/transaction-tokens/keys → 201 {kid}: a new
+// signing key for every replica; the old one is retired (its tokens issued
+// before now still verify until they expire).
+func (h *Handler) rotateTokenKey(w http.ResponseWriter, r *http.Request) error {
+	if h.txtokens == nil {
+		return errTokensOff
+	}
+	if err := h.decodeJSON(w, r, &struct{}{}, false); err != nil {
+		return err
+	}
+	kid, err := h.txtokens.Rotate(r.Context())
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, rotateKeyResponse{KeyID: kid})
+	return nil
+}
