@@ -36,6 +36,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/countersign/countersign/gateway"
@@ -143,16 +145,76 @@ func (f Fixture) TaskInputRequests(args json.RawMessage) map[string]json.RawMess
 type Set struct {
 	fixtures map[string]Fixture
 	names    []string // in declaration order
+	// registry is where test_trigger_tool_change adds and removes its
+	// dynamic tool (Bind); nil until bound.
+	registry atomic.Pointer[gateway.Registry]
+	toggle   sync.Mutex
 }
+
+// The tool list diagnostic hook of the 2026-07-28 server-stateless
+// scenario: each call of TriggerToolChange adds DynamicTool to the tool
+// list, or removes it, so that the server's list_changed notification can be
+// observed.
+const (
+	TriggerToolChange = "test_trigger_tool_change"
+	DynamicTool       = "test_dynamic_tool"
+	dynamicSource     = "conformance-dynamic"
+)
 
 // New returns the conformance fixtures.
 func New() *Set {
 	s := &Set{fixtures: map[string]Fixture{}}
-	for _, f := range fixtures() {
+	for _, f := range append(fixtures(), s.triggerFixture()) {
 		s.fixtures[f.Tool.Name] = f
 		s.names = append(s.names, f.Tool.Name)
 	}
 	return s
+}
+
+// Bind gives the set the registry that serves its tools, where
+// test_trigger_tool_change changes the tool list.
+func (s *Set) Bind(r *gateway.Registry) { s.registry.Store(r) }
+
+// triggerFixture is test_trigger_tool_change: it toggles DynamicTool in the
+// bound registry, a change of the tool list like an upstream's.
+func (s *Set) triggerFixture() Fixture {
+	return Fixture{Tool: gateway.Tool{
+		Name:        TriggerToolChange,
+		Title:       "Change the tool list",
+		Description: "Conformance fixture: adds " + DynamicTool + " to the tool list, or removes it, so that notifications/tools/list_changed can be observed.",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{},"additionalProperties":false}`),
+		Describe:    func(json.RawMessage) string { return "Change the tool list" },
+		Run: func(context.Context, gateway.Call) (tasks.CallToolResult, error) {
+			r := s.registry.Load()
+			if r == nil {
+				return tasks.CallToolResult{}, &gateway.ProtocolError{Code: -32603, Message: "the fixture set is not bound to a registry"}
+			}
+			s.toggle.Lock()
+			defer s.toggle.Unlock()
+			var next []gateway.Tool
+			verb := "removed"
+			if _, ok := r.Lookup(DynamicTool); !ok {
+				next, verb = []gateway.Tool{dynamicTool()}, "added"
+			}
+			if err := r.Replace(dynamicSource, next); err != nil {
+				return tasks.CallToolResult{}, err
+			}
+			return fixtureText(DynamicTool + " " + verb), nil
+		},
+	}}
+}
+
+func dynamicTool() gateway.Tool {
+	return gateway.Tool{
+		Name:        DynamicTool,
+		Description: "Conformance fixture: present or not, as " + TriggerToolChange + " toggles it.",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{},"additionalProperties":false}`),
+		ReadOnly:    true,
+		Describe:    func(json.RawMessage) string { return DynamicTool },
+		Run: func(context.Context, gateway.Call) (tasks.CallToolResult, error) {
+			return fixtureText("dynamic"), nil
+		},
+	}
 }
 
 // Tools are the fixtures' tools, to register in a gateway.Registry.

@@ -152,7 +152,7 @@ func TestFixtureWaitAndLookup(t *testing.T) {
 	if _, ok := fx.Lookup("transfer_funds"); ok {
 		t.Error("a real tool is not a fixture")
 	}
-	if got, want := len(fx.Tools()), 28; got != want {
+	if got, want := len(fx.Tools()), 29; got != want {
 		t.Errorf("%d fixture tools, want %d", got, want)
 	}
 	slow, _ := fx.Lookup("slow_compute")
@@ -236,5 +236,43 @@ func TestBaseFixturesContent(t *testing.T) {
 	}
 	if err := r.Validate("json_schema_2020_12_tool", json.RawMessage(`{"contactMethod":"phone","phone":"1"}`)); err != nil {
 		t.Errorf("json_schema_2020_12_tool: %v", err)
+	}
+}
+
+// TestTriggerToolChange: the server-stateless scenario's hook adds the
+// dynamic tool and removes it again, each a change of the served list.
+func TestTriggerToolChange(t *testing.T) {
+	fx := conformance.New()
+	r, err := gateway.NewRegistry(fx.Tools()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func() string {
+		t.Helper()
+		res, err := r.Execute(context.Background(), conformance.TriggerToolChange, gateway.Call{IdempotencyKey: "k", Arguments: json.RawMessage(`{}`)})
+		if err != nil {
+			t.Fatalf("trigger: %v", err)
+		}
+		var c struct{ Text string }
+		_ = json.Unmarshal(res.Content[0], &c)
+		return c.Text
+	}
+	if _, err := r.Execute(context.Background(), conformance.TriggerToolChange, gateway.Call{IdempotencyKey: "k", Arguments: json.RawMessage(`{}`)}); err == nil {
+		t.Fatal("an unbound trigger changed something")
+	}
+	fx.Bind(r)
+	changes := 0
+	r.OnChange(func() { changes++ })
+	if got := call(); got != conformance.DynamicTool+" added" {
+		t.Fatalf("first call: %q", got)
+	}
+	if _, ok := r.Lookup(conformance.DynamicTool); !ok || changes != 1 {
+		t.Fatalf("after adding: present %t, %d changes", ok, changes)
+	}
+	if got := call(); got != conformance.DynamicTool+" removed" {
+		t.Fatalf("second call: %q", got)
+	}
+	if _, ok := r.Lookup(conformance.DynamicTool); ok || changes != 2 {
+		t.Fatalf("after removing: present %t, %d changes", ok, changes)
 	}
 }

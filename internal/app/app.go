@@ -198,6 +198,9 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	if a.Tools, err = gateway.NewRegistry(tools...); err != nil {
 		return nil, err
 	}
+	if a.Fixtures != nil {
+		a.Fixtures.Bind(a.Tools)
+	}
 	a.startUpstreams(ctx, file.Upstreams)
 	a.awaitUpstreams(ctx, 15*time.Second)
 	if err := a.startNotify(ctx, js); err != nil {

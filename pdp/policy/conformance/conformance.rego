@@ -22,6 +22,8 @@ fixtures := {
 	"test_input_required_result_request_state",
 	"test_input_required_result_tampered_state",
 	"test_input_required_result_multi_round",
+	# the tool list diagnostic hook of server-stateless, and the tool it toggles
+	"test_trigger_tool_change", "test_dynamic_tool",
 }
 
 base := allow("conformance fixture") if tool in fixtures
