@@ -1,7 +1,8 @@
 // Package pdp is Countersign's policy decision point: it evaluates one
 // AuthZEN-shaped tool call ([Input]) against an OPA policy set and returns a
-// validated [Decision]: allow, deny, or requestable (approver group, quorum,
-// approval TTL, authenticator class).
+// validated [Decision]: allow, deny, requestable (approver group, quorum,
+// approval TTL, authenticator class), or verify (SEP-2672 in-band verified
+// approval by the caller's own passkey, with an authenticator class).
 //
 // # Invariants
 //
@@ -40,8 +41,10 @@
 // The engine queries data.countersign.authz.decision, an object:
 //
 //	{
-//	  "effect": "allow" | "deny" | "requestable",
+//	  "effect": "allow" | "deny" | "requestable" | "verify",
 //	  "reason": string,
+//	  # verify only:
+//	  "authenticator_class": "platform" | "cross-platform", # default "cross-platform"
 //	  # requestable only:
 //	  "approver_group": string,       # required
 //	  "quorum": int ≥ 1,              # required
