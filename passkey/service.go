@@ -279,6 +279,15 @@ func createJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (
 	return kv.Create(ctx, key, b)
 }
 
+// putJSON stores v under key whatever was there.
+func putJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return 0, fmt.Errorf("passkey: encode: %w", err)
+	}
+	return kv.Put(ctx, key, b)
+}
+
 // updateJSON stores v under key only if the key is still at revision rev.
 func updateJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any, rev uint64) (uint64, error) {
 	b, err := json.Marshal(v)
