@@ -50,9 +50,16 @@ type Call struct {
 	Inputs json.RawMessage
 	// InputRequests are asked of the client before an unattended task runs.
 	InputRequests map[string]json.RawMessage
+	// Verified is the caller's own in-band approval of a tasks.ModeVerified
+	// call (SEP-2672), already verified and its challenge consumed.
+	Verified *tasks.VerifiedApproval
 	// At is when the call arrived.
 	At time.Time
 }
+
+// verifiedTTL is the record expiry of a verified task: it runs at once, so
+// this only bounds a task whose tool hangs.
+const verifiedTTL = time.Hour
 
 // Opened is the task a call became. Joined is true when an identical
 // pending call by the same principal already had one (SEP-2848 dedup): the
@@ -78,6 +85,10 @@ func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 	case tasks.ModeUnattended:
 		if c.Policy.Effect != pdp.EffectAllow {
 			return Opened{}, fmt.Errorf("approvals: an unattended task needs an allowed call, not %q", c.Policy.Effect)
+		}
+	case tasks.ModeVerified:
+		if c.Policy.Effect != pdp.EffectVerify || c.Verified == nil {
+			return Opened{}, fmt.Errorf("approvals: a verified task needs a verify decision and its approval, not %q", c.Policy.Effect)
 		}
 	default:
 		return Opened{}, fmt.Errorf("approvals: unknown mode %q", c.Mode)
@@ -152,6 +163,10 @@ func (s *Service) newTask(c Call, taskID, dedupKey string) (tasks.Record, tasks.
 			SlackChannel:       d.SlackChannel,
 		}
 		msg = "Awaiting approval: " + d.Reason
+	case tasks.ModeVerified:
+		// Approved already, by the caller's own passkey: it runs at once.
+		req = tasks.Requirement{Quorum: 1, TTL: verifiedTTL, AuthenticatorClass: d.AuthenticatorClass, Reason: d.Reason}
+		msg = "Verified in-band; running " + c.Tool
 	default:
 		// No approver group and quorum 0, which policy can never ask for
 		// (pdp rejects quorum 0): the workflow waits until its start,
@@ -210,6 +225,7 @@ func (s *Service) newTask(c Call, taskID, dedupKey string) (tasks.Record, tasks.
 		ExpiresAt:     rec.ExpiresAt,
 		Mode:          c.Mode,
 		InputRequests: c.InputRequests,
+		Verified:      c.Verified,
 	}
 	if c.Mode == tasks.ModeUnattended {
 		in.StartAt = rec.ExpiresAt
