@@ -66,8 +66,13 @@ type Options struct {
 	// Approvals opens the tasks that calls become and serves their owners
 	// (*approvals.Service); the task limits are configured there.
 	Approvals Approvals
-	PDP       *pdp.Engine
-	Tools     *gateway.Registry
+	// Passkeys enables SEP-2672 in-band verified approval (the
+	// verifiedApproval capability, approval/* methods, the tool annotation
+	// and evidence on tools/call; see verified.go). Nil: none of it, and a
+	// call policy decides "verify" is denied.
+	Passkeys Passkeys
+	PDP      *pdp.Engine
+	Tools    *gateway.Registry
 	// Fixtures are the conformance fixtures among Tools (`countersign dev
 	// --conformance`): asynchronous tools, tools that require a task, and
 	// tools that ask their client for input. Nil in production: every tool
@@ -193,6 +198,9 @@ func New(opts Options) (*Server, error) {
 	caps.AddExtension(tasks.ExtTasks, nil)
 	caps.AddExtension(tasks.ExtToolApproval, nil)
 	caps.AddExtension(tasks.ExtToolApprovalAuthZEN, map[string]any{"version": "0.1"})
+	if opts.Passkeys != nil {
+		caps.AddExtension(ExtVerifiedApproval, nil) // SEP-2672 §4.3: {}
+	}
 	s.mcp = mcp.NewServer(&mcp.Implementation{Name: ImplementationName, Version: ImplementationVersion}, &mcp.ServerOptions{
 		Logger:       sdkLog,
 		Capabilities: caps,
@@ -214,6 +222,9 @@ func New(opts Options) (*Server, error) {
 	// follows the registry.
 	opts.Tools.OnChange(s.syncTools)
 	if err := s.registerTaskMethods(); err != nil {
+		return nil, err
+	}
+	if err := s.registerApprovalMethods(); err != nil {
 		return nil, err
 	}
 	s.mcp.AddReceivingMiddleware(s.middleware)

@@ -192,6 +192,10 @@ func (s *Service) IssueChallenge(ctx context.Context, req ChallengeRequest) (Cha
 	}
 
 	now := s.now().UTC()
+	ttl := s.challengeTTL
+	if req.Principal != "" {
+		ttl = s.inBandTTL
+	}
 	rec := challengeRecord{
 		TaskID:             req.TaskID,
 		Tool:               req.Tool,
@@ -203,8 +207,10 @@ func (s *Service) IssueChallenge(ctx context.Context, req ChallengeRequest) (Cha
 		DisplayText:        req.DisplayText,
 		Decision:           req.Decision,
 		CreatedAt:          now,
-		ExpiresAt:          now.Add(s.challengeTTL),
+		ExpiresAt:          now.Add(ttl),
 	}
+	// The browser's own timeout is the challenge's lifetime.
+	assertion.Response.Timeout = int(ttl / time.Millisecond)
 	for range casAttempts {
 		id := randomID(challengeIDSize)
 		_, err := createJSON(ctx, s.challenges, id, &rec)

@@ -30,7 +30,10 @@ const (
 // Defaults and limits.
 const (
 	DefaultChallengeTTL = 5 * time.Minute
-	DefaultInviteTTL    = 72 * time.Hour
+	// DefaultInBandChallengeTTL is the SEP-2672 §4.4.3 default for the
+	// challenges of approval/challenge/create.
+	DefaultInBandChallengeTTL = 60 * time.Second
+	DefaultInviteTTL          = 72 * time.Hour
 	// MaxChallengeTTL bounds ChallengeTTL so that the challenges bucket's
 	// housekeeping age (challengeRetention) always outlives a challenge.
 	MaxChallengeTTL = 24 * time.Hour
@@ -60,6 +63,10 @@ type Options struct {
 	// ChallengeTTL is how long an issued approval challenge is accepted.
 	// Zero means DefaultChallengeTTL; at most MaxChallengeTTL.
 	ChallengeTTL time.Duration
+	// InBandChallengeTTL is how long an in-band challenge
+	// (ChallengeRequest.Principal) is accepted. Zero means
+	// DefaultInBandChallengeTTL; at most MaxChallengeTTL.
+	InBandChallengeTTL time.Duration
 	// InviteTTL is how long an enrollment invite is valid. Zero means DefaultInviteTTL.
 	InviteTTL time.Duration
 	// Replicas is the JetStream replica count of the buckets. Zero means 1;
@@ -78,6 +85,7 @@ type Service struct {
 	wa           *webauthn.WebAuthn
 	rpID         string
 	challengeTTL time.Duration
+	inBandTTL    time.Duration
 	inviteTTL    time.Duration
 	log          *slog.Logger
 	now          func() time.Time
@@ -100,6 +108,7 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 	s := &Service{
 		rpID:         opts.RPID,
 		challengeTTL: opts.ChallengeTTL,
+		inBandTTL:    opts.InBandChallengeTTL,
 		inviteTTL:    opts.InviteTTL,
 		log:          opts.Logger,
 		now:          opts.Now,
@@ -109,6 +118,12 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 	}
 	if s.challengeTTL < 0 || s.challengeTTL > MaxChallengeTTL {
 		return nil, fmt.Errorf("passkey: ChallengeTTL must be in (0, %s]", MaxChallengeTTL)
+	}
+	if s.inBandTTL == 0 {
+		s.inBandTTL = DefaultInBandChallengeTTL
+	}
+	if s.inBandTTL < 0 || s.inBandTTL > MaxChallengeTTL {
+		return nil, fmt.Errorf("passkey: InBandChallengeTTL must be in (0, %s]", MaxChallengeTTL)
 	}
 	if s.inviteTTL == 0 {
 		s.inviteTTL = DefaultInviteTTL

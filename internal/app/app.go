@@ -157,7 +157,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	}
 	if a.Passkeys, err = passkey.New(ctx, js, passkey.Options{
 		RPID: cfg.RPID(), RPOrigins: []string{cfg.Origin()}, RPDisplayName: "Countersign",
-		Replicas: cfg.NATSReplicas, Logger: log,
+		Replicas: cfg.NATSReplicas, Logger: log, InBandChallengeTTL: cfg.VerifiedChallengeTTL,
 	}); err != nil {
 		return nil, fmt.Errorf("passkeys: %w", err)
 	}
@@ -412,6 +412,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 		ServerID:     serverID,
 		PublicURL:    a.cfg.PublicURL,
 		Approvals:    a.Approvals,
+		Passkeys:     a.Passkeys,
 		PDP:          a.PDP,
 		Tools:        a.Tools,
 		Fixtures:     a.Fixtures,

@@ -16,6 +16,7 @@ import (
 	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/internal/httplimit"
 	"github.com/countersign/countersign/mcpserver"
+	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -66,6 +67,11 @@ type Config struct {
 	// approval decision, up to this long (mcpserver.Options.InlineWait).
 	// Zero takes the config file's inline_wait, else 0: answer at once.
 	InlineWait time.Duration
+
+	// VerifiedChallengeTTL is how long a SEP-2672 in-band challenge
+	// (approval/challenge/create) is accepted; zero means 60 s
+	// (passkey.DefaultInBandChallengeTTL), at most 24 h.
+	VerifiedChallengeTTL time.Duration
 
 	// PolicyDir loads a custom policy instead of the embedded default.
 	PolicyDir string
@@ -202,6 +208,9 @@ func (c *Config) Validate() error {
 	}
 	if c.InlineWait < 0 || c.InlineWait > mcpserver.MaxInlineWait {
 		errs = append(errs, fmt.Errorf("--inline-wait %s must be from 0s to %s", c.InlineWait, mcpserver.MaxInlineWait))
+	}
+	if c.VerifiedChallengeTTL < 0 || c.VerifiedChallengeTTL > passkey.MaxChallengeTTL {
+		errs = append(errs, fmt.Errorf("--verified-challenge-ttl %s must be from 0s (the default, 60s) to %s", c.VerifiedChallengeTTL, passkey.MaxChallengeTTL))
 	}
 	if c.ResultRetention < 0 {
 		errs = append(errs, fmt.Errorf("--result-retention %s must not be negative", c.ResultRetention))
