@@ -177,9 +177,11 @@
 // reason's fixed message and data.reason, and changes nothing: nothing is
 // stored, run or consumed. A verified call then runs through the approval
 // workflow in tasks.ModeVerified (see callVerified for why a workflow and
-// why it is crash-safe) and the caller gets the tool's own result, with the
-// task in _meta io.modelcontextprotocol/related-task; the audit chain holds
-// the approval with its assertion.
+// why it is crash-safe) and the caller gets the result of an approved call:
+// the [approved-executed] line, then the tool's own content and
+// structuredContent, the disposition and the audit receipt in _meta, and the
+// task in io.modelcontextprotocol/related-task; the audit chain holds the
+// approval with its assertion.
 //
 // # Why a policy denial is a tool result, not a JSON-RPC error
 //

@@ -445,7 +445,7 @@ func TestVerifiedHappyTamperReplay(t *testing.T) {
 			params["arguments"] = trade(100)
 			var res toolCallResult
 			h.do(t, call{token: tok(p), era: era, method: "tools/call", params: params}).ok(t, &res)
-			if res.IsError || !strings.HasPrefix(res.text(), "Placed buy 100 AAPL @ 150 (id ") {
+			if res.IsError || !strings.Contains(res.text(), "Placed buy 100 AAPL @ 150 (id ") || res.Meta[tasks.MetaDisposition] != string(tasks.ApprovedExecuted) {
 				t.Fatalf("result = %+v", res)
 			}
 			var sc struct {

@@ -365,9 +365,8 @@ func (w *approval) executed(out activities.ExecuteToolOutput, err error) *ending
 	tool := w.in.Envelope.Tool
 	if err == nil {
 		res := out.Result
-		if unattended(w.in) || w.in.Mode == tasks.ModeVerified {
-			// The caller gets the tool's own result (see unattended.go).
-			return unattendedEnding(tool, res)
+		if unattended(w.in) {
+			return unattendedEnding(tool, res) // see unattended.go
 		}
 		if res.IsError {
 			return &ending{status: tasks.StatusCompleted, disposition: tasks.ExecutionError, approvalState: tasks.ApprovalFailed,

@@ -14,9 +14,10 @@ import (
 // approval arrives in the input. The workflow records it exactly as an
 // accepted approve decision (audit step "decision", with the assertion),
 // then goes on as after any approval: policy re-evaluated (where "verify"
-// counts as allow), the execution claim, ExecuteTool once, the end in the
-// read model and the sealed audit chain. No one is notified and nothing
-// waits: the caller is waiting on the result.
+// counts as allow), the execution claim, ExecuteTool once, the end (an
+// approved call: disposition approved-executed, so the audit verifier reads
+// it as any approved task) in the read model and the sealed audit chain. No
+// one is notified and nothing waits: the caller is waiting on the result.
 func (w *approval) acceptVerified(ctx workflow.Context) {
 	v := w.in.Verified
 	w.approvals = append(w.approvals, tasks.ApprovalEntry{

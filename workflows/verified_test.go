@@ -50,7 +50,8 @@ func TestVerifiedRunsOnceWithItsAssertion(t *testing.T) {
 	require.NotNil(t, dec.Assertion)
 	require.Equal(t, uint32(7), dec.Assertion.SignCount)
 	c := h.complete()
-	require.NotNil(t, c.ToolResult, "the caller gets the tool's own result")
+	require.Equal(t, tasks.ApprovedExecuted, c.Disposition, "an approved call, as after a task approval")
+	require.NotNil(t, c.ToolResult)
 	h.env.AssertActivityNumberOfCalls(t, "Notify", 0)
 }
 

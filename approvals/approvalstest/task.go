@@ -395,9 +395,8 @@ func (t *task) executed(out activities.ExecuteToolOutput, err error) *ending {
 	tool := t.in.Envelope.Tool
 	if err == nil {
 		res := out.Result
-		if unattended(t.in) || t.in.Mode == tasks.ModeVerified {
-			// Nothing was approved, or the caller approved it in-band:
-			// the task's result is the tool's own.
+		if unattended(t.in) {
+			// Nothing was approved: the task's result is the tool's own.
 			message := tasks.OutcomeText(tasks.EventExecuted, tool, false)
 			if res.IsError {
 				message = tasks.OutcomeText(tasks.EventExecutionError, tool, false)
