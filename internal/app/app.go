@@ -94,10 +94,13 @@ type App struct {
 	Approvals *approvals.Service
 	Tokens    *authn.Tokens
 	Passkeys  *passkey.Service
-	PDP       *pdp.Engine
-	Audit     *audit.Log
-	Ledger    *gateway.Ledger
-	Tools     *gateway.Registry
+	// InBandPasskeys is Passkeys for the MCP endpoint's in-band verified
+	// approval: the same state, plus Config.VerifiedOrigins.
+	InBandPasskeys *passkey.Service
+	PDP            *pdp.Engine
+	Audit          *audit.Log
+	Ledger         *gateway.Ledger
+	Tools          *gateway.Registry
 	// Fixtures are the conformance fixtures among Tools; nil unless
 	// Config.Conformance.
 	Fixtures *conformance.Set
@@ -160,6 +163,18 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		Replicas: cfg.NATSReplicas, Logger: log, InBandChallengeTTL: cfg.VerifiedChallengeTTL,
 	}); err != nil {
 		return nil, fmt.Errorf("passkeys: %w", err)
+	}
+	// In-band verified approval (SEP-2672) runs its ceremony on the MCP
+	// client's page: the same buckets, and the client pages' origins too.
+	inBandOrigins := append([]string{cfg.Origin()}, cfg.VerifiedOrigins...)
+	if mode == ModeDev && len(cfg.VerifiedOrigins) == 0 && cfg.RPID() == "localhost" {
+		inBandOrigins = append(inBandOrigins, DevVerifiedOrigin)
+	}
+	if a.InBandPasskeys, err = passkey.New(ctx, js, passkey.Options{
+		RPID: cfg.RPID(), RPOrigins: inBandOrigins, RPDisplayName: "Countersign",
+		Replicas: cfg.NATSReplicas, Logger: log, InBandChallengeTTL: cfg.VerifiedChallengeTTL,
+	}); err != nil {
+		return nil, fmt.Errorf("passkeys (--verified-origins): %w", err)
 	}
 	policyDir := cfg.PolicyDir
 	if cfg.Conformance && policyDir == "" {
@@ -412,7 +427,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 		ServerID:     serverID,
 		PublicURL:    a.cfg.PublicURL,
 		Approvals:    a.Approvals,
-		Passkeys:     a.Passkeys,
+		Passkeys:     a.InBandPasskeys,
 		PDP:          a.PDP,
 		Tools:        a.Tools,
 		Fixtures:     a.Fixtures,

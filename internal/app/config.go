@@ -72,6 +72,13 @@ type Config struct {
 	// (approval/challenge/create) is accepted; zero means 60 s
 	// (passkey.DefaultInBandChallengeTTL), at most 24 h.
 	VerifiedChallengeTTL time.Duration
+	// VerifiedOrigins are the origins, besides PublicURL's, of the pages
+	// where MCP clients run the in-band WebAuthn ceremony (SEP-2672), for
+	// example "https://agent.example.com". Each must be within the RP ID
+	// (PublicURL's host). They are accepted only for in-band calls, never on
+	// the approver site. Dev with a localhost PublicURL adds
+	// http://localhost:5173, the SEP-2672 reference client's.
+	VerifiedOrigins []string
 
 	// PolicyDir loads a custom policy instead of the embedded default.
 	PolicyDir string
@@ -232,6 +239,11 @@ func (c *Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// DevVerifiedOrigin is the SEP-2672 reference client's page, accepted for
+// in-band ceremonies in dev when PublicURL is on localhost and no
+// VerifiedOrigins are set.
+const DevVerifiedOrigin = "http://localhost:5173"
 
 // RPID is the WebAuthn relying party ID: the public URL's host name.
 func (c *Config) RPID() string {
