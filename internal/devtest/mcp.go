@@ -40,11 +40,17 @@ func (s *Stack) Call2026(token, method, name string, params map[string]any, decl
 	if params == nil {
 		params = map[string]any{}
 	}
-	params["_meta"] = map[string]any{
+	meta := map[string]any{
 		"io.modelcontextprotocol/protocolVersion":    "2026-07-28",
 		"io.modelcontextprotocol/clientCapabilities": caps,
 		"io.modelcontextprotocol/clientInfo":         map[string]any{"name": s.clientName, "version": "1"},
 	}
+	if own, ok := params["_meta"].(map[string]any); ok {
+		for k, v := range own { // the caller's own _meta members, e.g. SEP-2672 evidence
+			meta[k] = v
+		}
+	}
+	params["_meta"] = meta
 	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": rpcID.Add(1), "method": method, "params": params})
 	req, _ := http.NewRequest("POST", s.Base+"/mcp", bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
