@@ -16,6 +16,9 @@
 #   3. @modelcontextprotocol/inspector 2.12.0 CLI: tools/list, a gated tool
 #      run to a task that is approved while it waits, and a legacy call
 #      without a task that gets [approval-pending].
+#   4. SEP-2672 action-hash and wire-challenge vectors recomputed with the
+#      reference implementation's canonicalization (npm canonicalize 3.0.0)
+#      and checked against Countersign (scripts/sep2672-vectors.sh).
 #
 # npm packages and (when `node` is older than 22.19) Node 22 from npm are
 # installed once into .cache/interop (INTEROP_CACHE overrides). Prints one
@@ -239,6 +242,14 @@ pending=$(curl -fsS -H "Authorization: Bearer $(cat "$CLIENT_DATA/admin-token")"
 ins_check "the call without a task requested an approval" \
   "$(case "$pending" in *interop-plain*) echo 1 ;; esac)"
 record "@modelcontextprotocol/inspector $INSPECTOR_VERSION CLI" "$ins_ok" "$ins_bad"
+
+# --- SEP-2672 vectors (the reference's canonicalization) ---------------------
+
+if SEP2672_CANON_DIR=$CACHE/canonicalize scripts/sep2672-vectors.sh >"$OUT/sep2672-vectors.txt" 2>&1; then
+  record "SEP-2672 action hash vs npm canonicalize 3.0.0" "$(grep -c '"actionHash"' internal/canon/testdata/sep2672-vectors.json)" 0
+else
+  record "SEP-2672 action hash vs npm canonicalize 3.0.0" 0 1 "see $OUT/sep2672-vectors.txt"
+fi
 
 # --- summary ------------------------------------------------------------------
 
