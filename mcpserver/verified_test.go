@@ -55,7 +55,7 @@ type vharness struct {
 	clock *testClock
 }
 
-func newVerifiedHarness(tb testing.TB) *vharness {
+func newVerifiedHarness(tb testing.TB, tweaks ...func(*Options)) *vharness {
 	tb.Helper()
 	e := sharedEnv(tb)
 	nc, err := nats.Connect(e.nats.URL())
@@ -72,7 +72,12 @@ func newVerifiedHarness(tb testing.TB) *vharness {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	h := newHarness(tb, func(o *Options) { o.Passkeys = pk })
+	h := newHarness(tb, func(o *Options) {
+		o.Passkeys = pk
+		for _, f := range tweaks {
+			f(o)
+		}
+	})
 	return &vharness{harness: h, pk: pk, clock: clk}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/descope/virtualwebauthn"
 
@@ -105,8 +106,7 @@ func TestInBandNoPendingEnrollment(t *testing.T) {
 	ctx := context.Background()
 	_, _, err := e.svc.FinishPrincipalEnrollment(ctx, "agent-a", []byte(`{}`))
 	wantReason(t, err, passkey.ReasonNoPendingEnrollment)
-	k := e.enrollInBand(t, "agent-a")
-	_ = k
+	e.enrollInBand(t, "agent-a")
 	// The pending registration was used up.
 	_, _, err = e.svc.FinishPrincipalEnrollment(ctx, "agent-a", []byte(`{}`))
 	wantReason(t, err, passkey.ReasonNoPendingEnrollment)
@@ -136,8 +136,7 @@ func TestInBandApproverSitePasskey(t *testing.T) {
 	}
 	// An in-band challenge of a mapped colleague, signed with alice's
 	// passkey: not enrolled for that principal.
-	other := e.enrollInBand(t, "agent-b", "usb")
-	_ = other
+	e.enrollInBand(t, "agent-b", "usb")
 	c, err := e.issueInBand(t, "agent-b", "")
 	if err != nil {
 		t.Fatal(err)
@@ -195,4 +194,41 @@ func (e *env) enrollMapped(tb testing.TB, name, principal string, transports ...
 	}
 	auth.AddCredential(cred)
 	return &kit{A: a, CredID: id, Auth: auth, Cred: cred}
+}
+
+// In-band challenges have their own lifetime (SEP-2672 §4.4.3: 60 s by
+// default; --verified-challenge-ttl), told to the browser as the timeout;
+// task challenges keep theirs.
+func TestInBandChallengeTTL(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.enrollInBand(t, "agent-a", "usb")
+	c, err := e.issueInBand(t, "agent-a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Ch.ExpiresAt.Sub(e.clock.Now()); got != passkey.DefaultInBandChallengeTTL || c.Ch.RequestOptions.Timeout != 60000 {
+		t.Errorf("default: expires in %v, timeout %d", got, c.Ch.RequestOptions.Timeout)
+	}
+	svc, err := passkey.New(ctx, e.js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin}, Now: e.clock.Now, InBandChallengeTTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := svc.IssueChallenge(ctx, c.Req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ch.ExpiresAt.Sub(e.clock.Now()); got != 10*time.Second || ch.RequestOptions.Timeout != 10000 {
+		t.Errorf("10s: expires in %v, timeout %d", got, ch.RequestOptions.Timeout)
+	}
+	for _, bad := range []time.Duration{-time.Second, passkey.MaxChallengeTTL + time.Second} {
+		if _, err := passkey.New(ctx, e.js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin}, InBandChallengeTTL: bad}); err == nil {
+			t.Errorf("InBandChallengeTTL %v accepted", bad)
+		}
+	}
+	e.enroll(t, "bob", []string{"approvers"}, "usb")
+	task := e.issue(t, "tsk_ttl", "approvers", "")
+	if got := task.Ch.ExpiresAt.Sub(e.clock.Now()); got != passkey.DefaultChallengeTTL {
+		t.Errorf("task challenge expires in %v", got)
+	}
 }
