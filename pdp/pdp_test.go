@@ -484,3 +484,49 @@ func BenchmarkEvaluate(b *testing.B) {
 		})
 	})
 }
+
+// readmeVerifyPolicy is the worked policy of the README's "In-band verified
+// approval (SEP-2672)" section, verbatim.
+const readmeVerifyPolicy = `package countersign.authz
+
+import data.countersign.approvals
+
+decision := approvals.resolve(base)
+
+args := input.context.arguments
+
+# Small trades run; large ones need the trader's own passkey, now; huge
+# ones need two approvers from the risk desk.
+base := {"effect": "allow", "reason": "small trade"} if {
+	input.resource.id == "place_trade"
+	args.quantity * args.limit <= 1000
+} else := {"effect": "verify", "reason": "sign this trade with your passkey",
+	"authenticator_class": "cross-platform"} if {
+	input.resource.id == "place_trade"
+	args.quantity * args.limit <= 1000000
+} else := {"effect": "requestable", "reason": "very large trade", "approver_group": "risk",
+	"quorum": 2, "approval_ttl_seconds": 3600} if {
+	input.resource.id == "place_trade"
+}
+
+default base := {"effect": "deny", "reason": "not allowed"}
+`
+
+// TestReadmeVerifyPolicy compiles the README's worked policy and checks
+// the three modes it picks for place_trade.
+func TestReadmeVerifyPolicy(t *testing.T) {
+	helper, err := os.ReadFile("policy/approvals.rego")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEngine(t, writePolicy(t, map[string]string{"authz.rego": readmeVerifyPolicy, "approvals.rego": string(helper)}))
+	trade := func(qty, limit string) pdp.Input {
+		return call("place_trade", `{"symbol":"AAPL","side":"buy","quantity":`+qty+`,"limit":`+limit+`}`)
+	}
+	runCases(t, e, []evalCase{
+		{"small trade runs", trade("2", "150"), allow("small trade")},
+		{"large trade is signed in-band", trade("100", "150"), pdp.Decision{Effect: pdp.EffectVerify, Reason: "sign this trade with your passkey", AuthenticatorClass: pdp.AuthenticatorCrossPlatform}},
+		{"huge trade needs the risk desk", trade("100000", "150"), pdp.Decision{Effect: pdp.EffectRequestable, Reason: "very large trade", ApproverGroup: "risk", Quorum: 2, ApprovalTTL: time.Hour, AuthenticatorClass: pdp.AuthenticatorPlatform}},
+		{"other tools denied", call("transfer_funds", `{}`), deny("not allowed")},
+	})
+}
