@@ -232,3 +232,35 @@ func TestInBandChallengeTTL(t *testing.T) {
 		t.Errorf("task challenge expires in %v", got)
 	}
 }
+
+// Unsolicited client extension outputs (the reference's test emulator
+// returns credProps unasked) fail the ceremony by default and are ignored
+// with IgnoreUnsolicitedExtensions, the in-band service's setting.
+func TestIgnoreUnsolicitedExtensions(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	k := e.enrollInBand(t, "agent-a", "usb")
+	withCredProps := func(resp json.RawMessage) json.RawMessage {
+		var m map[string]any
+		if err := json.Unmarshal(resp, &m); err != nil {
+			t.Fatal(err)
+		}
+		m["clientExtensionResults"] = map[string]any{"credProps": map[string]any{"rk": true}}
+		b, _ := json.Marshal(m)
+		return b
+	}
+	c, err := e.issueInBand(t, "agent-a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := withCredProps(k.sign(t, e.rp, c.Ch))
+	_, err = e.svc.Verify(ctx, inBandReq(c, "agent-a", resp))
+	wantReason(t, err, passkey.ReasonSignatureVerificationFailed)
+	lenient, err := passkey.New(ctx, e.js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin}, Now: e.clock.Now, IgnoreUnsolicitedExtensions: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lenient.Verify(ctx, inBandReq(c, "agent-a", resp)); err != nil {
+		t.Fatalf("lenient service: %v", err)
+	}
+}

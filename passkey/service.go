@@ -72,6 +72,13 @@ type Options struct {
 	// Replicas is the JetStream replica count of the buckets. Zero means 1;
 	// use 3 on a production NATS cluster.
 	Replicas int
+	// IgnoreUnsolicitedExtensions accepts (and ignores) client extension
+	// outputs the server did not request, instead of failing the ceremony.
+	// They are unsigned client data this package never uses; some MCP
+	// clients' authenticators (such as the SEP-2672 reference's test
+	// emulator) return credProps unasked. For the in-band ceremony, run by
+	// clients outside Countersign's control.
+	IgnoreUnsolicitedExtensions bool
 	// Logger receives structured logs. Nil discards them.
 	Logger *slog.Logger
 	// Now is the clock, for tests. Nil means time.Now.
@@ -145,6 +152,10 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 		name = "Countersign"
 	}
 	residentKey := false
+	unsolicited := protocol.UnsolicitedOutputPolicyReject
+	if opts.IgnoreUnsolicitedExtensions {
+		unsolicited = protocol.UnsolicitedOutputPolicyIgnore
+	}
 	wa, err := webauthn.New(&webauthn.Config{
 		RPID:          opts.RPID,
 		RPDisplayName: name,
@@ -154,7 +165,8 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 			ResidentKey:        protocol.ResidentKeyRequirementPreferred,
 			UserVerification:   protocol.VerificationRequired,
 		},
-		AttestationPreference: protocol.PreferNoAttestation,
+		AttestationPreference:             protocol.PreferNoAttestation,
+		ExtensionsUnsolicitedOutputPolicy: unsolicited,
 		// Expiry is enforced by this package against s.now, not by the
 		// library's wall clock, so Enforce stays false.
 		Timeouts: webauthn.TimeoutsConfig{

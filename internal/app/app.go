@@ -173,6 +173,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	if a.InBandPasskeys, err = passkey.New(ctx, js, passkey.Options{
 		RPID: cfg.RPID(), RPOrigins: inBandOrigins, RPDisplayName: "Countersign",
 		Replicas: cfg.NATSReplicas, Logger: log, InBandChallengeTTL: cfg.VerifiedChallengeTTL,
+		IgnoreUnsolicitedExtensions: true,
 	}); err != nil {
 		return nil, fmt.Errorf("passkeys (--verified-origins): %w", err)
 	}
