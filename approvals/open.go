@@ -53,9 +53,21 @@ type Call struct {
 	// Verified is the caller's own in-band approval of a tasks.ModeVerified
 	// call (SEP-2672), already verified and its challenge consumed.
 	Verified *tasks.VerifiedApproval
+	// TaskID, for ModeVerified only, is the task's ID, derived by the
+	// caller from the challenge: a challenge opens at most one task, and a
+	// second Open of the same ID fails with tasks.ErrTaskExists, having
+	// changed nothing. Empty (every other mode): a fresh ID.
+	TaskID string
 	// At is when the call arrived.
 	At time.Time
 }
+
+// resumeAfter is how old a verified task's record must be, without a
+// workflow, before a retry of its call resumes it (resumeVerified): an Open
+// writes the record and starts the workflow within milliseconds, so an
+// older record without one is a crash's leftover. Even a slower start is
+// safe: the workflow ID admits one workflow.
+const resumeAfter = 2 * time.Second
 
 // verifiedTTL is the record expiry of a verified task: it runs at once, so
 // this only bounds a task whose tool hangs.
@@ -96,6 +108,17 @@ func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	taskID := tasks.NewID("tsk_")
+	if c.TaskID != "" {
+		if c.Mode != tasks.ModeVerified || !tasks.ValidID(c.TaskID) {
+			return Opened{}, fmt.Errorf("approvals: a task ID %q is only given for a verified call", c.TaskID)
+		}
+		taskID = c.TaskID
+		if existing, err := s.store.Get(ctx, taskID); err == nil {
+			return s.resumeVerified(ctx, c, existing)
+		} else if !errors.Is(err, tasks.ErrTaskNotFound) {
+			return Opened{}, err
+		}
+	}
 	dedupKey := ""
 	if c.Mode == tasks.ModeApproval {
 		// Two identical jobs are two jobs; two identical approval requests
@@ -240,6 +263,9 @@ func (s *Service) newTask(c Call, taskID, dedupKey string) (tasks.Record, tasks.
 // checking the cap refuses: the limits exist to protect the service.
 func (s *Service) admit(ctx context.Context, principal, taskID string, now time.Time) error {
 	err := s.store.ReservePending(ctx, principal, taskID, s.opts.MaxPendingPerPrincipal)
+	if errors.Is(err, tasks.ErrTaskExists) {
+		return err // the same task, opened concurrently: its reservation is not ours
+	}
 	if errors.Is(err, tasks.ErrPendingCapReached) {
 		s.log.WarnContext(ctx, "approvals: pending task cap reached", "principal", principal, "cap", s.opts.MaxPendingPerPrincipal)
 		return &Refused{Reason: reasonPendingCap}
@@ -331,6 +357,41 @@ func (s *Service) startOutcome(ctx context.Context, taskID string, startErr erro
 		return startedAnyway
 	}
 	return startedNot
+}
+
+// resumeVerified answers an Open of a verified task whose record exists:
+// tasks.ErrTaskExists, unless the task is still working and its workflow
+// does not exist, which only a crash between the record and the start
+// leaves behind. Then the workflow is started from the record (same
+// approval reference, creation time and expiry) and the task returned: the
+// caller, the same signed call sent again, gets the call it signed run once.
+// Should the original start land meanwhile, the workflow ID admits one.
+// A record younger than resumeAfter is never resumed.
+func (s *Service) resumeVerified(ctx context.Context, c Call, existing tasks.Record) (Opened, error) {
+	if existing.Status.Terminal() || existing.Owner != c.Principal || s.now().Sub(existing.CreatedAt) < resumeAfter {
+		// Ended, not the caller's, or young enough that its own Open may
+		// still be starting it (a concurrent second submission, which
+		// SEP-2672 answers challenge_consumed).
+		return Opened{}, tasks.ErrTaskExists
+	}
+	running, err := s.engine.Running(ctx, existing.TaskID)
+	if err != nil {
+		return Opened{}, err
+	}
+	if running {
+		return Opened{}, tasks.ErrTaskExists
+	}
+	c.At = existing.CreatedAt
+	_, in := s.newTask(c, existing.TaskID, "")
+	in.ApprovalRef, in.ExpiresAt = existing.ApprovalRef, existing.ExpiresAt
+	if err := s.engine.Start(ctx, in); err != nil {
+		if s.startOutcome(ctx, existing.TaskID, err) == startedAnyway {
+			return Opened{}, tasks.ErrTaskExists
+		}
+		return Opened{}, err
+	}
+	s.log.WarnContext(ctx, "approvals: verified task resumed: its workflow had not started", "task_id", existing.TaskID, "tool", c.Tool)
+	return Opened{Task: existing}, nil
 }
 
 // releasePending gives back a pending reservation whose task was not

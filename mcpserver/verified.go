@@ -2,9 +2,13 @@ package mcpserver
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/go-webauthn/webauthn/protocol"
@@ -311,14 +315,22 @@ func parseEvidence(meta mcp.Meta) (evidence, error) {
 // because the workflow's history is what makes the approval path
 // crash-safe already: once the start is acknowledged, the call runs exactly
 // once whatever crashes (worker, this process), and its outcome is in the
-// read model. The consume comes first and is single-use, so two calls with
-// one challenge start at most one workflow (the loser gets
-// challenge_consumed and nothing else happens). The one window is a crash
-// between the consume and the start: the challenge is spent and the call
-// never runs, but the client has not been told it ran (its request fails),
-// and it asks for a new challenge. The answer is sent only from the task's
-// terminal record, so a client is never told a call ran that did not, and a
-// call that ran is never lost from the read model and the audit chain.
+// read model. The consume comes first and is single-use, and the task's ID
+// is derived from the challenge (verifiedTaskID), created only if absent:
+// two calls with one challenge open at most one task, whatever replica they
+// reach, and the second gets challenge_consumed. A crash between the
+// consume and the task record is recovered by the client's retry of the
+// same signed call: the consume was under a key derived from that evidence
+// (verifiedConsumerKey), so the retry is its own consumer and opens the
+// task; any other evidence is challenge_consumed. A crash between the task
+// record and the workflow start is recovered the same way
+// (approvals.Service resumes a verified task whose workflow never
+// started). A client that never retries leaves, at worst, a signed call
+// that did not run and that it was never told ran. The answer is sent only
+// from the task's terminal record, so a client is never told a call ran
+// that did not, and a call that ran is never lost from the read model and
+// the audit chain. internal/e2e TestCrashVerified kills the process around
+// the call and checks this.
 func (s *Server) callVerified(ctx context.Context, c *gatedCall, meta mcp.Meta) (mcp.Result, error) {
 	if s.opts.Passkeys == nil {
 		// Policy asks for verified approval on an endpoint that cannot do
@@ -336,6 +348,7 @@ func (s *Server) callVerified(ctx context.Context, c *gatedCall, meta mcp.Meta) 
 		ActionHash:         c.hash,
 		Principal:          c.info.principal,
 		AuthenticatorClass: c.decision.AuthenticatorClass,
+		ConsumerKey:        verifiedConsumerKey(ev),
 		Method:             ev.method,
 		Response:           ev.response,
 	})
@@ -346,12 +359,18 @@ func (s *Server) callVerified(ctx context.Context, c *gatedCall, meta mcp.Meta) 
 		"action_hash", c.hash.String(), "challenge_id", v.ChallengeID, "credential_id", v.CredentialID)
 	call := s.approvalCall(c)
 	call.Mode = tasks.ModeVerified
+	call.TaskID = verifiedTaskID(ev.challengeID)
 	call.Verified = &tasks.VerifiedApproval{
 		ApproverID: v.ApproverID, ApproverName: v.ApproverName, CredentialID: v.CredentialID,
 		ChallengeID: v.ChallengeID, PublicKey: v.PublicKey, AuthenticatorData: v.AuthenticatorData,
 		ClientDataJSON: v.ClientDataJSON, Signature: v.Signature, SignCount: v.SignCount, At: c.now,
 	}
 	opened, err := s.opts.Approvals.Open(ctx, call)
+	if errors.Is(err, tasks.ErrTaskExists) {
+		// The challenge's task was opened already: this is a second
+		// submission of the same evidence.
+		return nil, approvalError(passkey.ReasonChallengeConsumed, nil)
+	}
 	if err != nil {
 		return refusal(c, err)
 	}
@@ -365,6 +384,27 @@ func (s *Server) callVerified(ctx context.Context, c *gatedCall, meta mcp.Meta) 
 		return nil, err
 	}
 	return s.finalResult(c.info, rec)
+}
+
+// verifiedTaskID is the task a challenge's verified call runs as: derived
+// from the challenge, so one challenge opens at most one task.
+func verifiedTaskID(challengeID string) string {
+	sum := sha256.Sum256([]byte("countersign verified call\x00" + challengeID))
+	return "tsk_" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:20]))
+}
+
+// verifiedConsumerKey consumes a challenge under a key derived from the
+// whole evidence (challenge and assertion bytes): the exact same signed call
+// sent again finds its own consume and goes on to open the challenge's task
+// (which recovers a call whose first attempt died between the consume and
+// the task), while anything else, a forged assertion over a known
+// challenge id included, is challenge_consumed.
+func verifiedConsumerKey(ev evidence) string {
+	h := sha256.New()
+	h.Write([]byte(ev.challengeID))
+	h.Write([]byte{0})
+	h.Write(ev.response)
+	return "inband-" + hex.EncodeToString(h.Sum(nil))
 }
 
 // annotateVerified adds the SEP-2672 annotation to the tools that policy

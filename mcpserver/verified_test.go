@@ -12,6 +12,7 @@ import (
 
 	"github.com/descope/virtualwebauthn"
 	"github.com/google/go-cmp/cmp"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -801,4 +802,46 @@ func mustApprovers(tb testing.TB, pk *passkey.Service) []passkey.Approver {
 		tb.Fatal(err)
 	}
 	return as
+}
+
+// A call whose first attempt died after the consume (and before its task)
+// is recovered by the client's retry of the same signed call, and runs
+// once; any other evidence for that challenge is challenge_consumed.
+func TestVerifiedRetryAfterLostConsume(t *testing.T) {
+	h := newVerifiedHarness(t)
+	p := principal(t, "a")
+	k := h.enroll(t, p, "usb")
+	env := h.challenge(t, p, trade(4))
+	resp := k.sign(t, env)
+	ev, err := parseEvidence(mcp.Meta{MetaVerifiedApproval: mustAny(t, evidenceOf(env, resp))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hash, _ := canon.Hash("place_trade", mustJSON(t, trade(4)), "countersign-test")
+	// The first attempt: consumed, then the process died.
+	if _, err := h.pk.Verify(context.Background(), passkey.VerifyRequest{ChallengeID: env.ChallengeID, Tool: "place_trade",
+		ActionHash: hash, Principal: p, ConsumerKey: verifiedConsumerKey(ev), Method: "webauthn", Response: ev.response}); err != nil {
+		t.Fatal(err)
+	}
+	// Someone else's evidence for the challenge: consumed.
+	wantReason(t, h.callWith(t, p, trade(4), evidenceOf(env, json.RawMessage(testpasskey.FlipSignature(t, mustJSON(t, resp))))), passkey.ReasonChallengeConsumed)
+	if n := h.trades(t, p); n != 0 {
+		t.Fatalf("trades = %d", n)
+	}
+	// The client's retry of the same call: it runs, once.
+	h.callWith(t, p, trade(4), evidenceOf(env, resp)).ok(t, nil)
+	wantReason(t, h.callWith(t, p, trade(4), evidenceOf(env, resp)), passkey.ReasonChallengeConsumed)
+	if n := h.trades(t, p); n != 1 {
+		t.Fatalf("trades = %d, want 1", n)
+	}
+}
+
+// mustAny round-trips v through JSON, as the SDK hands _meta to the server.
+func mustAny(tb testing.TB, v any) any {
+	tb.Helper()
+	var out any
+	if err := json.Unmarshal(mustJSON(tb, v), &out); err != nil {
+		tb.Fatal(err)
+	}
+	return out
 }
