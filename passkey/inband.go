@@ -3,6 +3,7 @@ package passkey
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -203,4 +204,42 @@ func (s *Service) FinishPrincipalEnrollment(ctx context.Context, principal strin
 		return "", time.Time{}, err
 	}
 	return credID, s.now().UTC(), nil
+}
+
+// PasskeyInfo is one stored passkey as admins see it: never the key.
+type PasskeyInfo struct {
+	CredentialID string    `json:"credentialId"` // base64url
+	Transports   []string  `json:"transports"`
+	SignCount    uint32    `json:"signCount"`
+	CreatedAt    time.Time `json:"createdAt"`
+	LastUsedAt   time.Time `json:"lastUsedAt,omitzero"`
+}
+
+// Passkeys returns the passkeys of an approver, however they were enrolled
+// (approver site or in-band), in enrollment order; ErrNotFound when there
+// is no such approver.
+func (s *Service) Passkeys(ctx context.Context, approverID string) ([]PasskeyInfo, error) {
+	a, err := s.Approver(ctx, approverID)
+	if err != nil {
+		return nil, err
+	}
+	recs, err := s.approverCredentials(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]PasskeyInfo, 0, len(recs))
+	for _, r := range recs {
+		ts := make([]string, 0, len(r.Credential.Transport))
+		for _, t := range r.Credential.Transport {
+			ts = append(ts, string(t))
+		}
+		out = append(out, PasskeyInfo{
+			CredentialID: base64.RawURLEncoding.EncodeToString(r.Credential.ID),
+			Transports:   ts,
+			SignCount:    r.Credential.Authenticator.SignCount,
+			CreatedAt:    r.CreatedAt,
+			LastUsedAt:   r.LastUsedAt,
+		})
+	}
+	return out, nil
 }
