@@ -3,6 +3,7 @@ package passkey_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
@@ -262,5 +263,34 @@ func TestIgnoreUnsolicitedExtensions(t *testing.T) {
 	}
 	if _, err := lenient.Verify(ctx, inBandReq(c, "agent-a", resp)); err != nil {
 		t.Fatalf("lenient service: %v", err)
+	}
+}
+
+// The reference's three per-call tests at this layer, in-band: a valid
+// assertion verifies, the same assertion for other arguments is
+// argument_hash_mismatch (and consumes nothing), a second use is
+// challenge_consumed.
+func TestInBandHappyTamperReplay(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	k := e.enrollInBand(t, "agent-a", "usb")
+	c, err := e.issueInBand(t, "agent-a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := k.sign(t, e.rp, c.Ch)
+	tampered := inBandReq(c, "agent-a", resp)
+	tampered.ActionHash = hashOf(t, "place_trade", `{"symbol":"AAPL","quantity":1000}`)
+	_, err = e.svc.Verify(ctx, tampered)
+	wantReason(t, err, passkey.ReasonArgumentHashMismatch)
+	if _, err := e.svc.Verify(ctx, inBandReq(c, "agent-a", resp)); err != nil {
+		t.Fatalf("valid assertion after a tampered one: %v", err)
+	}
+	_, err = e.svc.Verify(ctx, inBandReq(c, "agent-a", resp))
+	wantReason(t, err, passkey.ReasonChallengeConsumed)
+	// An in-band challenge names a principal, not a group.
+	_, err = e.svc.IssueChallenge(ctx, passkey.ChallengeRequest{Tool: "t", ActionHash: c.Req.ActionHash, Principal: "agent-a", Group: "approvers", DisplayText: "x"})
+	if !errors.Is(err, passkey.ErrInvalidArgument) {
+		t.Fatalf("principal and group: %v", err)
 	}
 }
