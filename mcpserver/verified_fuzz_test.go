@@ -60,7 +60,7 @@ func FuzzEvidence(f *testing.F) {
 func FuzzVerifiedCall(f *testing.F) {
 	// The request budget is not under test: lift it.
 	h := newVerifiedHarness(f, func(o *Options) { o.RequestsPerSecond, o.RequestBurst = 1e6, 1e6 })
-	p := principal(f, "a")
+	p := freshPrincipal(f, "a")
 	k := h.enroll(f, p, "usb")
 	env := h.challenge(f, p, trade(1))
 	other := h.challenge(f, p, trade(1))

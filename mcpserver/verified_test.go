@@ -5,8 +5,10 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -251,7 +253,7 @@ func trade(qty float64) map[string]any {
 // initialize and in server/discover; and absent without a passkey service.
 func TestVerifiedCapability(t *testing.T) {
 	h := newVerifiedHarness(t)
-	p := principal(t, "a")
+	p := freshPrincipal(t, "a")
 	var init struct {
 		Capabilities struct {
 			Extensions map[string]json.RawMessage `json:"extensions"`
@@ -290,7 +292,7 @@ func TestVerifiedCapability(t *testing.T) {
 // tool policy allows does not, in both eras.
 func TestVerifiedToolAnnotation(t *testing.T) {
 	h := newVerifiedHarness(t)
-	p := principal(t, "a")
+	p := freshPrincipal(t, "a")
 	for _, era := range []tasks.Era{tasks.Era2025, tasks.Era2026} {
 		var list struct {
 			Tools []struct {
@@ -331,7 +333,7 @@ func TestVerifiedToolAnnotation(t *testing.T) {
 // enrolled passkey).
 func TestVerifiedEnrollment(t *testing.T) {
 	h := newVerifiedHarness(t)
-	p := principal(t, "a")
+	p := freshPrincipal(t, "a")
 	raw, _ := h.beginOptions(t, p)
 	sel, _ := raw["authenticatorSelection"].(map[string]any)
 	if sel["userVerification"] != "required" {
@@ -369,7 +371,7 @@ func TestVerifiedEnrollment(t *testing.T) {
 // no_pending_enrollment.
 func TestVerifiedEnrollmentRejections(t *testing.T) {
 	h := newVerifiedHarness(t)
-	p := principal(t, "a")
+	p := freshPrincipal(t, "a")
 	finish := func(resp any) rpc {
 		return h.do(t, call{token: tok(p), method: methodEnrollFinish, params: map[string]any{"response": resp}})
 	}
@@ -421,7 +423,7 @@ func TestVerifiedHappyTamperReplay(t *testing.T) {
 	h := newVerifiedHarness(t)
 	for _, era := range []tasks.Era{tasks.Era2025, tasks.Era2026} {
 		t.Run(string(era), func(t *testing.T) {
-			p := principal(t, "a")
+			p := freshPrincipal(t, "a")
 			k := h.enroll(t, p, "hybrid", "internal")
 			env := h.challenge(t, p, trade(100))
 			ro := env.RequestOptions
@@ -489,7 +491,7 @@ func mustJSON(tb testing.TB, v any) json.RawMessage {
 // tool (no_eligible_credential at issuance).
 func TestVerifiedAuthenticatorClass(t *testing.T) {
 	h := newVerifiedHarness(t)
-	p := principal(t, "a")
+	p := freshPrincipal(t, "a")
 	h.enroll(t, p, "internal")
 	wantReason(t, h.challengeRPC(t, p, "place_trade", trade(1)), passkey.ReasonNoEligibleCredential)
 	// A cross-platform passkey enrolled too: only it is allowed.
@@ -505,7 +507,7 @@ func TestVerifiedAuthenticatorClass(t *testing.T) {
 // authenticator_class_mismatch, and the challenge stays usable.
 func TestVerifiedAuthenticatorClassAtVerification(t *testing.T) {
 	h := newVerifiedHarness(t)
-	p := principal(t, "a")
+	p := freshPrincipal(t, "a")
 	internalOnly := h.enroll(t, p, "internal")
 	k := h.enroll(t, p, "usb")
 	env := h.challenge(t, p, trade(1))
@@ -519,7 +521,7 @@ func TestVerifiedAuthenticatorClassAtVerification(t *testing.T) {
 // Reference: a rewound signature counter is signature_counter_regression.
 func TestVerifiedCounterRegression(t *testing.T) {
 	h := newVerifiedHarness(t)
-	p := principal(t, "a")
+	p := freshPrincipal(t, "a")
 	k := h.enroll(t, p, "usb")
 	k.cred.Counter = 5
 	env := h.challenge(t, p, trade(1))
@@ -538,7 +540,7 @@ func TestVerifiedCounterRegression(t *testing.T) {
 // tool_not_approved_required.
 func TestVerifiedUnsupportedMethodAndUnannotatedTool(t *testing.T) {
 	h := newVerifiedHarness(t)
-	p := principal(t, "a")
+	p := freshPrincipal(t, "a")
 	k := h.enroll(t, p, "usb")
 	env := h.challenge(t, p, trade(1))
 	ev := evidenceOf(env, k.sign(t, env))
@@ -560,7 +562,7 @@ func TestVerifiedUnsupportedMethodAndUnannotatedTool(t *testing.T) {
 // executed and the challenge still usable afterwards.
 func TestVerifiedUntestedReasons(t *testing.T) {
 	h := newVerifiedHarness(t)
-	p := principal(t, "a")
+	p := freshPrincipal(t, "a")
 	k := h.enroll(t, p, "usb")
 	ctx := context.Background()
 
@@ -575,7 +577,7 @@ func TestVerifiedUntestedReasons(t *testing.T) {
 			wantReason(t, h.callWith(t, p, trade(1), map[string]any{"method": "webauthn", "challengeId": id, "response": resp}), passkey.ReasonChallengeUnknown)
 		}
 		// A challenge issued to another principal is not this one's.
-		other := principal(t, "b")
+		other := freshPrincipal(t, "b")
 		ko := h.enroll(t, other, "usb")
 		envO := h.challenge(t, other, trade(1))
 		wantReason(t, h.callWith(t, p, trade(1), evidenceOf(envO, ko.sign(t, envO))), passkey.ReasonChallengeUnknown)
@@ -628,7 +630,7 @@ func TestVerifiedUntestedReasons(t *testing.T) {
 // clientDataJSON too), nothing runs, and the challenge stays usable.
 func TestVerifiedMalformedEvidence(t *testing.T) {
 	h := newVerifiedHarness(t)
-	p := principal(t, "a")
+	p := freshPrincipal(t, "a")
 	k := h.enroll(t, p, "usb")
 	env := h.challenge(t, p, trade(1))
 	resp := k.sign(t, env)
@@ -671,7 +673,7 @@ func TestVerifiedMalformedEvidence(t *testing.T) {
 // Where several checks fail at once, the SEP's order decides the reason.
 func TestVerifiedCheckOrder(t *testing.T) {
 	h := newVerifiedHarness(t)
-	p := principal(t, "a")
+	p := freshPrincipal(t, "a")
 	k := h.enroll(t, p, "usb")
 	internalOnly := h.enroll(t, p, "internal")
 	stranger := &vkit{auth: virtualwebauthn.NewAuthenticator(), cred: testpasskey.NewEC2Credential()}
@@ -717,7 +719,7 @@ func TestVerifiedCheckOrder(t *testing.T) {
 func TestVerifiedConcurrentConsume(t *testing.T) {
 	a := newVerifiedHarness(t)
 	b := newVerifiedHarness(t)
-	p := principal(t, "a")
+	p := freshPrincipal(t, "a")
 	k := a.enroll(t, p, "usb")
 	for round := range 5 {
 		env := a.challenge(t, p, trade(float64(round+1)))
@@ -757,7 +759,7 @@ func TestVerifiedConcurrentConsume(t *testing.T) {
 // its approver to the principal.
 func TestVerifiedApproverSitePasskey(t *testing.T) {
 	h := newVerifiedHarness(t)
-	p := principal(t, "a")
+	p := freshPrincipal(t, "a")
 	ctx := context.Background()
 	wantReason(t, h.challengeRPC(t, p, "place_trade", trade(1)), passkey.ReasonNoEligibleCredential)
 	a, token, err := h.pk.AddApprover(ctx, "Site Approver", []string{"approvers"}, passkey.WithPrincipals(p))
@@ -809,7 +811,7 @@ func mustApprovers(tb testing.TB, pk *passkey.Service) []passkey.Approver {
 // once; any other evidence for that challenge is challenge_consumed.
 func TestVerifiedRetryAfterLostConsume(t *testing.T) {
 	h := newVerifiedHarness(t)
-	p := principal(t, "a")
+	p := freshPrincipal(t, "a")
 	k := h.enroll(t, p, "usb")
 	env := h.challenge(t, p, trade(4))
 	resp := k.sign(t, env)
@@ -844,4 +846,12 @@ func mustAny(tb testing.TB, v any) any {
 		tb.Fatal(err)
 	}
 	return out
+}
+
+var principalSeq atomic.Int64
+
+// freshPrincipal is principal(tb, suffix) made unique per run: passkeys
+// and trades outlive a test in the shared environment (go test -count=N).
+func freshPrincipal(tb testing.TB, suffix string) string {
+	return principal(tb, suffix) + "-" + strconv.FormatInt(principalSeq.Add(1), 10)
 }
