@@ -279,7 +279,7 @@ func (a *Activities) Reevaluate(ctx context.Context, in ReevaluateInput) (Reeval
 	a.log().Info("activities: reevaluated", "task_id", env.TaskID, "decision", d.Effect, "policy_version", d.PolicyVersion)
 	return ReevaluateOutput{
 		Version:       Version,
-		Allow:         d.Effect == pdp.EffectAllow,
+		Allow:         d.Effect == pdp.EffectAllow || (in.Verified && d.Effect == pdp.EffectVerify),
 		Effect:        string(d.Effect),
 		Reason:        d.Reason,
 		PolicyVersion: d.PolicyVersion,

@@ -101,6 +101,10 @@ type ReevaluateInput struct {
 	Envelope  tasks.Envelope        `json:"envelope"`
 	Approvals []tasks.ApprovalEntry `json:"approvals"`
 	At        time.Time             `json:"at"`
+	// Verified: the call was approved in-band by its caller's passkey
+	// (tasks.ModeVerified), so a "verify" decision is what it satisfied
+	// and counts as allow.
+	Verified bool `json:"verified,omitempty"`
 }
 
 // ReevaluateOutput is the policy's answer. Allow is true only for an allow

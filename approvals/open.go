@@ -50,9 +50,28 @@ type Call struct {
 	Inputs json.RawMessage
 	// InputRequests are asked of the client before an unattended task runs.
 	InputRequests map[string]json.RawMessage
+	// Verified is the caller's own in-band approval of a tasks.ModeVerified
+	// call (SEP-2672), already verified and its challenge consumed.
+	Verified *tasks.VerifiedApproval
+	// TaskID, for ModeVerified only, is the task's ID, derived by the
+	// caller from the challenge: a challenge opens at most one task, and a
+	// second Open of the same ID fails with tasks.ErrTaskExists, having
+	// changed nothing. Empty (every other mode): a fresh ID.
+	TaskID string
 	// At is when the call arrived.
 	At time.Time
 }
+
+// resumeAfter is how old a verified task's record must be, without a
+// workflow, before a retry of its call resumes it (resumeVerified): an Open
+// writes the record and starts the workflow within milliseconds, so an
+// older record without one is a crash's leftover. Even a slower start is
+// safe: the workflow ID admits one workflow.
+const resumeAfter = 2 * time.Second
+
+// verifiedTTL is the record expiry of a verified task: it runs at once, so
+// this only bounds a task whose tool hangs.
+const verifiedTTL = time.Hour
 
 // Opened is the task a call became. Joined is true when an identical
 // pending call by the same principal already had one (SEP-2848 dedup): the
@@ -79,12 +98,27 @@ func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 		if c.Policy.Effect != pdp.EffectAllow {
 			return Opened{}, fmt.Errorf("approvals: an unattended task needs an allowed call, not %q", c.Policy.Effect)
 		}
+	case tasks.ModeVerified:
+		if c.Policy.Effect != pdp.EffectVerify || c.Verified == nil {
+			return Opened{}, fmt.Errorf("approvals: a verified task needs a verify decision and its approval, not %q", c.Policy.Effect)
+		}
 	default:
 		return Opened{}, fmt.Errorf("approvals: unknown mode %q", c.Mode)
 	}
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	taskID := tasks.NewID("tsk_")
+	if c.TaskID != "" {
+		if c.Mode != tasks.ModeVerified || !tasks.ValidID(c.TaskID) {
+			return Opened{}, fmt.Errorf("approvals: a task ID %q is only given for a verified call", c.TaskID)
+		}
+		taskID = c.TaskID
+		if existing, err := s.store.Get(ctx, taskID); err == nil {
+			return s.resumeVerified(ctx, c, existing)
+		} else if !errors.Is(err, tasks.ErrTaskNotFound) {
+			return Opened{}, err
+		}
+	}
 	dedupKey := ""
 	if c.Mode == tasks.ModeApproval {
 		// Two identical jobs are two jobs; two identical approval requests
@@ -152,6 +186,10 @@ func (s *Service) newTask(c Call, taskID, dedupKey string) (tasks.Record, tasks.
 			SlackChannel:       d.SlackChannel,
 		}
 		msg = "Awaiting approval: " + d.Reason
+	case tasks.ModeVerified:
+		// Approved already, by the caller's own passkey: it runs at once.
+		req = tasks.Requirement{Quorum: 1, TTL: verifiedTTL, AuthenticatorClass: d.AuthenticatorClass, Reason: d.Reason}
+		msg = "Verified in-band; running " + c.Tool
 	default:
 		// No approver group and quorum 0, which policy can never ask for
 		// (pdp rejects quorum 0): the workflow waits until its start,
@@ -210,6 +248,7 @@ func (s *Service) newTask(c Call, taskID, dedupKey string) (tasks.Record, tasks.
 		ExpiresAt:     rec.ExpiresAt,
 		Mode:          c.Mode,
 		InputRequests: c.InputRequests,
+		Verified:      c.Verified,
 	}
 	if c.Mode == tasks.ModeUnattended {
 		in.StartAt = rec.ExpiresAt
@@ -224,6 +263,9 @@ func (s *Service) newTask(c Call, taskID, dedupKey string) (tasks.Record, tasks.
 // checking the cap refuses: the limits exist to protect the service.
 func (s *Service) admit(ctx context.Context, principal, taskID string, now time.Time) error {
 	err := s.store.ReservePending(ctx, principal, taskID, s.opts.MaxPendingPerPrincipal)
+	if errors.Is(err, tasks.ErrTaskExists) {
+		return err // the same task, opened concurrently: its reservation is not ours
+	}
 	if errors.Is(err, tasks.ErrPendingCapReached) {
 		s.log.WarnContext(ctx, "approvals: pending task cap reached", "principal", principal, "cap", s.opts.MaxPendingPerPrincipal)
 		return &Refused{Reason: reasonPendingCap}
@@ -315,6 +357,41 @@ func (s *Service) startOutcome(ctx context.Context, taskID string, startErr erro
 		return startedAnyway
 	}
 	return startedNot
+}
+
+// resumeVerified answers an Open of a verified task whose record exists:
+// tasks.ErrTaskExists, unless the task is still working and its workflow
+// does not exist, which only a crash between the record and the start
+// leaves behind. Then the workflow is started from the record (same
+// approval reference, creation time and expiry) and the task returned: the
+// caller, the same signed call sent again, gets the call it signed run once.
+// Should the original start land meanwhile, the workflow ID admits one.
+// A record younger than resumeAfter is never resumed.
+func (s *Service) resumeVerified(ctx context.Context, c Call, existing tasks.Record) (Opened, error) {
+	if existing.Status.Terminal() || existing.Owner != c.Principal || s.now().Sub(existing.CreatedAt) < resumeAfter {
+		// Ended, not the caller's, or young enough that its own Open may
+		// still be starting it (a concurrent second submission, which
+		// SEP-2672 answers challenge_consumed).
+		return Opened{}, tasks.ErrTaskExists
+	}
+	running, err := s.engine.Running(ctx, existing.TaskID)
+	if err != nil {
+		return Opened{}, err
+	}
+	if running {
+		return Opened{}, tasks.ErrTaskExists
+	}
+	c.At = existing.CreatedAt
+	_, in := s.newTask(c, existing.TaskID, "")
+	in.ApprovalRef, in.ExpiresAt = existing.ApprovalRef, existing.ExpiresAt
+	if err := s.engine.Start(ctx, in); err != nil {
+		if s.startOutcome(ctx, existing.TaskID, err) == startedAnyway {
+			return Opened{}, tasks.ErrTaskExists
+		}
+		return Opened{}, err
+	}
+	s.log.WarnContext(ctx, "approvals: verified task resumed: its workflow had not started", "task_id", existing.TaskID, "tool", c.Tool)
+	return Opened{Task: existing}, nil
 }
 
 // releasePending gives back a pending reservation whose task was not

@@ -147,7 +147,22 @@ const (
 	kindTransfer = "transfer"
 	kindDeploy   = "deploy"
 	kindDelete   = "delete"
+	kindTrade    = "trade"
 )
+
+// tradeArgs are place_trade's arguments, as in the SEP-2672 reference
+// implementation's demo server.
+type tradeArgs struct {
+	Symbol   string  `json:"symbol"`
+	Side     string  `json:"side"`
+	Quantity float64 `json:"quantity"`
+	Limit    float64 `json:"limit"`
+}
+
+// jsNumber renders v as JavaScript's String(v) does for the numbers a
+// trade carries (shortest round-trip form), so display texts match the
+// reference implementation's byte for byte.
+func jsNumber(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 
 type transferArgs struct {
 	To       string  `json:"to"`
@@ -198,7 +213,10 @@ func textResult(text string) tasks.CallToolResult {
 }
 
 // DemoTools returns the tools `countersign dev` serves: transfer_funds,
-// list_transfers, deploy_service and delete_records, all over l.
+// list_transfers, deploy_service, delete_records and place_trade, all over
+// l. place_trade is the SEP-2672 reference implementation's demo tool (same
+// name, schema, display text and result shape); the default policy requires
+// in-band verified approval for it.
 func DemoTools(l *Ledger) []Tool {
 	return []Tool{
 		{
@@ -288,6 +306,35 @@ func DemoTools(l *Ledger) []Tool {
 				}
 				a := decodeArgs[deleteArgs](call.Arguments)
 				return textResult(fmt.Sprintf("Deleted the records of %s matching %q.", a.Table, a.Filter)), nil
+			},
+		},
+		{
+			Name:        "place_trade",
+			Title:       "Place trade",
+			Description: "Place a limit order. Requires the caller's own passkey for each call (SEP-2672 verified approval): approval/challenge/create, then the assertion in the tools/call _meta.",
+			InputSchema: json.RawMessage(`{"type":"object","required":["symbol","side","quantity","limit"],"additionalProperties":false,
+				"properties":{"symbol":{"type":"string","minLength":1,"description":"Ticker symbol, e.g. AAPL"},
+				"side":{"type":"string","enum":["buy","sell"]},
+				"quantity":{"type":"number","exclusiveMinimum":0},
+				"limit":{"type":"number","exclusiveMinimum":0,"description":"Limit price"}}}`),
+			Describe: func(raw json.RawMessage) string {
+				a := decodeArgs[tradeArgs](raw)
+				verb := "Sell"
+				if a.Side == "buy" {
+					verb = "Buy"
+				}
+				return fmt.Sprintf("%s %s %s at $%s", verb, jsNumber(a.Quantity), a.Symbol, jsNumber(a.Limit))
+			},
+			Run: func(ctx context.Context, call Call) (tasks.CallToolResult, error) {
+				e, _, err := l.record(ctx, kindTrade, call)
+				if err != nil {
+					return tasks.CallToolResult{}, err
+				}
+				a := decodeArgs[tradeArgs](call.Arguments)
+				executedAt := e.ExecutedAt.Format(time.RFC3339Nano)
+				r := textResult(fmt.Sprintf("Placed %s %s %s @ %s (id %s)", a.Side, jsNumber(a.Quantity), a.Symbol, jsNumber(a.Limit), e.Key))
+				r.StructuredContent, _ = json.Marshal(map[string]any{"success": true, "tradeId": e.Key, "executedAt": executedAt})
+				return r, nil
 			},
 		},
 	}

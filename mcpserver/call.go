@@ -38,6 +38,8 @@ func (s *Server) callTool(ctx context.Context, info *callInfo, p *mcp.CallToolPa
 	switch c.decision.Effect {
 	case pdp.EffectRequestable:
 		return s.requestApproval(ctx, c)
+	case pdp.EffectVerify:
+		return s.callVerified(ctx, c, p.Meta) // SEP-2672 in-band, see verified.go
 	case pdp.EffectAllow:
 		// SEP-2322 MRTR: the tool may need the client's answers first.
 		// Only for allowed calls: the answers are not in the action hash.

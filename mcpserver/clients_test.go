@@ -112,7 +112,7 @@ func TestGoSDKClient(t *testing.T) {
 		t.Fatalf("discovered capabilities: %+v", init)
 	}
 	list, err := cs.ListTools(ctx, nil)
-	if err != nil || len(list.Tools) != 7 {
+	if err != nil || len(list.Tools) != 8 {
 		t.Fatalf("ListTools: %v %+v", err, list)
 	}
 

@@ -210,6 +210,50 @@
 // and before the call ends leaves the token spent; the call ran at most
 // once (see package txtoken, "Crash semantics").
 //
+// # In-band verified approval (SEP-2672)
+//
+// With Options.Passkeys set, the endpoint implements SEP-2672 in both eras:
+// capabilities.extensions.verifiedApproval = {} in initialize and
+// server/discover; the methods approval/enroll/begin, approval/enroll/finish
+// and approval/challenge/create (without a passkey service they answer
+// -32601); evidence in tools/call params._meta under
+// io.modelcontextprotocol/verified-approval. Policy chooses the mode per call:
+// a "verify" decision (pdp.EffectVerify, with an authenticator class) puts
+// the call under in-band approval. tools/list annotates a tool with
+// _meta["io.modelcontextprotocol/verified-approval"] = {required:
+// "verified", authenticatorClass} when its decision for the caller and empty
+// arguments is "verify" (2025-11-25 lists it taskSupport "forbidden": the
+// call answers at once); approval/challenge/create evaluates the exact
+// arguments and answers tool_not_approved_required unless the decision is
+// "verify".
+//
+// The caller is its bearer principal: its passkeys are those of the
+// approvers mapped to it (package passkey, "In-band verified approval"), so
+// a passkey enrolled in-band is an approver credential admins see, and one
+// enrolled on the approver site works in-band once its approver is mapped to
+// the principal. Challenges are bound to (tool, action hash of the arguments
+// as received, ServerID), listed only for the principal's passkeys that the
+// class allows (no_eligible_credential when none), and usable only by the
+// same principal; they expire after passkey.Options.InBandChallengeTTL
+// (default 60 s, --verified-challenge-ttl).
+//
+// A tools/call whose decision is "verify" is checked in SEP-2672 §4.8
+// order: evidence present and shaped {method, challengeId, response}
+// (missing_evidence), method "webauthn" (unsupported_method), then
+// passkey.Service.Verify: challenge_unknown, challenge_consumed,
+// challenge_expired, challenge_wrong_tool, unknown_credential,
+// authenticator_class_mismatch, signature_verification_failed,
+// signature_counter_regression, argument_hash_mismatch; and only then the
+// compare-and-set consume. Every rejection is JSON-RPC -32001 with the
+// reason's fixed message and data.reason, and changes nothing: nothing is
+// stored, run or consumed. A verified call then runs through the approval
+// workflow in tasks.ModeVerified (see callVerified for why a workflow and
+// why it is crash-safe) and the caller gets the result of an approved call:
+// the [approved-executed] line, then the tool's own content and
+// structuredContent, the disposition and the audit receipt in _meta, and the
+// task in io.modelcontextprotocol/related-task; the audit chain holds the
+// approval with its assertion.
+//
 // # Why a policy denial is a tool result, not a JSON-RPC error
 //
 // A denial is the outcome of a well-formed call, not a protocol failure: the

@@ -27,6 +27,7 @@ import (
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/gateway/conformance"
 	"github.com/countersign/countersign/internal/natsrv"
+	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
 )
@@ -48,6 +49,7 @@ type testEnv struct {
 	fixtures *conformance.Set // nil unless conformance
 	engine   *pdp.Engine
 	workflow *approvalstest.Engine
+	passkeys *passkey.Service // the workflow's (approvers' groups)
 }
 
 var (
@@ -122,8 +124,11 @@ func startEnv(withFixtures bool) (e *testEnv, err error) {
 	if e.engine, err = pdp.New(ctx, pdp.Options{Dir: policyDir}); err != nil {
 		return nil, err
 	}
+	if e.passkeys, err = passkey.New(ctx, js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin}}); err != nil {
+		return nil, err
+	}
 	e.workflow = approvalstest.New(approvalstest.Options{
-		Activities: &activities.Activities{Tasks: e.store, PDP: e.engine, Tools: e.tools},
+		Activities: &activities.Activities{Tasks: e.store, PDP: e.engine, Tools: e.tools, Passkeys: e.passkeys},
 	})
 	return e, nil
 }
@@ -299,7 +304,7 @@ func (h *harness) do(tb testing.TB, c call) rpc {
 			meta := map[string]any{}
 			if m, ok := c.params["_meta"].(map[string]any); ok {
 				for k, v := range m {
-					meta[k] = v // the call's own _meta members (a transaction token)
+					meta[k] = v // the call's own _meta members (a transaction token, SEP-2672 evidence)
 				}
 			}
 			meta["io.modelcontextprotocol/protocolVersion"] = string(tasks.Era2026)

@@ -144,6 +144,8 @@ func TestToolsListTaskSupport(t *testing.T) {
 		got[tl.Name] = tl.Execution.TaskSupport
 	}
 	want := map[string]string{"transfer_funds": "optional", "deploy_service": "optional", "delete_records": "optional", "list_transfers": "forbidden",
+		// Without a passkey service nothing is under verified approval.
+		"place_trade": "optional",
 		// The follow-up tools are never gated: never a task.
 		ToolAwait: "forbidden", ToolCancel: "forbidden", ToolPending: "forbidden"}
 	if diff := cmp.Diff(want, got); diff != "" {
@@ -155,7 +157,7 @@ func TestToolsListTaskSupport(t *testing.T) {
 		Tools      []tool
 	}
 	h.do(t, call{token: tok(p), era: tasks.Era2026, method: "tools/list"}).ok(t, &modern)
-	if modern.ResultType != "complete" || len(modern.Tools) != 7 {
+	if modern.ResultType != "complete" || len(modern.Tools) != 8 {
 		t.Fatalf("2026 tools/list: %+v", modern)
 	}
 	for _, tl := range modern.Tools {

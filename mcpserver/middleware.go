@@ -107,10 +107,15 @@ func (s *Server) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			return nil, s.wireError(ctx, method, &rpcError{code: codeMethodNotFound, msg: "Method not found: " + method + " (this server has tools only)"})
 		case "tools/list":
 			res, err := next(ctx, method, req)
-			if list, ok := res.(*mcp.ListToolsResult); ok && err == nil && info.era == tasks.Era2025 {
+			list, ok := res.(*mcp.ListToolsResult)
+			if !ok || err != nil {
+				return res, err
+			}
+			list = s.annotateVerified(ctx, info, list)
+			if info.era == tasks.Era2025 {
 				return s.legacyToolList(list), nil
 			}
-			return res, err
+			return list, nil
 		}
 		return next(ctx, method, req)
 	}
@@ -203,7 +208,8 @@ func legacyInitialize(r *mcp.InitializeResult) *legacyInitializeResult {
 
 // legacyToolList marks each tool with execution.taskSupport: "optional" if
 // policy may gate it, "forbidden" for read-only tools, which are never held
-// for approval.
+// for approval, and for tools under verified approval (SEP-2672), whose
+// calls answer at once.
 func (s *Server) legacyToolList(r *mcp.ListToolsResult) *legacyListToolsResult {
 	out := &legacyListToolsResult{Tools: make([]legacyTool, 0, len(r.Tools)), NextCursor: r.NextCursor}
 	out.Meta = r.Meta
@@ -211,6 +217,10 @@ func (s *Server) legacyToolList(r *mcp.ListToolsResult) *legacyListToolsResult {
 		lt := legacyTool{Tool: t}
 		lt.Execution.TaskSupport = taskSupportOptional
 		if gt, ok := s.opts.Tools.Lookup(t.Name); !ok || gt.ReadOnly {
+			lt.Execution.TaskSupport = taskSupportForbidden
+		} else if _, verified := t.Meta[MetaVerifiedApproval]; verified {
+			// SEP-2672 in-band: the call itself carries its approval and
+			// answers at once; it never becomes the client's task.
 			lt.Execution.TaskSupport = taskSupportForbidden
 		} else if fx, _ := s.opts.Fixtures.Lookup(t.Name); fx.TaskRequired {
 			lt.Execution.TaskSupport = taskSupportRequired

@@ -75,8 +75,13 @@ type Options struct {
 	// Approvals opens the tasks that calls become and serves their owners
 	// (*approvals.Service); the task limits are configured there.
 	Approvals Approvals
-	PDP       *pdp.Engine
-	Tools     *gateway.Registry
+	// Passkeys enables SEP-2672 in-band verified approval (the
+	// verifiedApproval capability, approval/* methods, the tool annotation
+	// and evidence on tools/call; see verified.go). Nil: none of it, and a
+	// call policy decides "verify" is denied.
+	Passkeys Passkeys
+	PDP      *pdp.Engine
+	Tools    *gateway.Registry
 	// Fixtures are the conformance fixtures among Tools (`countersign dev
 	// --conformance`): asynchronous tools, tools that require a task, and
 	// tools that ask their client for input. Nil in production: every tool
@@ -240,6 +245,9 @@ func New(opts Options) (*Server, error) {
 	if opts.Tokens != nil {
 		caps.AddExtension(ExtTransactionTokens, map[string]any{"method": MethodTransactionToken, "metaKey": txtoken.MetaKey})
 	}
+	if opts.Passkeys != nil {
+		caps.AddExtension(ExtVerifiedApproval, nil) // SEP-2672 §4.3: {}
+	}
 	s.mcp = mcp.NewServer(&mcp.Implementation{Name: ImplementationName, Version: ImplementationVersion}, &mcp.ServerOptions{
 		Logger:       sdkLog,
 		Capabilities: caps,
@@ -264,6 +272,9 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	if err := s.registerTokenMethod(); err != nil {
+		return nil, err
+	}
+	if err := s.registerApprovalMethods(); err != nil {
 		return nil, err
 	}
 	s.mcp.AddReceivingMiddleware(s.middleware)

@@ -57,6 +57,12 @@ type ChallengeRequest struct {
 	ActionHash canon.ActionHash
 	// Group is the approver group whose passkeys may answer.
 	Group string
+	// Principal, for an in-band challenge (SEP-2672 on the MCP endpoint),
+	// is the bearer principal whose own passkeys may answer: those of the
+	// approvers mapped to it ([Approver.MappedTo]). It replaces Group (which
+	// must then be empty) and TaskID may be empty: the call is not a task
+	// yet. Only the same principal can use the challenge.
+	Principal string
 	// AuthenticatorClass is ClassPlatform or ClassCrossPlatform ("" means cross-platform).
 	AuthenticatorClass string
 	// DisplayText is the server-built description shown to the approver (§4.4.3).
@@ -86,6 +92,7 @@ type challengeRecord struct {
 	ActionHash         string    `json:"actionHash"` // hex
 	Nonce              string    `json:"nonce"`      // base64url, 32 bytes
 	Group              string    `json:"group"`
+	Principal          string    `json:"principal,omitempty"`
 	AuthenticatorClass string    `json:"authenticatorClass"`
 	DisplayText        string    `json:"displayText"`
 	Decision           string    `json:"decision,omitempty"`
@@ -121,8 +128,13 @@ const (
 )
 
 func validateChallengeRequest(req *ChallengeRequest) error {
+	inBand := req.Principal != ""
 	switch {
-	case req.TaskID == "" || len(req.TaskID) > maxTaskIDLen:
+	case inBand && req.Group != "":
+		return fmt.Errorf("%w: an in-band challenge names a principal, not a group", ErrInvalidArgument)
+	case inBand && len(req.Principal) > 4*maxPrincipalLen:
+		return fmt.Errorf("%w: principal too long", ErrInvalidArgument)
+	case (req.TaskID == "" && !inBand) || len(req.TaskID) > maxTaskIDLen:
 		return fmt.Errorf("%w: task id must be 1-%d bytes", ErrInvalidArgument, maxTaskIDLen)
 	case req.Tool == "" || len(req.Tool) > maxToolLen:
 		return fmt.Errorf("%w: tool must be 1-%d bytes", ErrInvalidArgument, maxToolLen)
@@ -130,6 +142,9 @@ func validateChallengeRequest(req *ChallengeRequest) error {
 		return fmt.Errorf("%w: action hash is zero", ErrInvalidArgument)
 	case req.DisplayText == "" || len(req.DisplayText) > maxDisplayTextLen || !utf8.ValidString(req.DisplayText):
 		return fmt.Errorf("%w: display text must be 1-%d bytes of UTF-8", ErrInvalidArgument, maxDisplayTextLen)
+	}
+	if inBand {
+		return nil
 	}
 	return validateGroup(req.Group)
 }
@@ -147,13 +162,18 @@ func (s *Service) IssueChallenge(ctx context.Context, req ChallengeRequest) (Cha
 	if err != nil {
 		return Challenge{}, err
 	}
-	allow, err := s.eligibleDescriptors(ctx, req.Group, class)
+	var allow []protocol.CredentialDescriptor
+	if req.Principal != "" {
+		allow, err = s.PrincipalCredentials(ctx, req.Principal, class)
+	} else {
+		allow, err = s.eligibleDescriptors(ctx, req.Group, class)
+	}
 	if err != nil {
 		return Challenge{}, err
 	}
 	if len(allow) == 0 {
 		return Challenge{}, newError(ReasonNoEligibleCredential,
-			fmt.Errorf("no passkey in group %q for class %q", req.Group, class))
+			fmt.Errorf("no passkey in group %q (principal set: %t) for class %q", req.Group, req.Principal != "", class))
 	}
 
 	nonce, err := protocol.CreateChallenge()
@@ -172,18 +192,25 @@ func (s *Service) IssueChallenge(ctx context.Context, req ChallengeRequest) (Cha
 	}
 
 	now := s.now().UTC()
+	ttl := s.challengeTTL
+	if req.Principal != "" {
+		ttl = s.inBandTTL
+	}
 	rec := challengeRecord{
 		TaskID:             req.TaskID,
 		Tool:               req.Tool,
 		ActionHash:         req.ActionHash.String(),
 		Nonce:              base64.RawURLEncoding.EncodeToString(nonce),
 		Group:              req.Group,
+		Principal:          req.Principal,
 		AuthenticatorClass: class,
 		DisplayText:        req.DisplayText,
 		Decision:           req.Decision,
 		CreatedAt:          now,
-		ExpiresAt:          now.Add(s.challengeTTL),
+		ExpiresAt:          now.Add(ttl),
 	}
+	// The browser's own timeout is the challenge's lifetime.
+	assertion.Response.Timeout = int(ttl / time.Millisecond)
 	for range casAttempts {
 		id := randomID(challengeIDSize)
 		_, err := createJSON(ctx, s.challenges, id, &rec)

@@ -13,6 +13,25 @@
 //     action hash; the approver's browser signs it with navigator.credentials.get().
 //   - [Service.Verify] checks the assertion and consumes the challenge.
 //
+// # In-band verified approval
+//
+// SEP-2672 on the MCP endpoint itself: the caller's own passkey signs its
+// own call. The caller is the bearer principal, and its passkeys are those of
+// the approvers mapped to it ([Approver.MappedTo]: explicitly, never by
+// display name). [Service.BeginPrincipalEnrollment] and
+// [Service.FinishPrincipalEnrollment] enroll one (approval/enroll/begin and
+// finish) onto the first approver mapped to the principal, or onto an
+// approver they create for it (derived id, group [InBandGroup]); the passkey
+// is then an approver credential like any other, visible to admins. The
+// pending registration lives 5 minutes in the invites bucket under a key
+// derived from the principal. A challenge with ChallengeRequest.Principal
+// lists only that principal's passkeys (class-filtered), and Verify with
+// VerifyRequest.Principal accepts it only from the same principal (another
+// one gets challenge_unknown) and only with a passkey of an approver mapped
+// to it (else unknown_credential); group and self-approval checks do not
+// apply, since the user approves their own agent's call. A task challenge
+// is challenge_unknown to an in-band call and vice versa.
+//
 // # Invariants
 //
 // Wire challenge. The challenge an authenticator signs is nonce ‖ actionHash

@@ -145,6 +145,14 @@ func (s *Service) FinishEnrollment(ctx context.Context, token string, response [
 	if err != nil {
 		return "", err
 	}
+	return s.completeEnrollment(ctx, inviteKey(token), inv, rev, response)
+}
+
+// completeEnrollment verifies a registration response against the pending
+// registration of the invite record inv (at revision rev, under key in the
+// invites bucket) and stores the credential; the record is used up, by
+// compare-and-set at rev, only when the credential is stored.
+func (s *Service) completeEnrollment(ctx context.Context, key string, inv inviteRecord, rev uint64, response []byte) (credentialID string, err error) {
 	now := s.now().UTC()
 	if inv.Session == nil || !now.Before(inv.SessionExpiresAt) {
 		return "", newError(ReasonNoPendingEnrollment, errors.New("no registration session, or it expired"))
@@ -186,7 +194,7 @@ func (s *Service) FinishEnrollment(ctx context.Context, token string, response [
 	used.UsedAt = now
 	used.CredentialID = credID
 	used.Session = nil
-	usedRev, err := updateJSON(ctx, s.invites, inviteKey(token), &used, rev)
+	usedRev, err := updateJSON(ctx, s.invites, key, &used, rev)
 	if err != nil {
 		if isConflict(err) {
 			return "", newError(ReasonNoPendingEnrollment, fmt.Errorf("invite changed concurrently: %w", err))
@@ -197,7 +205,7 @@ func (s *Service) FinishEnrollment(ctx context.Context, token string, response [
 	cred.Transport = slices.Compact(slices.Sorted(slices.Values(cred.Transport)))
 	rec := credentialRecord{ApproverID: a.ID, Credential: *cred, CreatedAt: now}
 	if _, err := createJSON(ctx, s.credentials, credID, &rec); err != nil {
-		s.releaseInvite(ctx, token, used, usedRev)
+		s.releaseInvite(ctx, key, used, usedRev)
 		if isConflict(err) {
 			return "", newError(ReasonCredentialAlreadyEnrolled, err)
 		}
@@ -215,7 +223,7 @@ func (s *Service) FinishEnrollment(ctx context.Context, token string, response [
 		if derr := s.credentials.Delete(ctx, credID); derr != nil {
 			s.log.ErrorContext(ctx, "orphaned credential after failed enrollment", "approver_id", a.ID, "credential_id", credID, "error", derr)
 		}
-		s.releaseInvite(ctx, token, used, usedRev)
+		s.releaseInvite(ctx, key, used, usedRev)
 		return "", fmt.Errorf("passkey: link credential to approver: %w", err)
 	}
 	s.log.InfoContext(ctx, "passkey enrolled", "approver_id", a.ID, "credential_id", credID,
@@ -226,10 +234,10 @@ func (s *Service) FinishEnrollment(ctx context.Context, token string, response [
 // releaseInvite undoes the consumption of an invite after a later step of
 // FinishEnrollment failed. The registration session is not restored: the
 // approver starts again with BeginEnrollment.
-func (s *Service) releaseInvite(ctx context.Context, token string, used inviteRecord, rev uint64) {
+func (s *Service) releaseInvite(ctx context.Context, key string, used inviteRecord, rev uint64) {
 	used.UsedAt = time.Time{}
 	used.CredentialID = ""
-	if _, err := updateJSON(ctx, s.invites, inviteKey(token), &used, rev); err != nil {
+	if _, err := updateJSON(ctx, s.invites, key, &used, rev); err != nil {
 		s.log.ErrorContext(ctx, "could not release invite after failed enrollment", "approver_id", used.ApproverID, "error", err)
 	}
 }

@@ -94,6 +94,10 @@ func (e *Error) Is(target error) bool {
 	return ok && t != nil && t.Reason == e.Reason
 }
 
+// MessageOf returns the fixed, client-safe message of reason ("" for an
+// unknown reason).
+func MessageOf(reason string) string { return messages[reason] }
+
 // ReasonOf returns the reason of the first *Error in err's chain, or "" if
 // there is none (an infrastructure error).
 func ReasonOf(err error) string {

@@ -30,7 +30,10 @@ const (
 // Defaults and limits.
 const (
 	DefaultChallengeTTL = 5 * time.Minute
-	DefaultInviteTTL    = 72 * time.Hour
+	// DefaultInBandChallengeTTL is the SEP-2672 §4.4.3 default for the
+	// challenges of approval/challenge/create.
+	DefaultInBandChallengeTTL = 60 * time.Second
+	DefaultInviteTTL          = 72 * time.Hour
 	// MaxChallengeTTL bounds ChallengeTTL so that the challenges bucket's
 	// housekeeping age (challengeRetention) always outlives a challenge.
 	MaxChallengeTTL = 24 * time.Hour
@@ -60,11 +63,22 @@ type Options struct {
 	// ChallengeTTL is how long an issued approval challenge is accepted.
 	// Zero means DefaultChallengeTTL; at most MaxChallengeTTL.
 	ChallengeTTL time.Duration
+	// InBandChallengeTTL is how long an in-band challenge
+	// (ChallengeRequest.Principal) is accepted. Zero means
+	// DefaultInBandChallengeTTL; at most MaxChallengeTTL.
+	InBandChallengeTTL time.Duration
 	// InviteTTL is how long an enrollment invite is valid. Zero means DefaultInviteTTL.
 	InviteTTL time.Duration
 	// Replicas is the JetStream replica count of the buckets. Zero means 1;
 	// use 3 on a production NATS cluster.
 	Replicas int
+	// IgnoreUnsolicitedExtensions accepts (and ignores) client extension
+	// outputs the server did not request, instead of failing the ceremony.
+	// They are unsigned client data this package never uses; some MCP
+	// clients' authenticators (such as the SEP-2672 reference's test
+	// emulator) return credProps unasked. For the in-band ceremony, run by
+	// clients outside Countersign's control.
+	IgnoreUnsolicitedExtensions bool
 	// Logger receives structured logs. Nil discards them.
 	Logger *slog.Logger
 	// Now is the clock, for tests. Nil means time.Now.
@@ -78,6 +92,7 @@ type Service struct {
 	wa           *webauthn.WebAuthn
 	rpID         string
 	challengeTTL time.Duration
+	inBandTTL    time.Duration
 	inviteTTL    time.Duration
 	log          *slog.Logger
 	now          func() time.Time
@@ -100,6 +115,7 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 	s := &Service{
 		rpID:         opts.RPID,
 		challengeTTL: opts.ChallengeTTL,
+		inBandTTL:    opts.InBandChallengeTTL,
 		inviteTTL:    opts.InviteTTL,
 		log:          opts.Logger,
 		now:          opts.Now,
@@ -109,6 +125,12 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 	}
 	if s.challengeTTL < 0 || s.challengeTTL > MaxChallengeTTL {
 		return nil, fmt.Errorf("passkey: ChallengeTTL must be in (0, %s]", MaxChallengeTTL)
+	}
+	if s.inBandTTL == 0 {
+		s.inBandTTL = DefaultInBandChallengeTTL
+	}
+	if s.inBandTTL < 0 || s.inBandTTL > MaxChallengeTTL {
+		return nil, fmt.Errorf("passkey: InBandChallengeTTL must be in (0, %s]", MaxChallengeTTL)
 	}
 	if s.inviteTTL == 0 {
 		s.inviteTTL = DefaultInviteTTL
@@ -130,6 +152,10 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 		name = "Countersign"
 	}
 	residentKey := false
+	unsolicited := protocol.UnsolicitedOutputPolicyReject
+	if opts.IgnoreUnsolicitedExtensions {
+		unsolicited = protocol.UnsolicitedOutputPolicyIgnore
+	}
 	wa, err := webauthn.New(&webauthn.Config{
 		RPID:          opts.RPID,
 		RPDisplayName: name,
@@ -139,7 +165,8 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 			ResidentKey:        protocol.ResidentKeyRequirementPreferred,
 			UserVerification:   protocol.VerificationRequired,
 		},
-		AttestationPreference: protocol.PreferNoAttestation,
+		AttestationPreference:             protocol.PreferNoAttestation,
+		ExtensionsUnsolicitedOutputPolicy: unsolicited,
 		// Expiry is enforced by this package against s.now, not by the
 		// library's wall clock, so Enforce stays false.
 		Timeouts: webauthn.TimeoutsConfig{
@@ -277,6 +304,15 @@ func createJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (
 		return 0, fmt.Errorf("passkey: encode: %w", err)
 	}
 	return kv.Create(ctx, key, b)
+}
+
+// putJSON stores v under key whatever was there.
+func putJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return 0, fmt.Errorf("passkey: encode: %w", err)
+	}
+	return kv.Put(ctx, key, b)
 }
 
 // updateJSON stores v under key only if the key is still at revision rev.

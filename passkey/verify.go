@@ -40,6 +40,13 @@ type VerifyRequest struct {
 	ActionHash  canon.ActionHash
 	// Group is the approver group allowed to approve this call.
 	Group string
+	// Principal, for an in-band call, is the bearer principal that made it
+	// and whose own passkey must sign it. It replaces Group and Requester:
+	// the challenge must have been issued to the same principal (else it is
+	// challenge_unknown: another principal's challenge is not this one's to
+	// know), and the credential must belong to an approver mapped to it
+	// (else unknown_credential: not enrolled for this principal).
+	Principal string
 	// AuthenticatorClass is ClassPlatform or ClassCrossPlatform ("" means
 	// cross-platform). The stricter of it and the challenge's class applies.
 	AuthenticatorClass string
@@ -181,6 +188,11 @@ func (s *Service) verify(ctx context.Context, req *VerifyRequest) (Verified, err
 		}
 		return Verified{}, fmt.Errorf("passkey: get challenge: %w", err)
 	}
+	if ch.Principal != req.Principal {
+		// In-band challenges answer only their own principal, and task
+		// challenges only task decisions.
+		return Verified{}, newError(ReasonChallengeUnknown, errors.New("challenge issued to another principal or flow"))
+	}
 	// 5. Not consumed, unless by this very consumer (idempotent retry).
 	if ch.ConsumedBy != "" {
 		if req.ConsumerKey != "" && ch.ConsumedBy == req.ConsumerKey {
@@ -224,6 +236,9 @@ func (s *Service) verify(ctx context.Context, req *VerifyRequest) (Verified, err
 	}
 	if !slices.Contains(a.CredentialIDs, credID) {
 		return Verified{}, newError(ReasonUnknownCredential, errors.New("credential not linked to its approver"))
+	}
+	if req.Principal != "" && !a.MappedTo(req.Principal) {
+		return Verified{}, newError(ReasonUnknownCredential, errors.New("credential not enrolled for this principal"))
 	}
 	// 9. Authenticator class: both the caller's and the challenge's.
 	if !classAllows(reqClass, cred.Credential.Transport) || !classAllows(ch.AuthenticatorClass, cred.Credential.Transport) {
@@ -270,13 +285,14 @@ func (s *Service) verify(ctx context.Context, req *VerifyRequest) (Verified, err
 	if ch.ActionHash != req.ActionHash.String() {
 		return Verified{}, newError(ReasonArgumentHashMismatch, nil)
 	}
-	// 12a (Countersign). Approver is in the group, both the caller's and the challenge's.
-	if req.Group == "" || !inGroup(a, req.Group) || !inGroup(a, ch.Group) {
+	// 12a (Countersign). Approver is in the group, both the caller's and
+	// the challenge's (in-band: mapped to the principal, checked in step 8).
+	if req.Principal == "" && (req.Group == "" || !inGroup(a, req.Group) || !inGroup(a, ch.Group)) {
 		return Verified{}, newError(ReasonApproverNotEligible, nil)
 	}
 	// 12b (Countersign). Not the requester: an identity the approver acts
 	// as, never a comparison of display names (Approver.ActsAs).
-	if r := strings.TrimSpace(req.Requester); r != "" && a.ActsAs(r) {
+	if r := strings.TrimSpace(req.Requester); req.Principal == "" && r != "" && a.ActsAs(r) {
 		return Verified{}, newError(ReasonSelfApproval, nil)
 	}
 

@@ -1,8 +1,9 @@
 // Package pdp is Countersign's policy decision point: it evaluates one
 // AuthZEN-shaped tool call ([Input]) against an OPA policy set and returns a
 // validated [Decision]: allow, deny, requestable (approver group, quorum,
-// approval TTL, authenticator class), or token (a single-use transaction
-// token is required).
+// approval TTL, authenticator class), verify (SEP-2672 in-band verified
+// approval by the caller's own passkey, with an authenticator class), or
+// token (a single-use transaction token is required).
 //
 // # Invariants
 //
@@ -41,8 +42,10 @@
 // The engine queries data.countersign.authz.decision, an object:
 //
 //	{
-//	  "effect": "allow" | "deny" | "requestable" | "token",
+//	  "effect": "allow" | "deny" | "requestable" | "verify" | "token",
 //	  "reason": string,
+//	  # verify only:
+//	  "authenticator_class": "platform" | "cross-platform", # default "cross-platform"
 //	  # requestable only:
 //	  "approver_group": string,       # required
 //	  "quorum": int ≥ 1,              # required

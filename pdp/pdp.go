@@ -110,6 +110,12 @@ const (
 	// arguments (package txtoken); without one it is refused, and nothing
 	// runs. The decision carries only a reason.
 	EffectToken Effect = "token"
+	// EffectVerify asks for SEP-2672 in-band verified approval: the
+	// caller's own passkey signs this exact call (approval/challenge/create,
+	// then the assertion in the tools/call _meta), and the call runs at once
+	// when the evidence verifies. AuthenticatorClass is the tool's class
+	// (default "cross-platform", the SEP's default).
+	EffectVerify Effect = "verify"
 )
 
 // ActionIssueToken is the action name of a request for a transaction token
@@ -120,7 +126,8 @@ const (
 const ActionIssueToken = "transaction-token/issue"
 
 // Decision is the validated result of one evaluation. The approval fields are
-// set only when Effect is [EffectRequestable]. PolicyVersion is always set.
+// set only when Effect is [EffectRequestable]; AuthenticatorClass is also set
+// for [EffectVerify]. PolicyVersion is always set.
 type Decision struct {
 	Effect             Effect        `json:"effect"`
 	Reason             string        `json:"reason"`
@@ -253,6 +260,8 @@ func (e *Engine) parse(v any) (Decision, error) {
 	case EffectToken:
 		return d, nil
 	case EffectRequestable:
+	case EffectVerify:
+		return d, parseVerify(obj, &d)
 	default:
 		return Decision{}, fmt.Errorf("unknown effect %q", effect)
 	}
@@ -287,6 +296,24 @@ func (e *Engine) parse(v any) (Decision, error) {
 		return Decision{}, err
 	}
 	return d, nil
+}
+
+// parseVerify reads a verify decision's one field, authenticator_class,
+// whose default is SEP-2672's: "cross-platform".
+func parseVerify(obj map[string]any, d *Decision) error {
+	class, err := str(obj, "authenticator_class", false)
+	if err != nil {
+		return err
+	}
+	switch class {
+	case "":
+		class = AuthenticatorCrossPlatform
+	case AuthenticatorPlatform, AuthenticatorCrossPlatform:
+	default:
+		return fmt.Errorf("unknown authenticator_class %q", class)
+	}
+	d.AuthenticatorClass = class
+	return nil
 }
 
 // str returns obj[key] as a string; a missing key is an error only if required.

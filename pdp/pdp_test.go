@@ -129,6 +129,8 @@ func TestDefaultPolicy(t *testing.T) {
 		{"deploy staging", call("deploy_service", `{"service":"api","version":"1.2.3","environment":"staging"}`), allow("Deploying outside production is allowed")},
 		{"deploy no environment", call("deploy_service", `{"service":"api","version":"1.2.3"}`), allow("Deploying outside production is allowed")},
 		{"delete records", call("delete_records", `{"table":"users","filter":"id > 0"}`), requestable("Deleting records requires two approvers", 2)},
+		{"place trade", call("place_trade", `{"symbol":"AAPL","side":"buy","quantity":100,"limit":150}`), pdp.Decision{Effect: pdp.EffectVerify, Reason: "Each trade is signed by the caller's own passkey", AuthenticatorClass: pdp.AuthenticatorCrossPlatform}},
+		{"place trade without arguments", call("place_trade", `{}`), pdp.Decision{Effect: pdp.EffectVerify, Reason: "Each trade is signed by the caller's own passkey", AuthenticatorClass: pdp.AuthenticatorCrossPlatform}},
 		{"unknown tool", call("drop_database", `{}`), deny("tool is not allowed by policy")},
 		{"empty tool", call("", `{}`), deny("tool is not allowed by policy")},
 	})
@@ -233,6 +235,10 @@ func TestMalformedDecisions(t *testing.T) {
 		"ok_max_int64_ttl":   json.RawMessage(`{"effect": "requestable", "approver_group": "a", "quorum": 1, "approval_ttl_seconds": 9223372036854775807}`),
 		"ok_float_quorum":    json.RawMessage(`{"effect": "requestable", "approver_group": "a", "quorum": 2.0, "approval_ttl_seconds": 60}`),
 		"ok_allow_no_reason": json.RawMessage(`{"effect": "allow"}`),
+		"verify_default":     json.RawMessage(`{"effect": "verify", "reason": "v"}`),
+		"verify_platform":    json.RawMessage(`{"effect": "verify", "reason": "v", "authenticator_class": "platform"}`),
+		"verify_bad_class":   json.RawMessage(`{"effect": "verify", "reason": "v", "authenticator_class": "usb"}`),
+		"verify_class_num":   json.RawMessage(`{"effect": "verify", "reason": "v", "authenticator_class": 1}`),
 	}
 	data, err := json.Marshal(map[string]any{"cases": cases})
 	if err != nil {
@@ -265,6 +271,10 @@ func TestMalformedDecisions(t *testing.T) {
 		{"ttl beyond int64 capped", call("ok_huge_ttl", `{}`), ok(1, pdp.DefaultMaxApprovalTTL)},
 		{"integral float quorum", call("ok_float_quorum", `{}`), ok(2, time.Minute)},
 		{"allow without reason", call("ok_allow_no_reason", `{}`), allow("")},
+		{"verify defaults to cross-platform", call("verify_default", `{}`), pdp.Decision{Effect: pdp.EffectVerify, Reason: "v", AuthenticatorClass: pdp.AuthenticatorCrossPlatform}},
+		{"verify platform", call("verify_platform", `{}`), pdp.Decision{Effect: pdp.EffectVerify, Reason: "v", AuthenticatorClass: pdp.AuthenticatorPlatform}},
+		{"verify unknown class", call("verify_bad_class", `{}`), malformed(`unknown authenticator_class "usb"`)},
+		{"verify class not a string", call("verify_class_num", `{}`), malformed("authenticator_class must be a string")},
 		{"undefined", call("nothing", `{}`), deny(pdp.ReasonUndefined)},
 	})
 }
@@ -505,4 +515,50 @@ decision := {"effect": "allow", "reason": "agents may ask for refund tokens"} if
 	if d, err = e.Evaluate(context.Background(), in); err != nil || d.Effect != pdp.EffectDeny {
 		t.Fatalf("issue for another tool: %+v %v", d, err)
 	}
+}
+
+// readmeVerifyPolicy is the worked policy of the README's "In-band verified
+// approval (SEP-2672)" section, verbatim.
+const readmeVerifyPolicy = `package countersign.authz
+
+import data.countersign.approvals
+
+decision := approvals.resolve(base)
+
+args := input.context.arguments
+
+# Small trades run; large ones need the trader's own passkey, now; huge
+# ones need two approvers from the risk desk.
+base := {"effect": "allow", "reason": "small trade"} if {
+	input.resource.id == "place_trade"
+	args.quantity * args.limit <= 1000
+} else := {"effect": "verify", "reason": "sign this trade with your passkey",
+	"authenticator_class": "cross-platform"} if {
+	input.resource.id == "place_trade"
+	args.quantity * args.limit <= 1000000
+} else := {"effect": "requestable", "reason": "very large trade", "approver_group": "risk",
+	"quorum": 2, "approval_ttl_seconds": 3600} if {
+	input.resource.id == "place_trade"
+}
+
+default base := {"effect": "deny", "reason": "not allowed"}
+`
+
+// TestReadmeVerifyPolicy compiles the README's worked policy and checks
+// the three modes it picks for place_trade.
+func TestReadmeVerifyPolicy(t *testing.T) {
+	helper, err := os.ReadFile("policy/approvals.rego")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEngine(t, writePolicy(t, map[string]string{"authz.rego": readmeVerifyPolicy, "approvals.rego": string(helper)}))
+	trade := func(qty, limit string) pdp.Input {
+		return call("place_trade", `{"symbol":"AAPL","side":"buy","quantity":`+qty+`,"limit":`+limit+`}`)
+	}
+	runCases(t, e, []evalCase{
+		{"small trade runs", trade("2", "150"), allow("small trade")},
+		{"large trade is signed in-band", trade("100", "150"), pdp.Decision{Effect: pdp.EffectVerify, Reason: "sign this trade with your passkey", AuthenticatorClass: pdp.AuthenticatorCrossPlatform}},
+		{"huge trade needs the risk desk", trade("100000", "150"), pdp.Decision{Effect: pdp.EffectRequestable, Reason: "very large trade", ApproverGroup: "risk", Quorum: 2, ApprovalTTL: time.Hour, AuthenticatorClass: pdp.AuthenticatorPlatform}},
+		{"other tools denied", call("transfer_funds", `{}`), deny("not allowed")},
+	})
 }

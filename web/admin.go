@@ -58,6 +58,43 @@ func (h *Handler) addApprover(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+type approverView struct {
+	ID         string                `json:"id"`
+	Name       string                `json:"name"`
+	Groups     []string              `json:"groups"`
+	Principals []string              `json:"principals"`
+	CreatedAt  time.Time             `json:"createdAt"`
+	Passkeys   []passkey.PasskeyInfo `json:"passkeys"`
+}
+
+// listApprovers: GET /admin/v1/approvers → 200 [...] by id: every approver
+// with their groups, principals and passkeys (id, transports, counter,
+// dates), including the passkeys agents enrolled in-band (SEP-2672), which
+// belong to an approver mapped to the agent's principal.
+func (h *Handler) listApprovers(w http.ResponseWriter, r *http.Request) error {
+	as, err := h.passkeys.Approvers(r.Context())
+	if err != nil {
+		return err
+	}
+	out := make([]approverView, 0, len(as))
+	for _, a := range as {
+		pks, err := h.passkeys.Passkeys(r.Context(), a.ID)
+		if errors.Is(err, passkey.ErrNotFound) {
+			continue // removed meanwhile
+		}
+		if err != nil {
+			return err
+		}
+		principals := a.Principals
+		if principals == nil {
+			principals = []string{}
+		}
+		out = append(out, approverView{ID: a.ID, Name: a.Name, Groups: a.Groups, Principals: principals, CreatedAt: a.CreatedAt, Passkeys: pks})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
 type inviteResponse struct {
 	EnrollURL string `json:"enrollUrl"`
 }

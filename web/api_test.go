@@ -61,6 +61,7 @@ func TestAdminAuth(t *testing.T) {
 		{"POST", "/admin/v1/approvers/0123456789abcdef0123456789abcdef/invites", `{}`},
 		{"POST", "/admin/v1/agents", `{"name":"bot"}`},
 		{"GET", "/admin/v1/approvals?status=pending", ""},
+		{"GET", "/admin/v1/approvers", ""},
 	}
 	creds := []struct{ name, header string }{
 		{"no token", ""},
@@ -523,4 +524,32 @@ func TestChallengesAreRateLimitedPerApproval(t *testing.T) {
 		http.StatusTooManyRequests, "rate_limited")
 	// The limit is per approval: another one is unaffected.
 	wantStatus(t, e.do(t, "POST", "/approver/v1/approvals/"+other.ApprovalRef+"/challenge", `{"decision":"approve"}`, "Origin", testPublicURL), http.StatusOK)
+}
+
+// TestListApprovers: admins see every approver and their passkeys,
+// including one an agent enrolled in-band (SEP-2672) for its principal.
+func TestListApprovers(t *testing.T) {
+	e := newEnv(t)
+	d := e.enroll(t, "Ann Approver", "finance")
+	if _, err := e.passkeys.BeginPrincipalEnrollment(context.Background(), "trading-bot"); err != nil {
+		t.Fatal(err)
+	}
+	r := e.do(t, "GET", "/admin/v1/approvers", nil, e.adminAuth()...)
+	wantStatus(t, r, http.StatusOK)
+	got := decodeAs[[]approverView](t, r)
+	byName := map[string]approverView{}
+	for _, a := range got {
+		byName[a.Name] = a
+	}
+	ann := byName["Ann Approver"]
+	if ann.ID != d.id || len(ann.Passkeys) != 1 || ann.Passkeys[0].CredentialID == "" || ann.Passkeys[0].CreatedAt.IsZero() {
+		t.Errorf("Ann = %+v", ann)
+	}
+	bot := byName["trading-bot"]
+	if len(bot.Principals) != 1 || bot.Principals[0] != "trading-bot" || len(bot.Groups) != 1 || bot.Groups[0] != passkey.InBandGroup {
+		t.Errorf("in-band approver = %+v", bot)
+	}
+	if strings.Contains(string(r.body), "publicKey") {
+		t.Error("the listing shows public keys")
+	}
 }

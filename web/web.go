@@ -179,6 +179,7 @@ func (h *Handler) routes() {
 	m.HandleFunc("POST /admin/v1/approvers", h.api(h.admin(h.addApprover)))
 	m.HandleFunc("POST /admin/v1/approvers/{id}/invites", h.api(h.admin(h.newInvite)))
 	m.HandleFunc("POST /admin/v1/agents", h.api(h.admin(h.addAgent)))
+	m.HandleFunc("GET /admin/v1/approvers", h.api(h.admin(h.listApprovers)))
 	m.HandleFunc("GET /admin/v1/approvals", h.api(h.admin(h.listApprovals)))
 	m.HandleFunc("GET /admin/v1/audit", h.api(h.admin(h.exportAudit)))
 	m.HandleFunc("GET /admin/v1/audit/{taskId}", h.api(h.admin(h.showAudit)))

@@ -164,7 +164,7 @@ func Approval(ctx workflow.Context, in tasks.ApprovalInput) (tasks.ApprovalOutco
 
 	w.emitAudit(ctx, activities.RecordAuditInput{Kind: activities.StepRequested, StepID: "requested", Input: &w.in})
 	w.emitState(ctx, tasks.NewEvent(tasks.EventRequested, in.Requirement.Reason))
-	if !unattended(in) {
+	if in.Mode == tasks.ModeApproval {
 		// Approvers are told in order: the request, each approval, the end.
 		// Disconnected: a cancelled workflow still reports its end.
 		// The request notification goes out once the request is in the read
@@ -175,9 +175,12 @@ func Approval(ctx workflow.Context, in tasks.ApprovalInput) (tasks.ApprovalOutco
 		workflow.Go(nctx, w.notifyLoop)
 	}
 
-	if unattended(in) {
+	switch in.Mode {
+	case tasks.ModeUnattended:
 		w.awaitStart(ctx) // see unattended.go
-	} else {
+	case tasks.ModeVerified:
+		w.acceptVerified(ctx) // see verified.go
+	default:
 		w.awaitDecision(ctx)
 	}
 	if w.end == nil && w.phase == phaseApproved {
@@ -217,6 +220,13 @@ func validateInput(in tasks.ApprovalInput, taskID string) error {
 			return fmt.Errorf("workflows: an unattended task has approvers (group %q, quorum %d)", in.Requirement.Group, in.Requirement.Quorum)
 		case in.StartAt.IsZero():
 			return errors.New("workflows: an unattended task has no start time")
+		}
+	case tasks.ModeVerified:
+		switch {
+		case in.Verified == nil || in.Verified.ApproverID == "":
+			return errors.New("workflows: a verified task has no verified approval")
+		case in.Requirement.Quorum != 1 || in.Requirement.Group != "":
+			return fmt.Errorf("workflows: a verified task has group %q, quorum %d", in.Requirement.Group, in.Requirement.Quorum)
 		}
 	default:
 		return fmt.Errorf("workflows: unknown mode %q", in.Mode)
@@ -306,6 +316,7 @@ func (w *approval) reevaluateAndExecute(ctx workflow.Context) {
 		Envelope:  w.in.Envelope,
 		Approvals: slices.Clone(w.approvals),
 		At:        workflow.Now(ctx),
+		Verified:  w.in.Mode == tasks.ModeVerified,
 	}).Get(ctx, &re)
 	if w.end != nil {
 		return // cancelled while policy was being evaluated

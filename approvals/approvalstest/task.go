@@ -148,7 +148,7 @@ func (t *task) beginLocked() {
 	in := t.in
 	t.emitAuditLocked(activities.RecordAuditInput{Kind: activities.StepRequested, StepID: "requested", Input: &in})
 	t.emitStateLocked(tasks.NewEvent(tasks.EventRequested, t.in.Requirement.Reason))
-	if !unattended(t.in) {
+	if t.in.Mode == tasks.ModeApproval {
 		t.notes = &noteQueue{notes: []activities.NotifyKind{noteRequested}}
 		t.e.spawn(t.notifyLoop)
 	}
@@ -181,6 +181,13 @@ func validateInput(in tasks.ApprovalInput) error {
 		case in.StartAt.IsZero():
 			return errors.New("an unattended task has no start time")
 		}
+	case tasks.ModeVerified:
+		switch {
+		case in.Verified == nil || in.Verified.ApproverID == "":
+			return errors.New("a verified task has no verified approval")
+		case in.Requirement.Quorum != 1 || in.Requirement.Group != "":
+			return fmt.Errorf("a verified task has group %q, quorum %d", in.Requirement.Group, in.Requirement.Quorum)
+		}
 	default:
 		return fmt.Errorf("unknown mode %q", in.Mode)
 	}
@@ -195,9 +202,12 @@ func (t *task) run() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var ok bool
-	if unattended(t.in) {
+	switch t.in.Mode {
+	case tasks.ModeUnattended:
 		ok = t.awaitStartLocked()
-	} else {
+	case tasks.ModeVerified:
+		ok = t.acceptVerifiedLocked()
+	default:
 		ok = t.awaitDecisionLocked()
 	}
 	if !ok {
@@ -220,6 +230,24 @@ func (t *task) run() {
 		return
 	}
 	t.returned = true
+}
+
+// acceptVerifiedLocked records a verified task's in-band approval as an
+// accepted approve decision (workflows/verified.go).
+func (t *task) acceptVerifiedLocked() bool {
+	v := t.in.Verified
+	t.approvals = append(t.approvals, tasks.ApprovalEntry{ApproverID: v.ApproverID, ApproverName: v.ApproverName,
+		CredentialID: v.CredentialID, Decision: tasks.DecisionApprove, At: v.At})
+	t.emitAuditLocked(activities.RecordAuditInput{Kind: activities.StepDecision, StepID: "decision/verified",
+		Decision: &activities.AuditDecision{Decision: tasks.DecisionApprove, Accepted: true, ChallengeID: v.ChallengeID,
+			ApproverID: v.ApproverID, ApproverName: v.ApproverName, Assertion: &activities.Assertion{
+				CredentialID: v.CredentialID, PublicKey: v.PublicKey, ChallengeID: v.ChallengeID,
+				AuthenticatorData: v.AuthenticatorData, ClientDataJSON: v.ClientDataJSON,
+				Signature: v.Signature, SignCount: v.SignCount,
+			}}})
+	t.emitStateLocked(tasks.ApprovalEvent(v.ApproverName, 1, 1))
+	t.phase = phaseApproved
+	return true
 }
 
 // awaitDecisionLocked waits until the task leaves pending or ExpiresAt
@@ -291,7 +319,7 @@ func (t *task) awaitStartLocked() bool {
 // is released while the activities run.
 func (t *task) reevaluateAndExecuteLocked() bool {
 	in := activities.ReevaluateInput{Version: activities.Version, Envelope: t.in.Envelope,
-		Approvals: slices.Clone(t.approvals), At: t.now()}
+		Approvals: slices.Clone(t.approvals), At: t.now(), Verified: t.in.Mode == tasks.ModeVerified}
 	t.mu.Unlock()
 	re, err := t.e.reevaluate(in)
 	t.mu.Lock()

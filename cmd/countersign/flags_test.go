@@ -49,6 +49,8 @@ func TestFlagDefaultsAreConfigDefaults(t *testing.T) {
 		{"slack-signing-secret", "SLACK_SIGNING_SECRET", def.SlackSigningSecret},
 		{"config", "COUNTERSIGN_CONFIG", def.ConfigFile},
 		{"inline-wait", "COUNTERSIGN_INLINE_WAIT", def.InlineWait},
+		{"verified-challenge-ttl", "COUNTERSIGN_VERIFIED_CHALLENGE_TTL", def.VerifiedChallengeTTL},
+		{"verified-origins", "COUNTERSIGN_VERIFIED_ORIGINS", ""}, // none: dev adds app.DevVerifiedOrigin
 		{"policy", "COUNTERSIGN_POLICY", def.PolicyDir},
 		{"sqlite-sync", "COUNTERSIGN_SQLITE_SYNC", def.SQLiteSync},
 		{"rate-per-minute", "COUNTERSIGN_RATE_PER_MINUTE", def.RatePerMinute},

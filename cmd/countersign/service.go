@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/countersign/countersign/internal/app"
@@ -18,6 +19,17 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// splitList splits a comma-separated list, dropping empty items.
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 func envInt(name string, def int) int {
@@ -67,6 +79,14 @@ func serviceFlags(cmd string, cfg *app.Config, conformance bool) (fs *flag.FlagS
 	fs.StringVar(&cfg.SlackSigningSecret, "slack-signing-secret", envOr("SLACK_SIGNING_SECRET", ""), "Slack signing secret; enables /slack/interactivity and the Deny button")
 	fs.StringVar(&cfg.ConfigFile, "config", envOr("COUNTERSIGN_CONFIG", ""), "YAML configuration file: the upstream MCP servers to gate, demo_tools (see the README)")
 	fs.DurationVar(&cfg.InlineWait, "inline-wait", envDuration("COUNTERSIGN_INLINE_WAIT", 0), "hold a gated call from a client without MCP tasks this long for the approval decision (0s to 10m; default: the config file's inline_wait, else 0)")
+	fs.DurationVar(&cfg.VerifiedChallengeTTL, "verified-challenge-ttl", envDuration("COUNTERSIGN_VERIFIED_CHALLENGE_TTL", 0), "how long a SEP-2672 in-band challenge (approval/challenge/create) is accepted (default 60s, at most 24h)")
+	fs.Func("verified-origins", "comma-separated origins of MCP client pages that run the SEP-2672 in-band passkey ceremony, within the RP ID (dev on localhost: "+app.DevVerifiedOrigin+")", func(v string) error {
+		cfg.VerifiedOrigins = splitList(v)
+		return nil
+	})
+	if v := os.Getenv("COUNTERSIGN_VERIFIED_ORIGINS"); v != "" {
+		cfg.VerifiedOrigins = splitList(v)
+	}
 	fs.StringVar(&cfg.PolicyDir, "policy", envOr("COUNTERSIGN_POLICY", ""), "directory of Rego policy to load instead of the embedded default")
 	fs.StringVar(&cfg.SQLiteSync, "sqlite-sync", envOr("COUNTERSIGN_SQLITE_SYNC", def.SQLiteSync), "embedded Temporal SQLite synchronous mode: FULL or NORMAL")
 	fs.IntVar(&cfg.RatePerMinute, "rate-per-minute", envInt("COUNTERSIGN_RATE_PER_MINUTE", def.RatePerMinute), "approval requests per principal per minute")

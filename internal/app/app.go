@@ -95,9 +95,12 @@ type App struct {
 	Approvals *approvals.Service
 	Tokens    *authn.Tokens
 	Passkeys  *passkey.Service
-	PDP       *pdp.Engine
-	Audit     *audit.Log
-	Ledger    *gateway.Ledger
+	// InBandPasskeys is Passkeys for the MCP endpoint's in-band verified
+	// approval: the same state, plus Config.VerifiedOrigins.
+	InBandPasskeys *passkey.Service
+	PDP            *pdp.Engine
+	Audit          *audit.Log
+	Ledger         *gateway.Ledger
 	// Transactions issues and redeems single-use transaction tokens; nil
 	// in a worker, and in a server without audit signing keys.
 	Transactions *txtoken.Service
@@ -161,9 +164,22 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	}
 	if a.Passkeys, err = passkey.New(ctx, js, passkey.Options{
 		RPID: cfg.RPID(), RPOrigins: []string{cfg.Origin()}, RPDisplayName: "Countersign",
-		Replicas: cfg.NATSReplicas, Logger: log,
+		Replicas: cfg.NATSReplicas, Logger: log, InBandChallengeTTL: cfg.VerifiedChallengeTTL,
 	}); err != nil {
 		return nil, fmt.Errorf("passkeys: %w", err)
+	}
+	// In-band verified approval (SEP-2672) runs its ceremony on the MCP
+	// client's page: the same buckets, and the client pages' origins too.
+	inBandOrigins := append([]string{cfg.Origin()}, cfg.VerifiedOrigins...)
+	if mode == ModeDev && len(cfg.VerifiedOrigins) == 0 && cfg.RPID() == "localhost" {
+		inBandOrigins = append(inBandOrigins, DevVerifiedOrigin)
+	}
+	if a.InBandPasskeys, err = passkey.New(ctx, js, passkey.Options{
+		RPID: cfg.RPID(), RPOrigins: inBandOrigins, RPDisplayName: "Countersign",
+		Replicas: cfg.NATSReplicas, Logger: log, InBandChallengeTTL: cfg.VerifiedChallengeTTL,
+		IgnoreUnsolicitedExtensions: true,
+	}); err != nil {
+		return nil, fmt.Errorf("passkeys (--verified-origins): %w", err)
 	}
 	policyDir := cfg.PolicyDir
 	if cfg.Conformance && policyDir == "" {
@@ -435,6 +451,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 		ServerID:     serverID,
 		PublicURL:    a.cfg.PublicURL,
 		Approvals:    a.Approvals,
+		Passkeys:     a.InBandPasskeys,
 		PDP:          a.PDP,
 		Tools:        a.Tools,
 		Fixtures:     a.Fixtures,

@@ -16,6 +16,7 @@ import (
 	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/internal/httplimit"
 	"github.com/countersign/countersign/mcpserver"
+	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -66,6 +67,18 @@ type Config struct {
 	// approval decision, up to this long (mcpserver.Options.InlineWait).
 	// Zero takes the config file's inline_wait, else 0: answer at once.
 	InlineWait time.Duration
+
+	// VerifiedChallengeTTL is how long a SEP-2672 in-band challenge
+	// (approval/challenge/create) is accepted; zero means 60 s
+	// (passkey.DefaultInBandChallengeTTL), at most 24 h.
+	VerifiedChallengeTTL time.Duration
+	// VerifiedOrigins are the origins, besides PublicURL's, of the pages
+	// where MCP clients run the in-band WebAuthn ceremony (SEP-2672), for
+	// example "https://agent.example.com". Each must be within the RP ID
+	// (PublicURL's host). They are accepted only for in-band calls, never on
+	// the approver site. Dev with a localhost PublicURL adds
+	// http://localhost:5173, the SEP-2672 reference client's.
+	VerifiedOrigins []string
 
 	// PolicyDir loads a custom policy instead of the embedded default.
 	PolicyDir string
@@ -203,6 +216,9 @@ func (c *Config) Validate() error {
 	if c.InlineWait < 0 || c.InlineWait > mcpserver.MaxInlineWait {
 		errs = append(errs, fmt.Errorf("--inline-wait %s must be from 0s to %s", c.InlineWait, mcpserver.MaxInlineWait))
 	}
+	if c.VerifiedChallengeTTL < 0 || c.VerifiedChallengeTTL > passkey.MaxChallengeTTL {
+		errs = append(errs, fmt.Errorf("--verified-challenge-ttl %s must be from 0s (the default, 60s) to %s", c.VerifiedChallengeTTL, passkey.MaxChallengeTTL))
+	}
 	if c.ResultRetention < 0 {
 		errs = append(errs, fmt.Errorf("--result-retention %s must not be negative", c.ResultRetention))
 	}
@@ -223,6 +239,11 @@ func (c *Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// DevVerifiedOrigin is the SEP-2672 reference client's page, accepted for
+// in-band ceremonies in dev when PublicURL is on localhost and no
+// VerifiedOrigins are set.
+const DevVerifiedOrigin = "http://localhost:5173"
 
 // RPID is the WebAuthn relying party ID: the public URL's host name.
 func (c *Config) RPID() string {

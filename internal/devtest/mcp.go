@@ -44,7 +44,7 @@ func (s *Stack) Call2026(token, method, name string, params map[string]any, decl
 	meta := map[string]any{}
 	if m, ok := params["_meta"].(map[string]any); ok {
 		for k, v := range m {
-			meta[k] = v // the call's own _meta members (a transaction token)
+			meta[k] = v // the call's own _meta members (a transaction token, SEP-2672 evidence)
 		}
 	}
 	meta["io.modelcontextprotocol/protocolVersion"] = "2026-07-28"

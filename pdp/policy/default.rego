@@ -2,7 +2,8 @@
 # and the tools of the upstream MCP servers Countersign gates.
 #
 # The engine queries data.countersign.authz.decision. It must be an object with
-# "effect" ("allow", "deny", "requestable" or "token") and "reason"; a requestable
+# "effect" ("allow", "deny", "requestable", "verify" or "token") and "reason"; a verify
+# decision may carry "authenticator_class" (default "cross-platform"); a requestable
 # decision also carries "approver_group", "quorum", "approval_ttl_seconds",
 # "authenticator_class" and, optionally, "slack_channel". An undefined
 # decision means deny.
@@ -26,6 +27,10 @@ base := allow("listing transfers is allowed") if tool == "list_transfers"
 base := deploy if tool == "deploy_service"
 
 base := requestable("Deleting records requires two approvers", 2) if tool == "delete_records"
+
+# place_trade (the SEP-2672 reference's demo tool) runs only with the
+# caller's own passkey over this exact call, verified in-band.
+base := verify("Each trade is signed by the caller's own passkey", "cross-platform") if tool == "place_trade"
 
 default base := {"effect": "deny", "reason": "tool is not allowed by policy"}
 
@@ -64,6 +69,8 @@ deploy := requestable("Deploying to production requires approval", 1) if {
 allow(reason) := {"effect": "allow", "reason": reason}
 
 deny(reason) := {"effect": "deny", "reason": reason}
+
+verify(reason, class) := {"effect": "verify", "reason": reason, "authenticator_class": class}
 
 requestable(reason, quorum) := {
 	"effect": "requestable",

@@ -80,6 +80,19 @@ test_delete_records_needs_two if {
 	d.quorum == 2
 }
 
+test_place_trade_needs_verified_approval if {
+	d := authz.decision with input as call("place_trade", {"symbol": "AAPL", "side": "buy", "quantity": 100, "limit": 150})
+	d.effect == "verify"
+	d.authenticator_class == "cross-platform"
+}
+
+test_place_trade_approvals_do_not_allow if {
+	# In-band verification is the caller's own passkey; task approvals never
+	# turn it into a plain allow.
+	d := authz.decision with input as approved("place_trade", {"symbol": "AAPL"}, [approval("alice")])
+	d.effect == "verify"
+}
+
 test_unknown_tool_denied if {
 	d := authz.decision with input as call("rm_rf", {})
 	d == {"effect": "deny", "reason": "tool is not allowed by policy"}

@@ -1,0 +1,233 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/descope/virtualwebauthn"
+
+	"github.com/countersign/countersign/audit"
+	"github.com/countersign/countersign/internal/app"
+	"github.com/countersign/countersign/internal/devtest"
+	"github.com/countersign/countersign/internal/testpasskey"
+	"github.com/countersign/countersign/tasks"
+)
+
+// inBandKey is a software passkey enrolled in-band for a stack's agent.
+type inBandKey struct {
+	rp   virtualwebauthn.RelyingParty
+	auth virtualwebauthn.Authenticator
+	cred virtualwebauthn.Credential
+}
+
+func enrollInBand(t *testing.T, s *devtest.Stack) *inBandKey {
+	t.Helper()
+	k := &inBandKey{rp: virtualwebauthn.RelyingParty{ID: "localhost", Name: "Countersign", Origin: app.DevVerifiedOrigin}}
+	r := s.Call2026(s.AgentToken, "approval/enroll/begin", "", nil, false)
+	if r.Error != nil {
+		t.Fatalf("enroll/begin: %+v", r.Error)
+	}
+	var begin struct {
+		Options json.RawMessage `json:"options"`
+	}
+	json.Unmarshal(r.Result, &begin)
+	opts, err := virtualwebauthn.ParseAttestationOptions(string(begin.Options))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.auth = virtualwebauthn.NewAuthenticatorWithOptions(virtualwebauthn.AuthenticatorOptions{UserHandle: []byte(opts.UserID)})
+	k.cred = testpasskey.NewEC2Credential()
+	var att map[string]any
+	json.Unmarshal([]byte(virtualwebauthn.CreateAttestationResponse(k.rp, k.auth, k.cred, *opts)), &att)
+	att["response"].(map[string]any)["transports"] = []string{"usb"}
+	if r := s.Call2026(s.AgentToken, "approval/enroll/finish", "", map[string]any{"response": att}, false); r.Error != nil {
+		t.Fatalf("enroll/finish: %+v", r.Error)
+	}
+	k.auth.AddCredential(k.cred)
+	return k
+}
+
+// evidence asks s for a challenge for args and signs it.
+func (k *inBandKey) evidence(t *testing.T, s *devtest.Stack, args map[string]any) map[string]any {
+	t.Helper()
+	r := s.Call2026(s.AgentToken, "approval/challenge/create", "", map[string]any{"toolName": "place_trade", "arguments": args}, false)
+	if r.Error != nil {
+		t.Fatalf("challenge/create: %+v", r.Error)
+	}
+	var env struct {
+		ChallengeID    string `json:"challengeId"`
+		RequestOptions struct {
+			Challenge string `json:"challenge"`
+		} `json:"requestOptions"`
+	}
+	json.Unmarshal(r.Result, &env)
+	challenge, _ := base64.RawURLEncoding.DecodeString(env.RequestOptions.Challenge)
+	k.cred.Counter++
+	var assertion map[string]any
+	json.Unmarshal([]byte(virtualwebauthn.CreateAssertionResponse(k.rp, k.auth, k.cred, virtualwebauthn.AssertionOptions{Challenge: challenge, RelyingPartyID: "localhost"})), &assertion)
+	return map[string]any{"method": "webauthn", "challengeId": env.ChallengeID, "response": assertion}
+}
+
+// postVerified sends place_trade with evidence as a raw 2026-07-28 POST
+// that may fail in transit (the server is being killed).
+func postVerified(hc *http.Client, base, token string, args, evidence map[string]any) httpAnswer {
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": map[string]any{
+		"name": "place_trade", "arguments": args,
+		"_meta": map[string]any{
+			"io.modelcontextprotocol/protocolVersion":    "2026-07-28",
+			"io.modelcontextprotocol/clientCapabilities": map[string]any{},
+			"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "e2e-crash", "version": "1"},
+			"io.modelcontextprotocol/verified-approval":  evidence,
+		}}})
+	req, _ := http.NewRequest("POST", base+"/mcp", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("MCP-Protocol-Version", "2026-07-28")
+	req.Header.Set("Mcp-Method", "tools/call")
+	req.Header.Set("Mcp-Name", "place_trade")
+	req.Header.Set("Authorization", "Bearer "+token)
+	return send(hc, req)
+}
+
+// ranTask is the task a successful answer names; "" for any other answer.
+func ranTask(a httpAnswer) string {
+	var r struct {
+		Result *struct {
+			IsError bool           `json:"isError"`
+			Meta    map[string]any `json:"_meta"`
+		} `json:"result"`
+	}
+	if a.err != nil || a.code != 200 || json.Unmarshal(a.body, &r) != nil || r.Result == nil || r.Result.IsError {
+		return ""
+	}
+	related, _ := r.Result.Meta[tasks.MetaRelatedTask].(map[string]any)
+	id, _ := related["taskId"].(string)
+	return id
+}
+
+// TestCrashVerified: a SEP-2672 verified call is never executed twice and
+// never lost. Each trial signs a place_trade, posts it, kills countersign
+// dev (SIGKILL) 0–60 ms later, restarts it on the same data dir and posts
+// the same signed call again, as a client whose connection died does.
+// Then, for that trial's arguments, exactly one task has run (or may have:
+// outcome-unknown); if an answer said the call ran, it names that task; and
+// a retry refused as challenge_consumed comes only after the call ran.
+// COUNTERSIGN_CRASH_TRIALS sets the number of trials (default 3).
+func TestCrashVerified(t *testing.T) {
+	if os.Getenv(crashChildEnv) != "" {
+		t.Skip("inside the helper process")
+	}
+	trials := envIntDefault(t, "COUNTERSIGN_CRASH_TRIALS", 3)
+	dir := t.TempDir()
+	port := devtest.FreePort(t)
+	c := startCrashChild(t, dir, port)
+	t.Cleanup(func() { c.stop() })
+	s := &devtest.Stack{T: t, Dir: dir, Port: port, Base: fmt.Sprintf("http://localhost:%d", port),
+		AgentToken: readFile(t, filepath.Join(dir, app.AgentTokenFile)), AdminToken: readFile(t, filepath.Join(dir, app.AdminTokenFile))}
+	k := enrollInBand(t, s)
+	symbol := "C" + strings.ToUpper(strconv.FormatInt(time.Now().UnixNano()%1e6, 36))
+
+	for trial := range trials {
+		hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{}}
+		args := map[string]any{"symbol": symbol, "side": "buy", "quantity": 100 + trial, "limit": 10}
+		ev := k.evidence(t, s, args)
+		delay := time.Duration(rand.Int64N(61)) * time.Millisecond
+		first := make(chan httpAnswer, 1)
+		go func() { first <- postVerified(hc, s.Base, s.AgentToken, args, ev) }()
+		time.Sleep(delay)
+		c.kill()
+		killed := time.Now()
+		a1 := <-first
+		hc.CloseIdleConnections()
+		c = startCrashChild(t, dir, port)
+		// A client retries after its connection died; a task record the
+		// crash left without a workflow is resumed once it is 2 s old.
+		time.Sleep(max(0, 2500*time.Millisecond-time.Since(killed)))
+		a2 := postVerified(hc, s.Base, s.AgentToken, args, ev)
+		for i := 0; i < 5 && (a2.err != nil || a2.code >= 500); i++ {
+			time.Sleep(500 * time.Millisecond)
+			a2 = postVerified(hc, s.Base, s.AgentToken, args, ev)
+		}
+		told := ranTask(a1)
+		if id := ranTask(a2); id != "" {
+			if told != "" {
+				t.Errorf("trial %d: both answers said the call ran (%s, %s)", trial, told, id)
+			}
+			told = id
+		} else if !bytes.Contains(a2.body, []byte(`"challenge_consumed"`)) {
+			t.Errorf("trial %d: retry answered %s", trial, describe(a2))
+		}
+
+		// Let a workflow that started before the kill run and finish (its
+		// workflow task times out after 10 s), then read the audit chain.
+		var ran []string
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			var ended, started int
+			ran, ended, started = tradesInAudit(t, s, symbol, 100+trial)
+			if (len(ran) > 0 && ended == started) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		switch {
+		case len(ran) > 1:
+			t.Errorf("trial %d: the call ran %d times: %v", trial, len(ran), ran)
+		case told != "" && (len(ran) != 1 || ran[0] != told):
+			t.Errorf("trial %d: the client was told task %s ran, the audit chain shows %v", trial, told, ran)
+		case told == "" && len(ran) == 0:
+			t.Errorf("trial %d: the retry of the signed call was refused (%s) and the call never ran: a signed call lost", trial, describe(a2))
+		default:
+			t.Logf("trial %d: kill %v after the POST; first: %s; retry: %s; ran: %v", trial, delay, describe(a1), describe(a2), ran)
+		}
+	}
+}
+
+// tradesInAudit returns the tasks of place_trade(symbol, quantity) that
+// ran or may have run (executed, outcome-unknown), how many ended, and how
+// many were started at all.
+func tradesInAudit(t *testing.T, s *devtest.Stack, symbol string, quantity int) (ran []string, ended, started int) {
+	t.Helper()
+	code, lines := (&stack{s}).exportAudit(s.AdminToken)
+	if code != 200 {
+		return nil, 0, 0
+	}
+	mine := map[string]bool{}
+	done := map[string]bool{}
+	end := map[string]bool{}
+	for _, l := range lines {
+		var rec audit.Record
+		if json.Unmarshal(l, &rec) != nil {
+			continue
+		}
+		switch rec.Kind {
+		case audit.KindRequested:
+			if bytes.Contains(l, []byte(`"symbol":"`+symbol+`"`)) && bytes.Contains(l, []byte(`"quantity":`+strconv.Itoa(quantity))) {
+				mine[rec.TaskID] = true
+			}
+		case audit.KindExecuted, audit.KindOutcomeUnknown:
+			done[rec.TaskID] = true
+		case audit.KindOutcome:
+			end[rec.TaskID] = true
+		}
+	}
+	for id := range mine {
+		if done[id] {
+			ran = append(ran, id)
+		}
+		if end[id] {
+			ended++
+		}
+	}
+	return ran, ended, len(mine)
+}

@@ -1,0 +1,245 @@
+package passkey
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-webauthn/webauthn/protocol"
+	"github.com/go-webauthn/webauthn/webauthn"
+	"golang.org/x/text/unicode/norm"
+)
+
+// In-band verified approval (SEP-2672 on the MCP endpoint itself): the
+// caller's own passkey signs its own call. The caller is the bearer
+// principal; its passkeys are the credentials of every approver mapped to
+// it ([Approver.MappedTo]). A passkey enrolled in-band
+// ([Service.BeginPrincipalEnrollment]) is stored exactly like one enrolled
+// on the approver site, on an approver mapped to the principal: admins see
+// it, and one enrolled on the approver site by an approver an admin mapped
+// to the principal works in-band.
+
+// InBandGroup is the group of the approver that in-band enrollment creates
+// for a principal no approver is mapped to yet. The group grants nothing
+// unless a policy names it as an approver group.
+const InBandGroup = "in-band"
+
+// MappedTo reports whether the approver is explicitly mapped to principal:
+// it is one of their Principals (exact, after NFC). Unlike [Approver.ActsAs]
+// there is no fallback to the display name: a mapping grants the use of
+// passkeys for the principal's own calls, so it must be explicit.
+func (a Approver) MappedTo(principal string) bool {
+	if principal == "" {
+		return false
+	}
+	p := norm.NFC.String(principal)
+	for _, q := range a.Principals {
+		if norm.NFC.String(q) == p {
+			return true
+		}
+	}
+	return false
+}
+
+// principalApprovers returns the approvers mapped to principal, ordered by id.
+func (s *Service) principalApprovers(ctx context.Context, principal string) ([]Approver, error) {
+	all, err := s.Approvers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []Approver
+	for _, a := range all {
+		if a.MappedTo(principal) {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
+
+// PrincipalCredentials returns the passkeys usable for principal's in-band
+// calls under class (§4.7 filter), as credential descriptors.
+func (s *Service) PrincipalCredentials(ctx context.Context, principal, class string) ([]protocol.CredentialDescriptor, error) {
+	class, err := normalizeClass(class)
+	if err != nil {
+		return nil, err
+	}
+	approvers, err := s.principalApprovers(ctx, principal)
+	if err != nil {
+		return nil, err
+	}
+	var out []protocol.CredentialDescriptor
+	for _, a := range approvers {
+		creds, err := s.approverCredentials(ctx, a)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range creds {
+			if classAllows(class, c.Credential.Transport) {
+				out = append(out, c.Credential.Descriptor())
+			}
+		}
+	}
+	return out, nil
+}
+
+// inBandApproverID is the id of the approver in-band enrollment creates for
+// principal: derived, so concurrent first enrollments of one principal, on
+// any replica, create one approver.
+func inBandApproverID(principal string) string {
+	sum := sha256.Sum256([]byte("countersign in-band approver\x00" + norm.NFC.String(principal)))
+	return hex.EncodeToString(sum[:approverIDSz])
+}
+
+// pendingKey is the invites-bucket key of principal's pending in-band
+// enrollment. Invite keys are 64 hex characters; this one cannot collide.
+func pendingKey(principal string) string {
+	sum := sha256.Sum256([]byte(norm.NFC.String(principal)))
+	return "inband." + hex.EncodeToString(sum[:])
+}
+
+// enrollingApprover returns the approver a passkey enrolled in-band by
+// principal belongs to: the first approver mapped to it, or else a new one
+// (name = the principal when it is a valid name, group [InBandGroup]).
+func (s *Service) enrollingApprover(ctx context.Context, principal string) (Approver, []Approver, error) {
+	p, err := validatePrincipal(principal)
+	if err != nil {
+		return Approver{}, nil, err
+	}
+	mapped, err := s.principalApprovers(ctx, p)
+	if err != nil {
+		return Approver{}, nil, err
+	}
+	if len(mapped) > 0 {
+		return mapped[0], mapped, nil
+	}
+	name := p
+	if validateName(name) != nil {
+		name = "in-band " + inBandApproverID(p)[:12]
+	}
+	a := Approver{
+		ID:            inBandApproverID(p),
+		Name:          name,
+		Groups:        []string{InBandGroup},
+		Principals:    []string{p},
+		CreatedAt:     s.now().UTC(),
+		CredentialIDs: []string{},
+	}
+	if _, err := createJSON(ctx, s.approvers, a.ID, &a); err != nil {
+		if !isConflict(err) {
+			return Approver{}, nil, fmt.Errorf("passkey: add in-band approver: %w", err)
+		}
+		if a, err = s.Approver(ctx, a.ID); err != nil {
+			return Approver{}, nil, err
+		}
+	} else {
+		s.log.InfoContext(ctx, "approver added for in-band enrollment", "approver_id", a.ID, "principal", p)
+	}
+	return a, []Approver{a}, nil
+}
+
+// BeginPrincipalEnrollment starts the in-band enrollment of a passkey for
+// principal (SEP-2672 approval/enroll/begin): a fresh registration
+// challenge, user verification required, and every passkey already usable
+// for the principal excluded. The pending registration, valid 5 minutes,
+// replaces any earlier one of the same principal.
+func (s *Service) BeginPrincipalEnrollment(ctx context.Context, principal string) (*protocol.CredentialCreation, error) {
+	a, mapped, err := s.enrollingApprover(ctx, principal)
+	if err != nil {
+		return nil, err
+	}
+	exclude := []protocol.CredentialDescriptor{}
+	for _, m := range mapped {
+		creds, err := s.approverCredentials(ctx, m)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range creds {
+			exclude = append(exclude, c.Credential.Descriptor())
+		}
+	}
+	creation, session, err := s.wa.BeginRegistration(waUser{a: a}, webauthn.WithExclusions(exclude))
+	if err != nil {
+		return nil, fmt.Errorf("passkey: begin registration: %w", err)
+	}
+	now := s.now().UTC()
+	rec := inviteRecord{ApproverID: a.ID, CreatedAt: now, ExpiresAt: now.Add(enrollmentTTL),
+		Session: session, SessionExpiresAt: now.Add(enrollmentTTL)}
+	if _, err := putJSON(ctx, s.invites, pendingKey(principal), &rec); err != nil {
+		return nil, fmt.Errorf("passkey: store registration session: %w", err)
+	}
+	s.log.InfoContext(ctx, "in-band enrollment begun", "approver_id", a.ID)
+	return creation, nil
+}
+
+// FinishPrincipalEnrollment completes principal's pending in-band
+// enrollment (SEP-2672 approval/enroll/finish) exactly as
+// [Service.FinishEnrollment] completes an invite's: verified against the
+// pending registration (no_pending_enrollment when there is none, it
+// expired or was used), user verification required, a credential id
+// already enrolled refused (credential_already_enrolled), the transports
+// stored. The pending registration is used up only when the credential is
+// stored.
+func (s *Service) FinishPrincipalEnrollment(ctx context.Context, principal string, response []byte) (credentialID string, createdAt time.Time, err error) {
+	if _, err := validatePrincipal(principal); err != nil {
+		return "", time.Time{}, newError(ReasonNoPendingEnrollment, err)
+	}
+	key := pendingKey(principal)
+	var inv inviteRecord
+	rev, err := getJSON(ctx, s.invites, key, &inv)
+	if err != nil {
+		if isNotFound(err) {
+			return "", time.Time{}, newError(ReasonNoPendingEnrollment, errors.New("no in-band enrollment begun"))
+		}
+		return "", time.Time{}, fmt.Errorf("passkey: get pending enrollment: %w", err)
+	}
+	if !inv.UsedAt.IsZero() {
+		return "", time.Time{}, newError(ReasonNoPendingEnrollment, errors.New("pending enrollment already used"))
+	}
+	credID, err := s.completeEnrollment(ctx, key, inv, rev, response)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	return credID, s.now().UTC(), nil
+}
+
+// PasskeyInfo is one stored passkey as admins see it: never the key.
+type PasskeyInfo struct {
+	CredentialID string    `json:"credentialId"` // base64url
+	Transports   []string  `json:"transports"`
+	SignCount    uint32    `json:"signCount"`
+	CreatedAt    time.Time `json:"createdAt"`
+	LastUsedAt   time.Time `json:"lastUsedAt,omitzero"`
+}
+
+// Passkeys returns the passkeys of an approver, however they were enrolled
+// (approver site or in-band), in enrollment order; ErrNotFound when there
+// is no such approver.
+func (s *Service) Passkeys(ctx context.Context, approverID string) ([]PasskeyInfo, error) {
+	a, err := s.Approver(ctx, approverID)
+	if err != nil {
+		return nil, err
+	}
+	recs, err := s.approverCredentials(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]PasskeyInfo, 0, len(recs))
+	for _, r := range recs {
+		ts := make([]string, 0, len(r.Credential.Transport))
+		for _, t := range r.Credential.Transport {
+			ts = append(ts, string(t))
+		}
+		out = append(out, PasskeyInfo{
+			CredentialID: base64.RawURLEncoding.EncodeToString(r.Credential.ID),
+			Transports:   ts,
+			SignCount:    r.Credential.Authenticator.SignCount,
+			CreatedAt:    r.CreatedAt,
+			LastUsedAt:   r.LastUsedAt,
+		})
+	}
+	return out, nil
+}

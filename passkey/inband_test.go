@@ -1,0 +1,296 @@
+package passkey_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/descope/virtualwebauthn"
+
+	"github.com/countersign/countersign/internal/testpasskey"
+	"github.com/countersign/countersign/passkey"
+)
+
+// enrollInBand enrolls a passkey for principal through the in-band methods
+// (approval/enroll/begin and finish).
+func (e *env) enrollInBand(tb testing.TB, principal string, transports ...string) *kit {
+	tb.Helper()
+	ctx := context.Background()
+	creation, err := e.svc.BeginPrincipalEnrollment(ctx, principal)
+	if err != nil {
+		tb.Fatalf("BeginPrincipalEnrollment: %v", err)
+	}
+	raw, _ := json.Marshal(creation)
+	opts, err := virtualwebauthn.ParseAttestationOptions(string(raw))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	auth := virtualwebauthn.NewAuthenticatorWithOptions(virtualwebauthn.AuthenticatorOptions{UserHandle: []byte(opts.UserID)})
+	cred := testpasskey.NewEC2Credential()
+	id, _, err := e.svc.FinishPrincipalEnrollment(ctx, principal, withTransports(tb, virtualwebauthn.CreateAttestationResponse(e.rp, auth, cred, *opts), transports))
+	if err != nil {
+		tb.Fatalf("FinishPrincipalEnrollment: %v", err)
+	}
+	auth.AddCredential(cred)
+	return &kit{CredID: id, Auth: auth, Cred: cred}
+}
+
+func (e *env) issueInBand(tb testing.TB, principal, class string) (*call, error) {
+	tb.Helper()
+	req := passkey.ChallengeRequest{
+		Tool:               "place_trade",
+		ActionHash:         hashOf(tb, "place_trade", `{"symbol":"AAPL"}`),
+		Principal:          principal,
+		AuthenticatorClass: class,
+		DisplayText:        "Buy 1 AAPL",
+	}
+	ch, err := e.svc.IssueChallenge(context.Background(), req)
+	return &call{Req: req, Ch: ch}, err
+}
+
+func inBandReq(c *call, principal string, resp json.RawMessage) passkey.VerifyRequest {
+	return passkey.VerifyRequest{
+		ChallengeID: c.Ch.ID, Tool: c.Req.Tool, ActionHash: c.Req.ActionHash,
+		Principal: principal, AuthenticatorClass: c.Req.AuthenticatorClass,
+		Method: passkey.MethodWebAuthn, Response: resp,
+	}
+}
+
+func TestInBandEnrollAndVerify(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.issueInBand(t, "agent-a", ""); passkey.ReasonOf(err) != passkey.ReasonNoEligibleCredential {
+		t.Fatalf("challenge before enrollment: %v, want no_eligible_credential", err)
+	}
+	k := e.enrollInBand(t, "agent-a", "usb")
+	// The approver in-band enrollment created is an approver like any other.
+	as, err := e.svc.Approvers(ctx)
+	if err != nil || len(as) != 1 || !as[0].MappedTo("agent-a") || len(as[0].CredentialIDs) != 1 || as[0].CredentialIDs[0] != k.CredID {
+		t.Fatalf("approvers = %+v, %v", as, err)
+	}
+	c, err := e.issueInBand(t, "agent-a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(c.Ch.RequestOptions.AllowedCredentials); n != 1 {
+		t.Fatalf("allowCredentials = %d, want 1", n)
+	}
+	resp := k.sign(t, e.rp, c.Ch)
+	// Another principal's call: the challenge is not theirs to know, and
+	// nothing is consumed.
+	_, err = e.svc.Verify(ctx, inBandReq(c, "agent-b", resp))
+	wantReason(t, err, passkey.ReasonChallengeUnknown)
+	// A task decision cannot use an in-band challenge either.
+	tr := inBandReq(c, "", resp)
+	tr.Group, tr.TaskID = passkey.InBandGroup, "tsk_x"
+	_, err = e.svc.Verify(ctx, tr)
+	wantReason(t, err, passkey.ReasonChallengeUnknown)
+	v, err := e.svc.Verify(ctx, inBandReq(c, "agent-a", resp))
+	if err != nil || v.CredentialID != k.CredID {
+		t.Fatalf("Verify = %+v, %v", v, err)
+	}
+	_, err = e.svc.Verify(ctx, inBandReq(c, "agent-a", resp))
+	wantReason(t, err, passkey.ReasonChallengeConsumed)
+
+	// A second in-band enrollment adds to the same approver and excludes
+	// the first passkey.
+	creation, err := e.svc.BeginPrincipalEnrollment(ctx, "agent-a")
+	if err != nil || len(creation.Response.CredentialExcludeList) != 1 {
+		t.Fatalf("second begin: %v, exclude %v", err, creation)
+	}
+}
+
+func TestInBandNoPendingEnrollment(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	_, _, err := e.svc.FinishPrincipalEnrollment(ctx, "agent-a", []byte(`{}`))
+	wantReason(t, err, passkey.ReasonNoPendingEnrollment)
+	e.enrollInBand(t, "agent-a")
+	// The pending registration was used up.
+	_, _, err = e.svc.FinishPrincipalEnrollment(ctx, "agent-a", []byte(`{}`))
+	wantReason(t, err, passkey.ReasonNoPendingEnrollment)
+	// Expired.
+	if _, err := e.svc.BeginPrincipalEnrollment(ctx, "agent-a"); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(6 * 60e9)
+	_, _, err = e.svc.FinishPrincipalEnrollment(ctx, "agent-a", []byte(`{}`))
+	wantReason(t, err, passkey.ReasonNoPendingEnrollment)
+	// Begun by another principal.
+	if _, err := e.svc.BeginPrincipalEnrollment(ctx, "agent-b"); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = e.svc.FinishPrincipalEnrollment(ctx, "agent-c", []byte(`{}`))
+	wantReason(t, err, passkey.ReasonNoPendingEnrollment)
+}
+
+// A passkey enrolled on the approver site works in-band once its approver
+// is mapped to the principal, and not before.
+func TestInBandApproverSitePasskey(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	k := e.enroll(t, "alice", []string{"approvers"}, "usb")
+	if _, err := e.issueInBand(t, "agent-a", ""); passkey.ReasonOf(err) != passkey.ReasonNoEligibleCredential {
+		t.Fatalf("unmapped: %v, want no_eligible_credential", err)
+	}
+	// An in-band challenge of a mapped colleague, signed with alice's
+	// passkey: not enrolled for that principal.
+	e.enrollInBand(t, "agent-b", "usb")
+	c, err := e.issueInBand(t, "agent-b", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.svc.Verify(ctx, inBandReq(c, "agent-b", k.sign(t, e.rp, c.Ch)))
+	wantReason(t, err, passkey.ReasonUnknownCredential)
+
+	mapped := e.enrollMapped(t, "bob", "agent-c", "usb")
+	c, err = e.issueInBand(t, "agent-c", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.svc.Verify(ctx, inBandReq(c, "agent-c", mapped.sign(t, e.rp, c.Ch))); err != nil {
+		t.Fatalf("mapped approver's passkey in-band: %v", err)
+	}
+}
+
+// The authenticator-class filter applies at issuance and at verification.
+func TestInBandAuthenticatorClass(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	k := e.enrollInBand(t, "agent-a", "internal")
+	if _, err := e.issueInBand(t, "agent-a", passkey.ClassCrossPlatform); passkey.ReasonOf(err) != passkey.ReasonNoEligibleCredential {
+		t.Fatalf("internal-only for cross-platform: %v, want no_eligible_credential", err)
+	}
+	c, err := e.issueInBand(t, "agent-a", passkey.ClassPlatform)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Verified under a stricter class than issued: refused, not consumed.
+	req := inBandReq(c, "agent-a", k.sign(t, e.rp, c.Ch))
+	req.AuthenticatorClass = passkey.ClassCrossPlatform
+	_, err = e.svc.Verify(ctx, req)
+	wantReason(t, err, passkey.ReasonAuthenticatorClassMismatch)
+	req.AuthenticatorClass = passkey.ClassPlatform
+	if _, err := e.svc.Verify(ctx, req); err != nil {
+		t.Fatalf("platform: %v", err)
+	}
+}
+
+// enrollMapped adds an approver on the approver site, mapped to principal,
+// with one passkey.
+func (e *env) enrollMapped(tb testing.TB, name, principal string, transports ...string) *kit {
+	tb.Helper()
+	ctx := context.Background()
+	a, token, err := e.svc.AddApprover(ctx, name, []string{"approvers"}, passkey.WithPrincipals(principal))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	auth := virtualwebauthn.NewAuthenticatorWithOptions(virtualwebauthn.AuthenticatorOptions{UserHandle: []byte(a.ID)})
+	cred := testpasskey.NewEC2Credential()
+	id, err := e.svc.FinishEnrollment(ctx, token, e.attestation(tb, token, auth, cred, transports, nil))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	auth.AddCredential(cred)
+	return &kit{A: a, CredID: id, Auth: auth, Cred: cred}
+}
+
+// In-band challenges have their own lifetime (SEP-2672 §4.4.3: 60 s by
+// default; --verified-challenge-ttl), told to the browser as the timeout;
+// task challenges keep theirs.
+func TestInBandChallengeTTL(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.enrollInBand(t, "agent-a", "usb")
+	c, err := e.issueInBand(t, "agent-a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Ch.ExpiresAt.Sub(e.clock.Now()); got != passkey.DefaultInBandChallengeTTL || c.Ch.RequestOptions.Timeout != 60000 {
+		t.Errorf("default: expires in %v, timeout %d", got, c.Ch.RequestOptions.Timeout)
+	}
+	svc, err := passkey.New(ctx, e.js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin}, Now: e.clock.Now, InBandChallengeTTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := svc.IssueChallenge(ctx, c.Req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ch.ExpiresAt.Sub(e.clock.Now()); got != 10*time.Second || ch.RequestOptions.Timeout != 10000 {
+		t.Errorf("10s: expires in %v, timeout %d", got, ch.RequestOptions.Timeout)
+	}
+	for _, bad := range []time.Duration{-time.Second, passkey.MaxChallengeTTL + time.Second} {
+		if _, err := passkey.New(ctx, e.js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin}, InBandChallengeTTL: bad}); err == nil {
+			t.Errorf("InBandChallengeTTL %v accepted", bad)
+		}
+	}
+	e.enroll(t, "bob", []string{"approvers"}, "usb")
+	task := e.issue(t, "tsk_ttl", "approvers", "")
+	if got := task.Ch.ExpiresAt.Sub(e.clock.Now()); got != passkey.DefaultChallengeTTL {
+		t.Errorf("task challenge expires in %v", got)
+	}
+}
+
+// Unsolicited client extension outputs (the reference's test emulator
+// returns credProps unasked) fail the ceremony by default and are ignored
+// with IgnoreUnsolicitedExtensions, the in-band service's setting.
+func TestIgnoreUnsolicitedExtensions(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	k := e.enrollInBand(t, "agent-a", "usb")
+	withCredProps := func(resp json.RawMessage) json.RawMessage {
+		var m map[string]any
+		if err := json.Unmarshal(resp, &m); err != nil {
+			t.Fatal(err)
+		}
+		m["clientExtensionResults"] = map[string]any{"credProps": map[string]any{"rk": true}}
+		b, _ := json.Marshal(m)
+		return b
+	}
+	c, err := e.issueInBand(t, "agent-a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := withCredProps(k.sign(t, e.rp, c.Ch))
+	_, err = e.svc.Verify(ctx, inBandReq(c, "agent-a", resp))
+	wantReason(t, err, passkey.ReasonSignatureVerificationFailed)
+	lenient, err := passkey.New(ctx, e.js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin}, Now: e.clock.Now, IgnoreUnsolicitedExtensions: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lenient.Verify(ctx, inBandReq(c, "agent-a", resp)); err != nil {
+		t.Fatalf("lenient service: %v", err)
+	}
+}
+
+// The reference's three per-call tests at this layer, in-band: a valid
+// assertion verifies, the same assertion for other arguments is
+// argument_hash_mismatch (and consumes nothing), a second use is
+// challenge_consumed.
+func TestInBandHappyTamperReplay(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	k := e.enrollInBand(t, "agent-a", "usb")
+	c, err := e.issueInBand(t, "agent-a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := k.sign(t, e.rp, c.Ch)
+	tampered := inBandReq(c, "agent-a", resp)
+	tampered.ActionHash = hashOf(t, "place_trade", `{"symbol":"AAPL","quantity":1000}`)
+	_, err = e.svc.Verify(ctx, tampered)
+	wantReason(t, err, passkey.ReasonArgumentHashMismatch)
+	if _, err := e.svc.Verify(ctx, inBandReq(c, "agent-a", resp)); err != nil {
+		t.Fatalf("valid assertion after a tampered one: %v", err)
+	}
+	_, err = e.svc.Verify(ctx, inBandReq(c, "agent-a", resp))
+	wantReason(t, err, passkey.ReasonChallengeConsumed)
+	// An in-band challenge names a principal, not a group.
+	_, err = e.svc.IssueChallenge(ctx, passkey.ChallengeRequest{Tool: "t", ActionHash: c.Req.ActionHash, Principal: "agent-a", Group: "approvers", DisplayText: "x"})
+	if !errors.Is(err, passkey.ErrInvalidArgument) {
+		t.Fatalf("principal and group: %v", err)
+	}
+}
