@@ -13,40 +13,10 @@
 // Prints one line per check; exits non-zero on any failure.
 import fs from 'node:fs';
 import path from 'node:path';
-import { createRequire } from 'node:module';
 import { SoftwarePasskey, http } from './webauthn.mjs';
+import { sdk, Client, base, dataDir, agentToken, adminToken, check, failed, text, connect, transfers } from './sdkclient.mjs';
 
-const require = createRequire(path.join(process.env.INTEROP_SDK_DIR, 'package.json'));
-const { Client } = require('@modelcontextprotocol/sdk/client/index.js');
-const { StreamableHTTPClientTransport } = require('@modelcontextprotocol/sdk/client/streamableHttp.js');
-const { StdioClientTransport } = require('@modelcontextprotocol/sdk/client/stdio.js');
-
-const [base, dataDir] = process.argv.slice(2);
-const read = (f) => fs.readFileSync(path.join(dataDir, f), 'utf8').trim();
-const agentToken = read('agent-token');
-const adminToken = read('admin-token');
-
-let failed = 0;
-const check = (name, ok, detail = '') => {
-  console.log(`${ok ? 'ok  ' : 'FAIL'} ${name}${detail ? ': ' + detail : ''}`);
-  if (!ok) failed++;
-};
-const text = (r) => (r?.content ?? []).map((c) => c.text ?? '').join('\n');
-
-async function connect(token, name) {
-  // No tasks capability: the client an IDE assistant or a chat app runs.
-  const client = new Client({ name, version: '1.0.0' }, { capabilities: {} });
-  const transport = new StreamableHTTPClientTransport(new URL(`${base}/mcp`), {
-    requestInit: { headers: { Authorization: `Bearer ${token}` } },
-  });
-  await client.connect(transport);
-  return client;
-}
-
-async function transfers(client) {
-  const r = await client.callTool({ name: 'list_transfers', arguments: {} });
-  return r.structuredContent?.transfers ?? [];
-}
+const { StdioClientTransport } = sdk('@modelcontextprotocol/sdk/client/stdio.js');
 
 // gated makes a gated call and checks that it is pending, not run.
 async function gated(client, label, to, amount) {
@@ -142,4 +112,4 @@ try {
 } catch (e) {
   check('sdk run', false, e?.stack ?? String(e));
 }
-process.exit(failed ? 1 : 0);
+process.exit(failed() ? 1 : 0);
