@@ -368,8 +368,15 @@ func (s *Server) callVerified(ctx context.Context, c *gatedCall, meta mcp.Meta) 
 	opened, err := s.opts.Approvals.Open(ctx, call)
 	if errors.Is(err, tasks.ErrTaskExists) {
 		// The challenge's task was opened already: this is a second
-		// submission of the same evidence.
-		return nil, approvalError(passkey.ReasonChallengeConsumed, nil)
+		// submission of the same evidence, by the challenge's own
+		// principal (Verify passed under this evidence's consumer key).
+		// SEP-2672 answers it challenge_consumed; data.taskId names the
+		// task, so a client whose first answer was lost (a crash, a
+		// dropped connection) reads the outcome with tasks/get or
+		// countersign_await instead of guessing.
+		e := approvalError(passkey.ReasonChallengeConsumed, nil)
+		e.data, _ = json.Marshal(map[string]string{"reason": passkey.ReasonChallengeConsumed, "taskId": call.TaskID})
+		return nil, e
 	}
 	if err != nil {
 		return refusal(c, err)
