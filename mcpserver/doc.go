@@ -402,7 +402,7 @@
 //
 // A stream lasts as long as its client, so it spends one request token but
 // holds no in-flight slot, and a principal may hold MaxStreamsPerPrincipal
-// (4) at once: the next is HTTP 429 with -32029 "Too many open
+// (16) at once: the next is HTTP 429 with -32029 "Too many open
 // notification streams…". The server sets no write deadline (no
 // WriteTimeout in internal/app; internal/httplimit only sets read
 // deadlines, which net/http clears once a body is read), so nothing cuts a

@@ -36,8 +36,11 @@ const (
 	DefaultRequestBurst            = 100
 	DefaultMaxInFlightPerPrincipal = 16
 	// A principal's open notification streams (2026-07-28
-	// subscriptions/listen, 2025-11-25 GET): a client needs one.
-	DefaultMaxStreamsPerPrincipal = 4
+	// subscriptions/listen, 2025-11-25 GET): each client instance holds
+	// one (the TypeScript and Go SDKs open the GET stream by themselves),
+	// and one agent token is often shared by several (IDE windows, CI
+	// jobs). A refused stream costs the client only its notifications.
+	DefaultMaxStreamsPerPrincipal = 16
 	// DefaultKeepAlive is how often an SSE comment goes down a quiet
 	// notification stream, so that proxies and clients do not close it.
 	DefaultKeepAlive = 15 * time.Second
@@ -109,7 +112,7 @@ type Options struct {
 	RequestBurst            int
 	MaxInFlightPerPrincipal int
 	// MaxStreamsPerPrincipal caps one principal's open notification
-	// streams (default 4): 2026-07-28 subscriptions/listen and 2025-11-25
+	// streams (default 16): 2026-07-28 subscriptions/listen and 2025-11-25
 	// GET. Opening one spends a request token but holds no in-flight slot;
 	// over the cap the answer is HTTP 429 and -32029.
 	MaxStreamsPerPrincipal int
