@@ -167,38 +167,31 @@ func sdkToolNames(t *testing.T, cs *mcp.ClientSession) func() []string {
 	}
 }
 
-func TestGoSDKModernClientHearsToolListChanged(t *testing.T) {
-	h, reg := newListHarness(t, nil)
-	p := principal(t, "a")
-	cs, notified := goSDKListener(t, h, p, string(tasks.Era2026))
-	// The stream's first event is the acknowledgement, sent once the
-	// subscription is registered.
-	waitFor(t, 10*time.Second, "listen stream", func() bool { return h.srv.streams.liveCount(p) == 1 })
-	changeTools(t, reg, notified, sdkToolNames(t, cs))
+// TestGoSDKClientHearsToolListChanged: the go-sdk client in each era opens
+// its notification stream by itself (2026-07-28: subscriptions/listen,
+// whose first event is the acknowledgement, sent once the subscription is
+// registered; 2025-11-25: the GET stream) and hears every change.
+func TestGoSDKClientHearsToolListChanged(t *testing.T) {
+	for _, tc := range []struct {
+		era    tasks.Era
+		stream string
+	}{{tasks.Era2026, "listen stream"}, {tasks.Era2025, "GET stream"}} {
+		t.Run(string(tc.era), func(t *testing.T) {
+			h, reg := newListHarness(t, nil)
+			p := principal(t, "a")
+			cs, notified := goSDKListener(t, h, p, string(tc.era))
+			waitFor(t, 10*time.Second, tc.stream, func() bool { return h.srv.streams.liveCount(p) == 1 })
+			changeTools(t, reg, notified, sdkToolNames(t, cs))
 
-	if err := cs.Close(); err != nil {
-		t.Fatal(err)
+			if err := cs.Close(); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 10*time.Second, "stream released after the client left", func() bool {
+				return h.srv.streams.openCount(p) == 0 && h.srv.streams.liveCount(p) == 0
+			})
+			noStreamGoroutines(t)
+		})
 	}
-	waitFor(t, 10*time.Second, "stream released after the client left", func() bool {
-		return h.srv.streams.openCount(p) == 0 && h.srv.streams.liveCount(p) == 0
-	})
-	noStreamGoroutines(t)
-}
-
-func TestGoSDKLegacyClientHearsToolListChanged(t *testing.T) {
-	h, reg := newListHarness(t, nil)
-	p := principal(t, "a")
-	cs, notified := goSDKListener(t, h, p, string(tasks.Era2025))
-	waitFor(t, 10*time.Second, "GET stream", func() bool { return h.srv.streams.liveCount(p) == 1 })
-	changeTools(t, reg, notified, sdkToolNames(t, cs))
-
-	if err := cs.Close(); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 10*time.Second, "stream released after the client left", func() bool {
-		return h.srv.streams.openCount(p) == 0 && h.srv.streams.liveCount(p) == 0
-	})
-	noStreamGoroutines(t)
 }
 
 func TestMCPGoLegacyClientHearsToolListChanged(t *testing.T) {

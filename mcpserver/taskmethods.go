@@ -148,30 +148,13 @@ func (s *Server) tasksResult(ctx context.Context, info *callInfo, p *taskParams)
 			return nil, err // a client that hung up: see wireError
 		}
 	}
-	related := mcp.Meta{tasks.MetaRelatedTask: map[string]string{"taskId": rec.TaskID}}
 	if rec.Status == tasks.StatusFailed {
 		e := rec.WireDetailed().Error
 		return nil, &jsonrpc.Error{Code: e.Code, Message: e.Message}
 	}
-	raw := rec.Result
-	if len(raw) == 0 {
-		// A cancelled task never produced a result. Say so as a tool
-		// result: the call did not run, and nothing failed.
-		b, err := json.Marshal(tasks.CallToolResult{
-			Content: []json.RawMessage{tasks.TextContent(fmt.Sprintf("[cancelled] The call to %s was cancelled before it ran. It did NOT run.", rec.Tool))},
-			IsError: true,
-		})
-		if err != nil {
-			return nil, internal(err)
-		}
-		raw = b
-	}
-	out := &storedResult{}
-	if err := json.Unmarshal(raw, &out.fields); err != nil {
-		return nil, internal(fmt.Errorf("mcpserver: stored result of %s: %w", rec.TaskID, err))
-	}
-	out.Meta = related
-	return out, nil
+	// What the call itself would have returned; a cancelled task, which
+	// never produced a result, says so as a tool result.
+	return s.finalResult(info, rec)
 }
 
 // tasksUpdate is SEP-2663 tasks/update: answers for an input_required task

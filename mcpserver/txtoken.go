@@ -167,7 +167,7 @@ func (s *Server) runWithToken(ctx context.Context, c *gatedCall) (tasks.CallTool
 	case d != "":
 		disposition = d
 	case res.IsError:
-		disposition = "execution-error"
+		disposition = string(tasks.ExecutionError)
 	}
 	red.Finish(ctx, disposition, res)
 	return res, nil

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-webauthn/webauthn/protocol"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -235,7 +236,12 @@ func displayText(r *gateway.Registry, tool string, args json.RawMessage) string 
 		t = "Run " + tool
 	}
 	if len(t) > 4000 {
-		t = string([]rune(t[:4000])) + "…"
+		// Cut at a character boundary: a cut inside one would show as U+FFFD.
+		i := 4000
+		for i > 0 && !utf8.RuneStart(t[i]) {
+			i--
+		}
+		t = t[:i] + "…"
 	}
 	return t
 }

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/descope/virtualwebauthn"
 	"github.com/google/go-cmp/cmp"
@@ -18,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/internal/canon"
 	"github.com/countersign/countersign/internal/testpasskey"
 	"github.com/countersign/countersign/passkey"
@@ -854,4 +856,25 @@ var principalSeq atomic.Int64
 // and trades outlive a test in the shared environment (go test -count=N).
 func freshPrincipal(tb testing.TB, suffix string) string {
 	return principal(tb, suffix) + "-" + strconv.FormatInt(principalSeq.Add(1), 10)
+}
+
+// TestDisplayTextCutsAtACharacter: a description over the passkey
+// service's bound is cut at a character boundary, never inside one.
+func TestDisplayTextCutsAtACharacter(t *testing.T) {
+	long := strings.Repeat("€", 2000) // 6000 bytes; 4000 falls inside a "€"
+	r, err := gateway.NewRegistry(gateway.Tool{
+		Name: "wordy", InputSchema: json.RawMessage(`{"type":"object"}`),
+		Describe: func(json.RawMessage) string { return long },
+		Run: func(context.Context, gateway.Call) (tasks.CallToolResult, error) {
+			return tasks.CallToolResult{}, nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := displayText(r, "wordy", json.RawMessage(`{}`))
+	if !utf8.ValidString(got) || strings.ContainsRune(got, utf8.RuneError) || !strings.HasSuffix(got, "…") ||
+		len(got) > 4000+len("…") || !strings.HasPrefix(long, strings.TrimSuffix(got, "…")) {
+		t.Fatalf("display text of %d bytes: %q…", len(got), got[len(got)-12:])
+	}
 }

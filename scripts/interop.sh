@@ -79,6 +79,19 @@ record() { # record SUITE PASSED FAILED DETAIL
   summary+=("$(printf '%-4s %-52s %3d passed, %d failed%s' "$status" "$1" "$2" "$3" "${4:+  ($4)}")")
 }
 
+# record_script SUITE OUTFILE EXIT: a script's "ok"/"FAIL" lines, plus one
+# failure when the script itself failed (timed out, crashed before its
+# checks, exited non-zero) or checked nothing.
+record_script() {
+  local ok bad
+  ok=$(grep -c '^ok ' "$2" || true)
+  bad=$(grep -c '^FAIL' "$2" || true)
+  if [ "$3" -ne 0 ] && [ "$bad" -eq 0 ] || [ "$ok" -eq 0 ]; then
+    bad=$((bad + 1))
+  fi
+  record "$1" "$ok" "$bad" "$([ "$3" -eq 0 ] || echo "exit $3")"
+}
+
 # --- Node 22 and the pinned packages --------------------------------------
 
 for tool in npm curl go; do
@@ -244,17 +257,17 @@ start_dev clients
 CLIENT_URL=$DEV_URL
 CLIENT_DATA=$DEV_DATA
 echo "== @modelcontextprotocol/sdk $SDK_VERSION (2025-11-25 tasks client)"
-if INTEROP_SDK_DIR=$CACHE/sdk timeout 300 node scripts/interop/sdk-tasks.mjs "$CLIENT_URL" "$CLIENT_DATA" >"$OUT/sdk.txt" 2>&1; then :; fi
+rc=0
+INTEROP_SDK_DIR=$CACHE/sdk timeout 300 node scripts/interop/sdk-tasks.mjs "$CLIENT_URL" "$CLIENT_DATA" >"$OUT/sdk.txt" 2>&1 || rc=$?
 cat "$OUT/sdk.txt"
-record "@modelcontextprotocol/sdk $SDK_VERSION tasks client" \
-  "$(grep -c '^ok ' "$OUT/sdk.txt" || true)" "$(grep -c '^FAIL' "$OUT/sdk.txt" || true)"
+record_script "@modelcontextprotocol/sdk $SDK_VERSION tasks client" "$OUT/sdk.txt" "$rc"
 
 echo "== @modelcontextprotocol/sdk $SDK_VERSION (Client without tasks)"
-if INTEROP_SDK_DIR=$CACHE/sdk INTEROP_MCP_REMOTE=$CACHE/mcp-remote/node_modules/mcp-remote/dist/proxy.js \
-  timeout 300 node scripts/interop/sdk-plain.mjs "$CLIENT_URL" "$CLIENT_DATA" >"$OUT/sdk-plain.txt" 2>&1; then :; fi
+rc=0
+INTEROP_SDK_DIR=$CACHE/sdk INTEROP_MCP_REMOTE=$CACHE/mcp-remote/node_modules/mcp-remote/dist/proxy.js \
+  timeout 300 node scripts/interop/sdk-plain.mjs "$CLIENT_URL" "$CLIENT_DATA" >"$OUT/sdk-plain.txt" 2>&1 || rc=$?
 cat "$OUT/sdk-plain.txt"
-record "@modelcontextprotocol/sdk $SDK_VERSION client without tasks" \
-  "$(grep -c '^ok ' "$OUT/sdk-plain.txt" || true)" "$(grep -c '^FAIL' "$OUT/sdk-plain.txt" || true)"
+record_script "@modelcontextprotocol/sdk $SDK_VERSION client without tasks" "$OUT/sdk-plain.txt" "$rc"
 
 # --- 3. MCP Inspector CLI -----------------------------------------------------
 
@@ -308,11 +321,11 @@ record "@modelcontextprotocol/inspector $INSPECTOR_VERSION CLI" "$ins_ok" "$ins_
 # --- SEP-2672 in-band approval: the reference's scenarios -------------------
 
 start_dev sep2672
-if INTEROP_SDK_DIR=$CACHE/sdk INTEROP_EMULATOR_DIR=$CACHE/emulator timeout 120 \
-  node scripts/interop/sep2672-ref.mjs "$DEV_URL" "$DEV_DATA" >"$OUT/sep2672-ref.txt" 2>&1; then :; fi
+rc=0
+INTEROP_SDK_DIR=$CACHE/sdk INTEROP_EMULATOR_DIR=$CACHE/emulator timeout 120 \
+  node scripts/interop/sep2672-ref.mjs "$DEV_URL" "$DEV_DATA" >"$OUT/sep2672-ref.txt" 2>&1 || rc=$?
 cat "$OUT/sep2672-ref.txt"
-record "SEP-2672 reference scenarios (nid-webauthn-emulator $EMULATOR_VERSION)" \
-  "$(grep -c '^ok ' "$OUT/sep2672-ref.txt" || true)" "$(grep -c '^FAIL' "$OUT/sep2672-ref.txt" || true)"
+record_script "SEP-2672 reference scenarios (nid-webauthn-emulator $EMULATOR_VERSION)" "$OUT/sep2672-ref.txt" "$rc"
 
 # --- SEP-2672 vectors (the reference's canonicalization) ---------------------
 

@@ -379,6 +379,7 @@ func TestConcurrentRedeem(t *testing.T) {
 		is := b.issue(t)
 		var wins, consumed atomic.Int32
 		var wg sync.WaitGroup
+		exp := expect(t) // on the test's goroutine: it may t.Fatal
 		for i := 0; i < 64; i++ {
 			svc := a.svc
 			if i%2 == 1 {
@@ -387,7 +388,7 @@ func TestConcurrentRedeem(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_, err := svc.Redeem(context.Background(), is.Token, expect(t))
+				_, err := svc.Redeem(context.Background(), is.Token, exp)
 				var rej *Error
 				switch {
 				case err == nil:
