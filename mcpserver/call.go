@@ -17,6 +17,9 @@ import (
 	"github.com/countersign/countersign/tasks"
 )
 
+// actionCall is the policy action of a tool call.
+const actionCall = "tools/call"
+
 // reasonEvalFailed is the denial reason the caller sees when policy could
 // not be evaluated; the cause is logged, never sent.
 const reasonEvalFailed = "the policy could not be evaluated."
@@ -87,20 +90,10 @@ func (s *Server) decide(ctx context.Context, info *callInfo, p *mcp.CallToolPara
 		// did not declare.
 		return nil, fx, missingCapability(fx.RequiresCapability)
 	}
-	hash, err := canon.Hash(tool.Name, args, s.opts.ServerID)
-	if err != nil {
-		return nil, fx, invalidParams("Invalid arguments: not valid JSON")
-	}
 	now := s.now().UTC()
-	d, err := s.opts.PDP.Evaluate(ctx, pdp.Input{
-		Subject:  pdp.Entity{Type: "agent", ID: info.principal},
-		Action:   pdp.Action{Name: "tools/call"},
-		Resource: tool.PolicyResource(),
-		Context:  pdp.Context{Arguments: args, ActionHash: hash.String(), Time: now},
-	})
+	hash, d, err := s.evaluate(ctx, info, actionCall, tool, args, now)
 	if err != nil {
-		s.log.ErrorContext(ctx, "mcpserver: policy evaluation failed; denying", "tool", tool.Name, "action_hash", hash.String(), "err", err)
-		d = pdp.Decision{Effect: pdp.EffectDeny, Reason: reasonEvalFailed}
+		return nil, fx, err
 	}
 	s.log.InfoContext(ctx, "mcpserver: tools/call decided", "tool", tool.Name, "principal", info.principal,
 		"action_hash", hash.String(), "decision", d.Effect, "policy_version", d.PolicyVersion)

@@ -8,7 +8,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/countersign/countersign/internal/canon"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
 	"github.com/countersign/countersign/txtoken"
@@ -91,19 +90,9 @@ func (s *Server) issueToken(ctx context.Context, info *callInfo, p *tokenParams)
 	if err := s.opts.Tools.Validate(tool.Name, p.Arguments); err != nil {
 		return nil, err
 	}
-	hash, err := canon.Hash(tool.Name, p.Arguments, s.opts.ServerID)
+	_, d, err := s.evaluate(ctx, info, pdp.ActionIssueToken, tool, p.Arguments, s.now().UTC())
 	if err != nil {
-		return nil, invalidParams("Invalid arguments: not valid JSON")
-	}
-	d, err := s.opts.PDP.Evaluate(ctx, pdp.Input{
-		Subject:  pdp.Entity{Type: "agent", ID: info.principal},
-		Action:   pdp.Action{Name: pdp.ActionIssueToken},
-		Resource: tool.PolicyResource(),
-		Context:  pdp.Context{Arguments: p.Arguments, ActionHash: hash.String(), Time: s.now().UTC()},
-	})
-	if err != nil {
-		s.log.ErrorContext(ctx, "mcpserver: policy evaluation failed; refusing the token", "tool", tool.Name, "err", err)
-		d = pdp.Decision{Effect: pdp.EffectDeny, Reason: reasonEvalFailed}
+		return nil, err
 	}
 	if d.Effect != pdp.EffectAllow {
 		s.log.InfoContext(ctx, "mcpserver: transaction token refused by policy", "tool", tool.Name, "principal", info.principal, "decision", d.Effect)

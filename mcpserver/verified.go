@@ -208,7 +208,7 @@ func (s *Server) challengeCreate(ctx context.Context, info *callInfo, raw json.R
 	if err := s.opts.Tools.Validate(tool.Name, p.Arguments); err != nil {
 		return nil, err
 	}
-	hash, d, err := s.evaluate(ctx, info, tool, p.Arguments)
+	hash, d, err := s.evaluate(ctx, info, actionCall, tool, p.Arguments, s.now().UTC())
 	if err != nil {
 		return nil, err
 	}
@@ -251,20 +251,24 @@ func isJSONObject(b json.RawMessage) bool {
 	return len(b) > 0 && json.Unmarshal(b, &m) == nil && m != nil
 }
 
-// evaluate asks policy about a call as tools/call does.
-func (s *Server) evaluate(ctx context.Context, info *callInfo, tool gateway.Tool, args json.RawMessage) (canon.ActionHash, pdp.Decision, error) {
+// evaluate asks policy about a call: action is "tools/call", or
+// pdp.ActionIssueToken for a token request. The action hash binds the
+// arguments exactly as received, at now. An evaluation error is a deny (the
+// cause logged, a generic reason sent); only arguments that are not JSON
+// are an error.
+func (s *Server) evaluate(ctx context.Context, info *callInfo, action string, tool gateway.Tool, args json.RawMessage, now time.Time) (canon.ActionHash, pdp.Decision, error) {
 	hash, err := canon.Hash(tool.Name, args, s.opts.ServerID)
 	if err != nil {
 		return hash, pdp.Decision{}, invalidParams("Invalid arguments: not valid JSON")
 	}
 	d, err := s.opts.PDP.Evaluate(ctx, pdp.Input{
 		Subject:  pdp.Entity{Type: "agent", ID: info.principal},
-		Action:   pdp.Action{Name: "tools/call"},
+		Action:   pdp.Action{Name: action},
 		Resource: tool.PolicyResource(),
-		Context:  pdp.Context{Arguments: args, ActionHash: hash.String(), Time: s.now().UTC()},
+		Context:  pdp.Context{Arguments: args, ActionHash: hash.String(), Time: now},
 	})
 	if err != nil {
-		s.log.ErrorContext(ctx, "mcpserver: policy evaluation failed; denying", "tool", tool.Name, "err", err)
+		s.log.ErrorContext(ctx, "mcpserver: policy evaluation failed; denying", "action", action, "tool", tool.Name, "action_hash", hash.String(), "err", err)
 		d = pdp.Decision{Effect: pdp.EffectDeny, Reason: reasonEvalFailed}
 	}
 	return hash, d, nil
@@ -434,7 +438,7 @@ func (s *Server) annotateVerified(ctx context.Context, info *callInfo, list *mcp
 	for _, t := range list.Tools {
 		gt, ok := s.opts.Tools.Lookup(t.Name)
 		if ok && !isFollowUp(t.Name) {
-			if _, d, err := s.evaluate(ctx, info, gt, json.RawMessage(`{}`)); err == nil && d.Effect == pdp.EffectVerify {
+			if _, d, err := s.evaluate(ctx, info, actionCall, gt, json.RawMessage(`{}`), s.now().UTC()); err == nil && d.Effect == pdp.EffectVerify {
 				cp := *t
 				cp.Meta = mcp.Meta{}
 				for k, v := range t.Meta {
