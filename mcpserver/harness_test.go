@@ -280,6 +280,16 @@ var nextID atomic.Int64
 
 func (h *harness) do(tb testing.TB, c call) rpc {
 	tb.Helper()
+	r, err := h.try(c)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return r
+}
+
+// try sends one request; unlike do, it does not fail the test, so a
+// goroutine other than the test's may use it.
+func (h *harness) try(c call) (rpc, error) {
 	body := c.raw
 	hdr := http.Header{}
 	hdr.Set("Content-Type", "application/json")
@@ -325,7 +335,7 @@ func (h *harness) do(tb testing.TB, c call) rpc {
 		var err error
 		body, err = json.Marshal(map[string]any{"jsonrpc": "2.0", "id": nextID.Add(1), "method": c.method, "params": params})
 		if err != nil {
-			tb.Fatal(err)
+			return rpc{}, err
 		}
 	}
 	for k, v := range c.headers {
@@ -337,24 +347,24 @@ func (h *harness) do(tb testing.TB, c call) rpc {
 	}
 	req, err := http.NewRequest(http.MethodPost, h.ts.URL, bytes.NewReader(body))
 	if err != nil {
-		tb.Fatal(err)
+		return rpc{}, err
 	}
 	req.Header = hdr
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
 	if err != nil {
-		tb.Fatalf("%s: %v", c.method, err)
+		return rpc{}, fmt.Errorf("%s: %w", c.method, err)
 	}
 	defer resp.Body.Close()
 	out := rpc{Status: resp.StatusCode, Header: resp.Header}
 	out.Body, _ = io.ReadAll(resp.Body)
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") && len(out.Body) > 0 {
 		if err := json.Unmarshal(out.Body, &out); err != nil {
-			tb.Fatalf("%s: decode %s: %v", c.method, out.Body, err)
+			return rpc{}, fmt.Errorf("%s: decode %s: %w", c.method, out.Body, err)
 		}
 	}
-	return out
+	return out, nil
 }
 
 // ok asserts a successful response and decodes its result into v.

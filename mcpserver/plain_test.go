@@ -225,10 +225,14 @@ func TestAwaitLongPoll(t *testing.T) {
 		t.Fatalf("await that timed out after %v: %+v", el, res)
 	}
 
-	done := make(chan toolCallResult, 1)
+	done := make(chan rpc, 1)
 	start = time.Now()
 	go func() {
-		r, _ := h.followUp(t, p, tasks.Era2025, ToolAwait, map[string]any{"taskId": st.TaskID, "waitSeconds": 30})
+		r, err := h.try(call{token: tok(p), era: tasks.Era2025, method: "tools/call",
+			params: map[string]any{"name": ToolAwait, "arguments": map[string]any{"taskId": st.TaskID, "waitSeconds": 30}}})
+		if err != nil {
+			r.Body = []byte(err.Error())
+		}
 		done <- r
 	}()
 	time.Sleep(300 * time.Millisecond)
@@ -236,7 +240,9 @@ func TestAwaitLongPoll(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case r := <-done:
+	case raw := <-done:
+		var r toolCallResult
+		raw.ok(t, &r)
 		if !strings.HasPrefix(r.text(), "[cancelled]") || time.Since(start) > 10*time.Second {
 			t.Errorf("await: %+v after %v", r, time.Since(start))
 		}

@@ -110,6 +110,13 @@ func (h *harness) callWithToken(t *testing.T, era tasks.Era, who, tool string, a
 	return out
 }
 
+// tryWithToken is callWithToken for a goroutine: the raw answer, and no
+// failing of the test.
+func (h *harness) tryWithToken(era tasks.Era, who, tool string, args any, token any) (rpc, error) {
+	return h.try(call{token: "tok:" + who, era: era, method: "tools/call",
+		params: map[string]any{"name": tool, "arguments": args, "_meta": map[string]any{txtoken.MetaKey: token}}})
+}
+
 // tokenError reads the RFC error object of a rejected call.
 func tokenError(t *testing.T, r toolCallResult) txtoken.Error {
 	t.Helper()
@@ -253,8 +260,9 @@ func TestTokenRaceAcrossReplicas(t *testing.T) {
 	args := transferArgs(to, 5000)
 	tok := a.mustToken(t, tasks.Era2026, who, "transfer_funds", args)
 	var wg sync.WaitGroup
-	results := make([]toolCallResult, 20)
-	for i := range results {
+	answers := make([]rpc, 20)
+	errs := make([]error, len(answers))
+	for i := range answers {
 		h := a
 		if i%2 == 1 {
 			h = b
@@ -262,10 +270,17 @@ func TestTokenRaceAcrossReplicas(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i] = h.callWithToken(t, tasks.Era2026, who, "transfer_funds", args, tok.Token)
+			answers[i], errs[i] = h.tryWithToken(tasks.Era2026, who, "transfer_funds", args, tok.Token)
 		}()
 	}
 	wg.Wait()
+	results := make([]toolCallResult, len(answers))
+	for i, ans := range answers {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		ans.ok(t, &results[i])
+	}
 	ran, consumed := 0, 0
 	for _, r := range results {
 		if !r.IsError {

@@ -200,11 +200,20 @@ func evidenceOf(env challengeEnv, response any) map[string]any {
 // tradeCall is a tools/call of place_trade with meta as params._meta.
 func (h *vharness) tradeCall(tb testing.TB, p string, args any, meta map[string]any) rpc {
 	tb.Helper()
+	r, err := h.tradeTry(p, args, meta)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return r
+}
+
+// tradeTry is tradeCall for a goroutine: it does not fail the test.
+func (h *vharness) tradeTry(p string, args any, meta map[string]any) (rpc, error) {
 	params := map[string]any{"name": "place_trade", "arguments": args}
 	if meta != nil {
 		params["_meta"] = meta
 	}
-	return h.do(tb, call{token: tok(p), method: "tools/call", params: params})
+	return h.try(call{token: tok(p), method: "tools/call", params: params})
 }
 
 func (h *vharness) callWith(tb testing.TB, p string, args, evidence any) rpc {
@@ -728,6 +737,7 @@ func TestVerifiedConcurrentConsume(t *testing.T) {
 		ev := evidenceOf(env, k.sign(t, env))
 		var wg sync.WaitGroup
 		results := make([]rpc, 8)
+		errs := make([]error, len(results))
 		for i := range results {
 			wg.Add(1)
 			go func() {
@@ -736,12 +746,15 @@ func TestVerifiedConcurrentConsume(t *testing.T) {
 				if i%2 == 1 {
 					h = b
 				}
-				results[i] = h.callWith(t, p, trade(float64(round+1)), ev)
+				results[i], errs[i] = h.tradeTry(p, trade(float64(round+1)), map[string]any{MetaVerifiedApproval: ev})
 			}()
 		}
 		wg.Wait()
 		wins := 0
-		for _, r := range results {
+		for i, r := range results {
+			if errs[i] != nil {
+				t.Fatal(errs[i])
+			}
 			if r.Error == nil {
 				wins++
 				continue

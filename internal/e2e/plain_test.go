@@ -6,9 +6,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -57,9 +57,20 @@ func (a toolAnswer) pending(t *testing.T) (taskID, approveURL string) {
 	return st.TaskID, st.ApproveURL
 }
 
-// plainClient is an MCP client that does not hold tasks.
+// plainClient is an MCP client that does not hold tasks. try makes a
+// call; it does not fail the test, so a goroutine may use it.
 type plainClient interface {
-	call(t *testing.T, tool string, args map[string]any) toolAnswer
+	try(tool string, args map[string]any) (toolAnswer, error)
+}
+
+// call makes a call through c and fails the test if it does not answer.
+func call(t *testing.T, c plainClient, tool string, args map[string]any) toolAnswer {
+	t.Helper()
+	a, err := c.try(tool, args)
+	if err != nil {
+		t.Fatalf("%s: %v", tool, err)
+	}
+	return a
 }
 
 // goSDKClient is github.com/modelcontextprotocol/go-sdk's client.
@@ -78,13 +89,12 @@ func newGoSDKClient(t *testing.T, s *stack, token string) plainClient {
 	return goSDKClient{cs}
 }
 
-func (c goSDKClient) call(t *testing.T, tool string, args map[string]any) toolAnswer {
-	t.Helper()
+func (c goSDKClient) try(tool string, args map[string]any) (toolAnswer, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	res, err := c.cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
 	if err != nil {
-		t.Fatalf("go-sdk %s: %v", tool, err)
+		return toolAnswer{}, fmt.Errorf("go-sdk: %w", err)
 	}
 	a := toolAnswer{IsError: res.IsError, Meta: res.Meta}
 	var parts []string
@@ -97,7 +107,7 @@ func (c goSDKClient) call(t *testing.T, tool string, args map[string]any) toolAn
 	if res.StructuredContent != nil {
 		a.Structured, _ = json.Marshal(res.StructuredContent)
 	}
-	return a
+	return a, nil
 }
 
 // mcpGoClient is github.com/mark3labs/mcp-go's client on 2025-11-25.
@@ -125,13 +135,12 @@ func newMCPGoClient(t *testing.T, s *stack, token string) plainClient {
 	return mcpGoClient{c}
 }
 
-func (c mcpGoClient) call(t *testing.T, tool string, args map[string]any) toolAnswer {
-	t.Helper()
+func (c mcpGoClient) try(tool string, args map[string]any) (toolAnswer, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	res, err := c.c.CallTool(ctx, mcpgo.CallToolRequest{Params: mcpgo.CallToolParams{Name: tool, Arguments: args}})
 	if err != nil {
-		t.Fatalf("mcp-go %s: %v", tool, err)
+		return toolAnswer{}, fmt.Errorf("mcp-go: %w", err)
 	}
 	a := toolAnswer{IsError: res.IsError}
 	if res.Meta != nil {
@@ -147,7 +156,7 @@ func (c mcpGoClient) call(t *testing.T, tool string, args map[string]any) toolAn
 	if res.StructuredContent != nil {
 		a.Structured, _ = json.Marshal(res.StructuredContent)
 	}
-	return a
+	return a, nil
 }
 
 // addAgent makes another agent principal and returns its token.
@@ -180,7 +189,7 @@ func TestPlainClients(t *testing.T) {
 
 			t.Run("approved", func(t *testing.T) {
 				before := s.Transfers()
-				id, url := c.call(t, "transfer_funds", gated(acctName(t, "ok"))).pending(t)
+				id, url := call(t, c, "transfer_funds", gated(acctName(t, "ok"))).pending(t)
 				ref := s.RefOf(id)
 				if !strings.HasSuffix(url, "/approve/"+ref) || !strings.HasPrefix(url, s.Base) {
 					t.Errorf("approveUrl %s, ref %s", url, ref)
@@ -189,15 +198,15 @@ func TestPlainClients(t *testing.T) {
 					t.Fatalf("%d transfers before approval", n-before)
 				}
 				// Another principal's await answers as for an unknown task.
-				foreign := other.call(t, "countersign_await", map[string]any{"taskId": id, "waitSeconds": 0})
-				unknown := other.call(t, "countersign_await", map[string]any{"taskId": tasks.NewID("tsk_"), "waitSeconds": 0})
+				foreign := call(t, other, "countersign_await", map[string]any{"taskId": id, "waitSeconds": 0})
+				unknown := call(t, other, "countersign_await", map[string]any{"taskId": tasks.NewID("tsk_"), "waitSeconds": 0})
 				if !foreign.IsError || !strings.HasPrefix(foreign.Text, "[unknown-task]") || !strings.HasPrefix(unknown.Text, "[unknown-task]") {
 					t.Errorf("foreign await %+v, unknown %+v", foreign, unknown)
 				}
 				if r := s.Approve(alice, ref, "approve"); !r.Accepted {
 					t.Fatalf("approve: %+v", r)
 				}
-				final := c.call(t, "countersign_await", map[string]any{"taskId": id, "waitSeconds": 30})
+				final := call(t, c, "countersign_await", map[string]any{"taskId": id, "waitSeconds": 30})
 				if final.IsError || !strings.HasPrefix(final.Text, "[approved-executed]") || !strings.Contains(final.Text, "Transferred 5,000.00 EUR") ||
 					final.Meta[tasks.MetaDisposition] != string(tasks.ApprovedExecuted) {
 					t.Fatalf("await: %+v", final)
@@ -206,7 +215,7 @@ func TestPlainClients(t *testing.T) {
 					t.Errorf("%d transfers, want 1", n-before)
 				}
 				// The result stays readable and the call never runs again.
-				again := c.call(t, "countersign_await", map[string]any{"taskId": id})
+				again := call(t, c, "countersign_await", map[string]any{"taskId": id})
 				if again.Text != final.Text || s.Transfers() != before+1 {
 					t.Errorf("second await: %+v", again)
 				}
@@ -214,11 +223,11 @@ func TestPlainClients(t *testing.T) {
 
 			t.Run("denied", func(t *testing.T) {
 				before := s.Transfers()
-				id, _ := c.call(t, "transfer_funds", gated(acctName(t, "no"))).pending(t)
+				id, _ := call(t, c, "transfer_funds", gated(acctName(t, "no"))).pending(t)
 				if r := s.Approve(alice, s.RefOf(id), "deny"); !r.Accepted {
 					t.Fatalf("deny: %+v", r)
 				}
-				final := c.call(t, "countersign_await", map[string]any{"taskId": id, "waitSeconds": 30})
+				final := call(t, c, "countersign_await", map[string]any{"taskId": id, "waitSeconds": 30})
 				if !final.IsError || !strings.HasPrefix(final.Text, "[denied-not-executed]") {
 					t.Fatalf("await: %+v", final)
 				}
@@ -229,14 +238,14 @@ func TestPlainClients(t *testing.T) {
 
 			t.Run("cancelled", func(t *testing.T) {
 				before := s.Transfers()
-				id, _ := c.call(t, "transfer_funds", gated(acctName(t, "cxl"))).pending(t)
-				if r := other.call(t, "countersign_cancel", map[string]any{"taskId": id}); !strings.HasPrefix(r.Text, "[unknown-task]") {
+				id, _ := call(t, c, "transfer_funds", gated(acctName(t, "cxl"))).pending(t)
+				if r := call(t, other, "countersign_cancel", map[string]any{"taskId": id}); !strings.HasPrefix(r.Text, "[unknown-task]") {
 					t.Fatalf("foreign cancel: %+v", r)
 				}
-				if r := c.call(t, "countersign_cancel", map[string]any{"taskId": id}); r.IsError || !strings.HasPrefix(r.Text, "[cancelled]") {
+				if r := call(t, c, "countersign_cancel", map[string]any{"taskId": id}); r.IsError || !strings.HasPrefix(r.Text, "[cancelled]") {
 					t.Fatalf("cancel: %+v", r)
 				}
-				final := c.call(t, "countersign_await", map[string]any{"taskId": id, "waitSeconds": 10})
+				final := call(t, c, "countersign_await", map[string]any{"taskId": id, "waitSeconds": 10})
 				if !final.IsError || !strings.HasPrefix(final.Text, "[cancelled]") {
 					t.Fatalf("await: %+v", final)
 				}
@@ -246,15 +255,15 @@ func TestPlainClients(t *testing.T) {
 			})
 
 			t.Run("pending list", func(t *testing.T) {
-				id, _ := c.call(t, "transfer_funds", gated(acctName(t, "list"))).pending(t)
-				list := c.call(t, "countersign_pending", nil)
+				id, _ := call(t, c, "transfer_funds", gated(acctName(t, "list"))).pending(t)
+				list := call(t, c, "countersign_pending", nil)
 				if list.IsError || !strings.Contains(list.Text, id) {
 					t.Fatalf("pending: %+v", list)
 				}
-				if o := other.call(t, "countersign_pending", nil); strings.Contains(o.Text, id) {
+				if o := call(t, other, "countersign_pending", nil); strings.Contains(o.Text, id) {
 					t.Errorf("another principal sees the task: %+v", o)
 				}
-				c.call(t, "countersign_cancel", map[string]any{"taskId": id})
+				call(t, c, "countersign_cancel", map[string]any{"taskId": id})
 			})
 		})
 	}
@@ -265,8 +274,8 @@ func TestPlainClients(t *testing.T) {
 func TestPlainClientExpiry(t *testing.T) {
 	s := startStackWithPolicy(t, devtest.ShortApprovalPolicy(t))
 	c := newGoSDKClient(t, s, s.AgentToken)
-	id, _ := c.call(t, "transfer_funds", gated(acctName(t, "exp"))).pending(t)
-	final := c.call(t, "countersign_await", map[string]any{"taskId": id, "waitSeconds": 30})
+	id, _ := call(t, c, "transfer_funds", gated(acctName(t, "exp"))).pending(t)
+	final := call(t, c, "countersign_await", map[string]any{"taskId": id, "waitSeconds": 30})
 	if !final.IsError || !strings.HasPrefix(final.Text, "[denied-not-executed]") || !strings.Contains(strings.ToLower(final.Text), "expired") {
 		t.Fatalf("await: %+v", final)
 	}
@@ -284,19 +293,23 @@ func TestInlineWaitEndToEnd(t *testing.T) {
 
 	t.Run("approved in the window", func(t *testing.T) {
 		before := s.Transfers()
-		var wg sync.WaitGroup
-		wg.Add(1)
+		// The call waits in a goroutine; this one approves.
+		type answer struct {
+			a   toolAnswer
+			err error
+		}
+		done := make(chan answer, 1)
 		go func() {
-			defer wg.Done()
-			ref, _ := pendingRef(t, s)
-			if r := s.Approve(alice, ref, "approve"); !r.Accepted {
-				t.Errorf("approve: %+v", r)
-			}
+			a, err := c.try("transfer_funds", gated(acctName(t, "in")))
+			done <- answer{a, err}
 		}()
-		final := c.call(t, "transfer_funds", gated(acctName(t, "in")))
-		wg.Wait()
-		if final.IsError || !strings.HasPrefix(final.Text, "[approved-executed]") {
-			t.Fatalf("the call's own answer: %+v", final)
+		ref, _ := pendingRef(t, s)
+		if r := s.Approve(alice, ref, "approve"); !r.Accepted {
+			t.Fatalf("approve: %+v", r)
+		}
+		got := <-done
+		if got.err != nil || got.a.IsError || !strings.HasPrefix(got.a.Text, "[approved-executed]") {
+			t.Fatalf("the call's own answer: %+v (%v)", got.a, got.err)
 		}
 		if s.Transfers() != before+1 {
 			t.Errorf("%d transfers, want 1", s.Transfers()-before)
@@ -306,14 +319,14 @@ func TestInlineWaitEndToEnd(t *testing.T) {
 	t.Run("window passes, then approved", func(t *testing.T) {
 		before := s.Transfers()
 		start := time.Now()
-		id, _ := c.call(t, "transfer_funds", gated(acctName(t, "late"))).pending(t)
+		id, _ := call(t, c, "transfer_funds", gated(acctName(t, "late"))).pending(t)
 		if el := time.Since(start); el < 3*time.Second {
 			t.Errorf("answered after %v, inside the window", el)
 		}
 		if r := s.Approve(alice, s.RefOf(id), "approve"); !r.Accepted {
 			t.Fatalf("approve: %+v", r)
 		}
-		final := c.call(t, "countersign_await", map[string]any{"taskId": id, "waitSeconds": 30})
+		final := call(t, c, "countersign_await", map[string]any{"taskId": id, "waitSeconds": 30})
 		if final.IsError || !strings.HasPrefix(final.Text, "[approved-executed]") || s.Transfers() != before+1 {
 			t.Fatalf("await: %+v (%d transfers)", final, s.Transfers()-before)
 		}
@@ -338,7 +351,7 @@ func TestInlineWaitEndToEnd(t *testing.T) {
 		if r := s.Approve(alice, ref, "approve"); !r.Accepted {
 			t.Fatalf("approve: %+v", r)
 		}
-		final := c.call(t, "countersign_await", map[string]any{"taskId": id, "waitSeconds": 30})
+		final := call(t, c, "countersign_await", map[string]any{"taskId": id, "waitSeconds": 30})
 		if final.IsError || !strings.HasPrefix(final.Text, "[approved-executed]") || s.Transfers() != before+1 {
 			t.Fatalf("await after the hang-up: %+v (%d transfers)", final, s.Transfers()-before)
 		}
