@@ -135,6 +135,11 @@ func (s *Service) enrollingApprover(ctx context.Context, principal string) (Appr
 		if a, err = s.Approver(ctx, a.ID); err != nil {
 			return Approver{}, nil, err
 		}
+		if !a.MappedTo(p) {
+			// Its passkeys would never verify for this principal: refuse
+			// rather than enroll an unusable one.
+			return Approver{}, nil, fmt.Errorf("%w: the in-band approver %s is not mapped to this principal", ErrInvalidArgument, a.ID)
+		}
 	} else {
 		s.log.InfoContext(ctx, "approver added for in-band enrollment", "approver_id", a.ID, "principal", p)
 	}

@@ -149,22 +149,32 @@ var kidRE = regexp.MustCompile(`^ed25519-[0-9a-f]{32}$`)
 
 const currentKey = "current"
 
+// newKey generates a signing key and stores it under its kid (not yet
+// current).
+func (s *Service) newKey(ctx context.Context) (string, error) {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return "", err
+	}
+	kid := KeyID(priv.Public().(ed25519.PublicKey))
+	der, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		return "", err
+	}
+	if _, err := s.keys.Create(ctx, "key."+kid, der); err != nil {
+		return "", fmt.Errorf("txtoken: store key: %w", err)
+	}
+	return kid, nil
+}
+
 // loadCurrent loads the signing key named by "current", creating a key
 // (and "current") when the bucket has none.
 func (s *Service) loadCurrent(ctx context.Context) error {
 	e, err := s.keys.Get(ctx, currentKey)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		_, priv, gerr := ed25519.GenerateKey(rand.Reader)
-		if gerr != nil {
-			return gerr
-		}
-		kid := KeyID(priv.Public().(ed25519.PublicKey))
-		der, merr := x509.MarshalPKCS8PrivateKey(priv)
-		if merr != nil {
-			return merr
-		}
-		if _, err := s.keys.Create(ctx, "key."+kid, der); err != nil {
-			return fmt.Errorf("txtoken: store key: %w", err)
+		kid, kerr := s.newKey(ctx)
+		if kerr != nil {
+			return kerr
 		}
 		if _, err := s.keys.Create(ctx, currentKey, []byte(kid)); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
 			return fmt.Errorf("txtoken: store current key: %w", err)
@@ -374,17 +384,9 @@ func (s *Service) Rotate(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("txtoken: read current key: %w", err)
 	}
 	old := string(e.Value())
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	kid, err := s.newKey(ctx)
 	if err != nil {
 		return "", err
-	}
-	kid := KeyID(priv.Public().(ed25519.PublicKey))
-	der, err := x509.MarshalPKCS8PrivateKey(priv)
-	if err != nil {
-		return "", err
-	}
-	if _, err := s.keys.Create(ctx, "key."+kid, der); err != nil {
-		return "", fmt.Errorf("txtoken: store key: %w", err)
 	}
 	now := s.opts.Now().UTC()
 	retire := old

@@ -234,7 +234,8 @@ func (s *Service) Redeem(ctx context.Context, raw string, x Expect) (*Redemption
 		s.rejected(ctx, chain, rej, x)
 		return nil, rej
 	}
-	val, _ := json.Marshal(audit.TokenConsumed{JTI: c.ID, Principal: x.Principal, Tool: x.Tool, ActionHash: x.ActionHash, At: now.UTC()})
+	consumed := audit.TokenConsumed{JTI: c.ID, Principal: x.Principal, Tool: x.Tool, ActionHash: x.ActionHash, At: now.UTC()}
+	val, _ := json.Marshal(consumed)
 	if _, err := s.used.Create(ctx, c.ID, val); err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			rej := reject(ReasonAlreadyUsed, "the token has already been used")
@@ -244,9 +245,7 @@ func (s *Service) Redeem(ctx context.Context, raw string, x Expect) (*Redemption
 		}
 		return nil, fmt.Errorf("txtoken: consume %s: %w", c.ID, err)
 	}
-	if err := s.record(ctx, c.ID, audit.Step{ID: audit.StepTokenConsumed, Kind: audit.KindTokenConsumed, At: now.UTC(), Body: audit.TokenConsumed{
-		JTI: c.ID, Principal: x.Principal, Tool: x.Tool, ActionHash: x.ActionHash, At: now.UTC(),
-	}}); err != nil {
+	if err := s.record(ctx, c.ID, audit.Step{ID: audit.StepTokenConsumed, Kind: audit.KindTokenConsumed, At: now.UTC(), Body: consumed}); err != nil {
 		return nil, fmt.Errorf("txtoken: audit consumption of %s (token spent, call not run): %w", c.ID, err)
 	}
 	s.log.InfoContext(ctx, "txtoken: consumed", "jti", c.ID, "principal", x.Principal, "tool", x.Tool)

@@ -133,7 +133,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		return nil, err
 	}
 	if a.cfg.InlineWait == 0 && file != nil && file.InlineWait != nil {
-		// --inline-wait (or its environment variable) wins when set.
+		// A non-zero --inline-wait (or its environment variable) wins; 0 means unset.
 		a.cfg.InlineWait = *file.InlineWait
 	}
 	defer func() {
