@@ -674,6 +674,10 @@ func (a *App) ensureToken(ctx context.Context, file, name, kind string) (string,
 // Config returns the effective configuration.
 func (a *App) Config() *Config { return &a.cfg }
 
+// Temporal is the process's Temporal client (benchmarks start baseline
+// workflows on it).
+func (a *App) Temporal() client.Client { return a.tc }
+
 // startNotify opens the outbound channels: NATS events always (on the
 // embedded or external NATS), Slack when a token is configured.
 func (a *App) startNotify(ctx context.Context, js jetstream.JetStream) error {
