@@ -347,7 +347,16 @@ func (a *App) startNATS(ctx context.Context) error {
 	return nil
 }
 
+// stickyCacheSize bounds the process-wide sticky workflow cache of every
+// Temporal worker in the process: it holds pending workflows in memory.
+const stickyCacheSize = 1000
+
 func (a *App) startTemporal(ctx context.Context) error {
+	// The SDK creates its process-wide sticky cache with the first worker,
+	// at the size set then, and never resizes it. The embedded server runs
+	// workers of its own (its worker service), so the cap must be set before
+	// it starts, or it never applies (it stayed at the default 10,000).
+	worker.SetStickyWorkflowCacheSize(stickyCacheSize)
 	hostPort := a.cfg.TemporalAddress
 	var conn client.ConnectionOptions
 	if hostPort == "" {
@@ -384,8 +393,6 @@ func (a *App) startTemporal(ctx context.Context) error {
 }
 
 func (a *App) startWorker() error {
-	// Bound the sticky cache: it holds pending workflows in memory.
-	worker.SetStickyWorkflowCacheSize(1000)
 	w := worker.New(a.tc, tasks.TaskQueue, worker.Options{
 		// Finish in-flight activities and workflow tasks on a clean stop,
 		// so a restart does not wait out their timeouts.

@@ -381,6 +381,11 @@ func certIPs(host string) []net.IP {
 	return ips
 }
 
+// historyCacheSize bounds the history service's host-level mutable-state
+// cache, in workflows. A workflow out of the cache is read from SQLite when
+// it is next touched (a decision, its expiry).
+const historyCacheSize = 2000
+
 // dynamicConfig is the tuning described in the package doc.
 func dynamicConfig() dynamicconfig.StaticClient {
 	const pollRPS = 1000
@@ -398,6 +403,10 @@ func dynamicConfig() dynamicconfig.StaticClient {
 		dynamicconfig.EnableActivityEagerExecution.Key():                       true,
 		dynamicconfig.FrontendEnableUpdateWorkflowExecution.Key():              true,
 		dynamicconfig.FrontendEnableUpdateWorkflowExecutionAsyncAccepted.Key(): true,
+		// The history service caches the mutable state of every workflow
+		// it touched, up to 128,000 by default: a process holding
+		// thousands of pending approvals kept them all in memory.
+		dynamicconfig.HistoryCacheHostLevelMaxSize.Key(): historyCacheSize,
 	}
 }
 

@@ -71,11 +71,15 @@
 //     29–57/s);
 //   - system.enableEagerWorkflowStart, frontend.enableUpdateWorkflowExecution
 //     and frontend.enableUpdateWorkflowExecutionAsyncAccepted = true (the
-//     defaults in v1.32, pinned so an upgrade cannot silently turn them off).
+//     defaults in v1.32, pinned so an upgrade cannot silently turn them off);
+//   - history.hostLevelCacheMaxSize = 2,000 (default 128,000 workflows'
+//     mutable state: at 10,000 pending tasks it held them all in memory).
 //
 // Clients should start workflows with client.StartWorkflowOptions
-// EnableEagerStart when a worker runs in the same process, and cap the worker's
-// sticky workflow cache (worker.SetStickyWorkflowCacheSize, e.g. 1,000).
+// EnableEagerStart when a worker runs in the same process, and cap the
+// process's sticky workflow cache (worker.SetStickyWorkflowCacheSize, e.g.
+// 1,000) before Start: the server's own worker service creates the SDK's
+// process-wide cache, whose size is fixed when it is created.
 //
 // Metrics, pprof and the frontend HTTP API are off. Temporal's own logs go to
 // Options.Logger at warn level and above; while the server starts and after
