@@ -6,8 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -17,7 +15,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/go-webauthn/webauthn/webauthn"
-	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/text/unicode/norm"
 )
 
@@ -334,33 +331,4 @@ func (s *Service) Approver(ctx context.Context, id string) (Approver, error) {
 		return Approver{}, fmt.Errorf("passkey: get approver: %w", err)
 	}
 	return a, nil
-}
-
-// Approvers returns every approver, ordered by id.
-func (s *Service) Approvers(ctx context.Context) ([]Approver, error) {
-	w, err := s.approvers.WatchAll(ctx, jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, fmt.Errorf("passkey: list approvers: %w", err)
-	}
-	defer func() { _ = w.Stop() }()
-	out := []Approver{}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, errors.New("passkey: list approvers: watcher closed")
-			}
-			if e == nil { // end of the initial values
-				slices.SortFunc(out, func(a, b Approver) int { return strings.Compare(a.ID, b.ID) })
-				return out, nil
-			}
-			var a Approver
-			if err := json.Unmarshal(e.Value(), &a); err != nil {
-				return nil, fmt.Errorf("passkey: decode approver %s: %w", e.Key(), err)
-			}
-			out = append(out, a)
-		}
-	}
 }

@@ -101,6 +101,7 @@ type Service struct {
 	invites     jetstream.KeyValue
 	credentials jetstream.KeyValue
 	challenges  jetstream.KeyValue
+	dir         *directory // the approvers bucket in memory; see directory.go
 }
 
 // New validates opts and creates (or updates) the buckets. A bad relying
@@ -205,6 +206,7 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 		}
 		*b.dst = kv
 	}
+	s.dir = newDirectory(s.approvers)
 	return s, nil
 }
 
