@@ -352,7 +352,11 @@ func (s *Server) challenge(w http.ResponseWriter, errCode string) {
 		v += `, error="` + errCode + `"`
 	}
 	w.Header().Set("WWW-Authenticate", v)
-	http.Error(w, "Unauthorized: a bearer token is required", http.StatusUnauthorized)
+	msg := "Unauthorized: a bearer token is required"
+	if errCode == "invalid_token" {
+		msg = "Unauthorized: the bearer token is invalid (unknown or revoked)"
+	}
+	http.Error(w, msg, http.StatusUnauthorized)
 }
 
 // envelope is the part of a JSON-RPC message the HTTP layer looks at.

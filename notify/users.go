@@ -128,7 +128,11 @@ func (u *SlackUsers) LinkHandler(authorize func(*http.Request) error) http.Handl
 		switch err := authorize(r); {
 		case errors.Is(err, authn.ErrInvalidToken):
 			w.Header().Set("WWW-Authenticate", `Bearer realm="countersign-admin"`)
-			writeJSONError(w, http.StatusUnauthorized, "unauthorized", "an admin bearer token is required")
+			msg := "the admin bearer token is invalid: unknown, revoked, or not an admin token"
+			if errors.Is(err, authn.ErrMissingToken) {
+				msg = "an admin bearer token is required"
+			}
+			writeJSONError(w, http.StatusUnauthorized, "unauthorized", msg)
 			return
 		case err != nil:
 			u.log.ErrorContext(r.Context(), "notify: check admin token", "error", err)

@@ -20,8 +20,10 @@ func (h *Handler) admin(fn apiFunc) apiFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		err := h.tokens.AuthorizeAdmin(r)
 		switch {
-		case errors.Is(err, authn.ErrInvalidToken):
+		case errors.Is(err, authn.ErrMissingToken):
 			return errUnauthorized
+		case errors.Is(err, authn.ErrInvalidToken):
+			return errInvalidAdminToken
 		case err != nil:
 			return fmt.Errorf("web: check admin token: %w", err)
 		}

@@ -49,6 +49,8 @@ var (
 		Message: "cross-origin requests are not accepted"}
 	errUnauthorized = &apiError{Status: http.StatusUnauthorized, Code: codeUnauthorized,
 		Message: "an admin bearer token is required"}
+	errInvalidAdminToken = &apiError{Status: http.StatusUnauthorized, Code: codeUnauthorized,
+		Message: "the admin bearer token is invalid: unknown, revoked, or not an admin token"}
 	errTooManyInboxChallenges = &apiError{Status: http.StatusTooManyRequests, Code: approverapi.CodeRateLimited,
 		Message: "too many passkey challenges for this approval; wait a few seconds and try again"}
 )

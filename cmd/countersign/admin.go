@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -44,6 +45,10 @@ func newAdminClient(server, dataDir string) (*adminClient, error) {
 			server = "http://127.0.0.1:8080"
 		}
 	}
+	base, err := serverURL(server)
+	if err != nil {
+		return nil, err
+	}
 	token := os.Getenv("COUNTERSIGN_ADMIN_TOKEN")
 	if token == "" {
 		b, err := os.ReadFile(filepath.Join(dataDir, app.AdminTokenFile))
@@ -52,7 +57,20 @@ func newAdminClient(server, dataDir string) (*adminClient, error) {
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	return &adminClient{server: strings.TrimRight(server, "/"), token: token, http: &http.Client{Timeout: 30 * time.Second}}, nil
+	return &adminClient{server: base, token: token, http: &http.Client{Timeout: 30 * time.Second}}, nil
+}
+
+// serverURL checks --server: an absolute http(s) URL, such as
+// http://127.0.0.1:8080. It returns it without a trailing slash.
+func serverURL(s string) (string, error) {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", usageError{fmt.Sprintf("--server %q: give the server's URL with its scheme, e.g. http://127.0.0.1:8080 or https://countersign.example.com", s)}
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return "", usageError{fmt.Sprintf("--server %q: give the server's base URL, without a query or fragment", s)}
+	}
+	return strings.TrimRight(s, "/"), nil
 }
 
 func (c *adminClient) do(ctx context.Context, method, path string, body, out any) error {

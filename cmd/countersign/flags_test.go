@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -90,6 +91,34 @@ func TestFlagDefaultsAreConfigDefaults(t *testing.T) {
 		})
 	}
 
+	// The README's configuration tables document every flag, with its
+	// environment variable on the same row, and say which flags have none.
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]string{} // flag -> its README table row
+	for _, line := range strings.Split(string(readme), "\n") {
+		if !strings.HasPrefix(line, "| `--") {
+			continue
+		}
+		cell, _, _ := strings.Cut(line[2:], " |")
+		for _, f := range strings.Split(cell, " / ") {
+			rows[strings.Trim(f, "`-")] = line
+		}
+	}
+	for _, tc := range table {
+		row, ok := rows[tc.flag]
+		switch {
+		case !ok:
+			t.Errorf("README: no configuration table row for --%s", tc.flag)
+		case tc.env != "" && !strings.Contains(row, "`"+tc.env+"`"):
+			t.Errorf("README: the row of --%s does not name %s:\n%s", tc.flag, tc.env, row)
+		case tc.env == "" && !strings.Contains(row, "none"):
+			t.Errorf("README: the row of --%s must say it has no environment variable (\"none\"):\n%s", tc.flag, row)
+		}
+	}
+
 	// Every flag is in the table, and parsing no arguments yields exactly
 	// the defaults (the public URL stays empty: app derives it from --addr).
 	var cfg app.Config
@@ -99,7 +128,7 @@ func TestFlagDefaultsAreConfigDefaults(t *testing.T) {
 			t.Errorf("--%s is not in the table", f.Name)
 		}
 	})
-	cfg, _, err := serviceConfig("dev", nil, io.Discard)
+	cfg, _, err = serviceConfig("dev", nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

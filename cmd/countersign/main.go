@@ -30,6 +30,7 @@ Usage:
   countersign audit show TASK [--server URL] [--data-dir DIR]
   countersign audit export [--since RFC3339] [--server URL] [--data-dir DIR] > audit.jsonl
   countersign audit verify FILE --key PUBKEY
+  countersign audit rotate-key [--audit-key-dir DIR | --data-dir DIR]   a new audit signing key (restart the worker)
   countersign upstreams list [--config FILE] [--policy DIR]   each upstream, its state, its tools and their policy decision
 
 Run "countersign COMMAND -h" for a command's flags.

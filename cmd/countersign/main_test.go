@@ -2,8 +2,14 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/countersign/countersign/internal/devtest"
 )
@@ -85,6 +91,9 @@ func TestUsageErrors(t *testing.T) {
 		{"stray argument", []string{"dev", "extra"}, 2, "unexpected argument"},
 		{"non-loopback conformance", []string{"dev", "--conformance", "--addr", "0.0.0.0:0", "--data-dir", t.TempDir()}, 1, "loopback"},
 		{"insecure public url", []string{"dev", "--public-url", "http://example.com", "--data-dir", t.TempDir()}, 1, "https"},
+		{"server url without scheme", []string{"approvals", "list", "--server", "127.0.0.1:8080", "--data-dir", t.TempDir()}, 2, "with its scheme, e.g. http://127.0.0.1:8080"},
+		{"dev-only flag on server", []string{"server", "--sqlite-sync", "NORMAL"}, 2, "flag provided but not defined: -sqlite-sync"},
+		{"dev-only flag on worker", []string{"worker", "--conformance"}, 2, "flag provided but not defined: -conformance"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out, stderr := runCLI(tc.args...)
@@ -100,5 +109,45 @@ func TestApproversAddNeedsGroup(t *testing.T) {
 	code, _, stderr := runCLI("approvers", "add", "dave", "--data-dir", dir)
 	if code != 2 || !strings.Contains(stderr, "--group") {
 		t.Fatalf("exit %d, err %q", code, stderr)
+	}
+}
+
+// TestTakenPortFailsFirst: dev on a taken address says so and stops before
+// it starts the embedded services or writes its data dir.
+func TestTakenPortFailsFirst(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dir := filepath.Join(t.TempDir(), "data")
+	start := time.Now()
+	code, out, stderr := runCLI("dev", "--addr", ln.Addr().String(), "--data-dir", dir)
+	if code != 1 || !strings.Contains(stderr, "listen on "+ln.Addr().String()) || !strings.Contains(stderr, "--addr") {
+		t.Fatalf("exit %d, out %q, err %q", code, out, stderr)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("data dir %s was made (stat: %v)", dir, err)
+	}
+	if strings.Count(stderr, "\n") > 2 {
+		t.Errorf("more than the one error line:\n%s", stderr)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("took %s: it started something before failing", d)
+	}
+}
+
+// TestUsageListsEverySubcommand: the top-level usage names every audit
+// subcommand that `countersign audit` takes.
+func TestUsageListsEverySubcommand(t *testing.T) {
+	for _, line := range strings.Split(auditUsage, "\n") {
+		_, cmd, ok := strings.Cut(strings.TrimSpace(line), "countersign audit ")
+		if !ok {
+			continue
+		}
+		sub, _, _ := strings.Cut(cmd, " ")
+		if !strings.Contains(usage, "countersign audit "+sub) {
+			t.Errorf("usage does not list `countersign audit %s`", sub)
+		}
 	}
 }

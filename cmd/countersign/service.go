@@ -53,7 +53,8 @@ func envDuration(name string, def time.Duration) time.Duration {
 	return def
 }
 
-// serviceFlags binds the flags of the service commands to cfg. Each flag
+// serviceFlags binds the flags of the service commands to cfg. The flags of
+// the embedded services (--sqlite-sync) and --conformance are dev's only. Each flag
 // defaults to its environment variable, else to the value app.Config.Defaults
 // gives the setting (with conformance, the lifted limits of --conformance),
 // so that a setting has one default. The public URL and the server ID have
@@ -88,7 +89,10 @@ func serviceFlags(cmd string, cfg *app.Config, conformance bool) (fs *flag.FlagS
 		cfg.VerifiedOrigins = splitList(v)
 	}
 	fs.StringVar(&cfg.PolicyDir, "policy", envOr("COUNTERSIGN_POLICY", ""), "directory of Rego policy to load instead of the embedded default")
-	fs.StringVar(&cfg.SQLiteSync, "sqlite-sync", envOr("COUNTERSIGN_SQLITE_SYNC", def.SQLiteSync), "embedded Temporal SQLite synchronous mode: FULL or NORMAL")
+	cfg.SQLiteSync = def.SQLiteSync
+	if cmd == "dev" {
+		fs.StringVar(&cfg.SQLiteSync, "sqlite-sync", envOr("COUNTERSIGN_SQLITE_SYNC", def.SQLiteSync), "embedded Temporal SQLite synchronous mode: FULL or NORMAL")
+	}
 	fs.IntVar(&cfg.RatePerMinute, "rate-per-minute", envInt("COUNTERSIGN_RATE_PER_MINUTE", def.RatePerMinute), "approval requests per principal per minute")
 	fs.IntVar(&cfg.RateBurst, "rate-burst", envInt("COUNTERSIGN_RATE_BURST", def.RateBurst), "approval requests a principal may make at once before the per-minute rate applies")
 	fs.IntVar(&cfg.MaxPendingPerPrincipal, "max-pending", envInt("COUNTERSIGN_MAX_PENDING", def.MaxPendingPerPrincipal), "pending tasks per principal")
@@ -102,7 +106,9 @@ func serviceFlags(cmd string, cfg *app.Config, conformance bool) (fs *flag.FlagS
 	fs.IntVar(&cfg.MaxConnections, "max-connections", envInt("COUNTERSIGN_MAX_CONNECTIONS", def.MaxConnections), "open HTTP connections")
 	fs.StringVar(&cfg.AuditKeyDir, "audit-key-dir", envOr("COUNTERSIGN_AUDIT_KEY_DIR", ""), "directory of the audit signing keys (default DATA_DIR/audit-keys); a server uses them for transaction-token records only")
 	fs.BoolVar(&cfg.AuditRedact, "audit-redact", os.Getenv("COUNTERSIGN_AUDIT_REDACT") == "true", "record a digest of tool arguments in audit records instead of the arguments")
-	fs.BoolVar(&cfg.Conformance, "conformance", false, "serve /mcp WITHOUT authentication for conformance suites (loopback only); lifts the defaults of --rate-per-minute, --requests-per-second, --request-burst and --max-in-flight")
+	if cmd == "dev" {
+		fs.BoolVar(&cfg.Conformance, "conformance", false, "serve /mcp WITHOUT authentication for conformance suites (loopback only); lifts the defaults of --rate-per-minute, --requests-per-second, --request-burst and --max-in-flight")
+	}
 	logLevel = fs.String("log-level", envOr("COUNTERSIGN_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
 	return fs, logLevel
 }

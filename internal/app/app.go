@@ -81,10 +81,13 @@ type App struct {
 	worker   worker.Worker
 	httpSrv  *http.Server
 	listener net.Listener
-	js       jetstream.JetStream
-	slack    *notify.Slack
-	events   *notify.Events
-	decide   *notify.DecisionService
+	// ln is the listen address taken at the start of New, until
+	// startHTTP wraps it into listener.
+	ln     net.Listener
+	js     jetstream.JetStream
+	slack  *notify.Slack
+	events *notify.Events
+	decide *notify.DecisionService
 	// upstreams are the configured upstream MCP servers (upstreams.go).
 	upstreams []namedUpstream
 
@@ -141,6 +144,13 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 			a.Shutdown(context.Background())
 		}
 	}()
+	if mode != ModeWorker {
+		// Take the listen address before anything starts or is written,
+		// so a taken port fails at once and leaves no half-made data dir.
+		if a.ln, err = net.Listen("tcp", cfg.Addr); err != nil {
+			return nil, fmt.Errorf("listen on %s: %w (is another countersign running? choose another with --addr)", cfg.Addr, err)
+		}
+	}
 	if mode == ModeDev {
 		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 			return nil, fmt.Errorf("data dir: %w", err)
@@ -367,7 +377,7 @@ func (a *App) startTemporal(ctx context.Context) error {
 			DataDir:     filepath.Join(a.cfg.DataDir, "temporal"),
 			Namespace:   a.cfg.TemporalNamespace,
 			Synchronous: a.cfg.SQLiteSync,
-			Logger:      a.log,
+			Logger:      embeddedLogger(ctx, a.log),
 		})
 		if err != nil {
 			return fmt.Errorf("embedded Temporal: %w", err)
@@ -513,10 +523,8 @@ func (a *App) startHTTP(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", a.cfg.Addr)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", a.cfg.Addr, err)
-	}
+	ln := a.ln
+	a.ln = nil // a.listener owns it now
 	a.listener = netutil.LimitListener(ln, a.cfg.MaxConnections)
 	bodyTimeout := a.cfg.BodyReadTimeout
 	a.httpSrv = &http.Server{
@@ -598,6 +606,9 @@ func (a *App) Shutdown(ctx context.Context) error {
 	} else if a.listener != nil {
 		a.listener.Close()
 	}
+	if a.ln != nil {
+		a.ln.Close()
+	}
 	if a.decide != nil {
 		a.decide.Close()
 	}
@@ -623,6 +634,17 @@ func (a *App) Shutdown(ctx context.Context) error {
 		a.nats.Shutdown()
 	}
 	return errors.Join(errs...)
+}
+
+// embeddedLogger is the logger of the embedded Temporal server: its warnings
+// and errors are about its own internals (ports, membership, shards) and
+// would bury Countersign's console, so they show only at --log-level debug.
+// Countersign's own errors about Temporal (the client's) always show.
+func embeddedLogger(ctx context.Context, log *slog.Logger) *slog.Logger {
+	if log.Enabled(ctx, slog.LevelDebug) {
+		return log.With("component", "embedded-temporal")
+	}
+	return nil
 }
 
 // bootstrapDev creates the dev agent and admin tokens on first start, saves

@@ -35,6 +35,10 @@ const (
 // Sentinel errors.
 var (
 	ErrInvalidToken = errors.New("authn: invalid token")
+	// ErrMissingToken is a request without a bearer token. It wraps
+	// ErrInvalidToken, so callers that answer both with 401 need test only
+	// for that; it tells them apart for the message.
+	ErrMissingToken = fmt.Errorf("%w: no bearer token", ErrInvalidToken)
 	ErrInvalidName  = errors.New("authn: name must be 1-64 characters of letters, digits, '.', '_', '-' or '@'")
 	ErrNameTaken    = errors.New("authn: an agent with that name already exists")
 )
@@ -163,13 +167,13 @@ func (t *Tokens) IsAdmin(ctx context.Context, token string) bool {
 
 // AuthorizeAdmin checks that r bears an admin token ("Authorization: Bearer
 // X"). A missing, unknown or non-admin token is [ErrInvalidToken] (answer
-// 401); any other error is the token store failing (answer 500, not 401, so
+// 401; a missing one is also [ErrMissingToken]); any other error is the token store failing (answer 500, not 401, so
 // an outage is not mistaken for a revoked token). It fits the
 // func(*http.Request) error authorizers of the admin endpoints.
 func (t *Tokens) AuthorizeAdmin(r *http.Request) error {
 	tok := BearerToken(r.Header.Get("Authorization"))
 	if tok == "" {
-		return ErrInvalidToken
+		return ErrMissingToken
 	}
 	p, err := t.Lookup(r.Context(), tok)
 	if err != nil {
