@@ -2,8 +2,6 @@ package workflows_test
 
 import (
 	"encoding/json"
-	"log/slog"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -11,12 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 	historypb "go.temporal.io/api/history/v1"
 	"go.temporal.io/sdk/client"
-	tlog "go.temporal.io/sdk/log"
-	"go.temporal.io/sdk/worker"
-	"go.temporal.io/sdk/workflow"
 
 	"github.com/countersign/countersign/tasks"
-	"github.com/countersign/countersign/workflows"
 )
 
 // The histories in testdata/compat were written by the code on main before
@@ -42,27 +36,15 @@ func TestOldHistoriesReplay(t *testing.T) {
 	for _, name := range compatCases {
 		t.Run(name, func(t *testing.T) {
 			hist := oldHistory(t, name)
-			in := inputOf(t, hist)
-			r := worker.NewWorkflowReplayer()
-			r.RegisterWorkflowWithOptions(workflows.Approval, workflow.RegisterOptions{Name: tasks.WorkflowName})
-			log := tlog.NewStructuredLogger(slog.New(slog.NewTextHandler(testLog{t}, nil)))
-			// The workflow checks its input against its ID: replay under
-			// the ID it ran with.
-			require.NoError(t, r.ReplayWorkflowHistoryWithOptions(log, hist, worker.ReplayWorkflowHistoryOptions{
-				OriginalExecution: workflow.Execution{ID: in.Envelope.TaskID, RunID: "compat-run"},
-			}))
+			inputOf(t, hist)
+			replay(t, hist) // replay_test.go
 		})
 	}
 }
 
 func oldHistory(t *testing.T, name string) *historypb.History {
 	t.Helper()
-	f, err := os.Open(filepath.Join("testdata", "compat", name+".history.json"))
-	require.NoError(t, err)
-	defer f.Close()
-	hist, err := client.HistoryFromJSON(f, client.HistoryJSONOptions{})
-	require.NoError(t, err)
-	return hist
+	return readHistory(t, filepath.Join("testdata", "compat", name+".history.json"))
 }
 
 // oldInput returns the workflow input exactly as the old code sent it: the
@@ -74,14 +56,10 @@ func oldInput(t *testing.T, name string) tasks.ApprovalInput {
 
 func inputOf(t *testing.T, hist *historypb.History) tasks.ApprovalInput {
 	t.Helper()
-	payloads := hist.GetEvents()[0].GetWorkflowExecutionStartedEventAttributes().GetInput().GetPayloads()
-	require.Len(t, payloads, 1)
-	b := payloads[0].GetData()
+	in := startInput(t, hist)
 	var fields map[string]json.RawMessage
-	require.NoError(t, json.Unmarshal(b, &fields))
+	require.NoError(t, json.Unmarshal(hist.GetEvents()[0].GetWorkflowExecutionStartedEventAttributes().GetInput().GetPayloads()[0].GetData(), &fields))
 	require.NotContains(t, fields, "mode", "the old input had no mode")
-	var in tasks.ApprovalInput
-	require.NoError(t, json.Unmarshal(b, &in))
 	return in
 }
 

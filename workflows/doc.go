@@ -106,7 +106,79 @@
 // (tasks.UpdateRecordRejection), which it does for at most
 // [MaxRecordedRejections] per task and refuses without history after that.
 //
-// Replay: when a workflow version is released, its histories go to
-// workflows/testdata/ with one replay test each (worker.NewWorkflowReplayer).
-// Until then there is no released history to replay.
+// # Safe upgrades
+//
+// A task can wait for its approvers for as long as its policy allows (24 h by
+// default), and a worker of the next release then carries it on by
+// replaying its history through the new code. Temporal checks, command by
+// command, that the replay asks for what the history recorded: the same
+// activities (by type name and ID), local activity markers, timers,
+// update acceptances and completions, version markers and the workflow's
+// completion, in the same order. A mismatch is a nondeterminism error: the
+// workflow task fails and retries forever, and the task is stuck. A change
+// that slips past the check is worse: the task takes another path than the
+// one its timeline and audit chain recorded. The rules:
+//
+//   - Never reorder commands, even ones that look independent (an outbox
+//     batch and a notification, a timer and a local activity): their order
+//     is part of the history. Adding or removing one, or a branch that
+//     issues another one for a history already recorded, is a change too.
+//   - Guard every such change with workflow.GetVersion at the point where
+//     old and new code part ways (the pattern below). A history recorded
+//     before the change has no marker and takes the old branch; a new run
+//     records the marker and takes the new one. The change ID names the
+//     change (kebab-case) and is never reused. The Go SDK's GetVersion is
+//     its patching API (it has no patched()/deprecatePatch()). A later
+//     change to the same spot raises maxSupported to 2, keeping both older
+//     branches.
+//   - Names are part of the history and never change: the workflow type
+//     ([tasks.WorkflowName]), the activity names (the method names of
+//     activities.Activities: renaming a method renames the activity), the
+//     update names (tasks.Update*), the task queue. Add a new name beside
+//     the old one and keep the old handler until no history uses it.
+//   - Payloads (inputs, update arguments, activity inputs and outputs) are
+//     JSON in the history: add fields only, with a zero value that means
+//     the old behaviour (see tasks.ApprovalInput.Normalized); never change a
+//     field's type or meaning.
+//   - Safe without a version: an activity's body (its result is in the
+//     history, not re-run), an activity's timeouts and retry policy (the
+//     history keeps those it was scheduled with), logging, and update
+//     validators (the SDK does not run them on replay; they only judge new
+//     updates).
+//
+// The pattern:
+//
+//	if workflow.GetVersion(ctx, "publish-in-batches", workflow.DefaultVersion, 1) == workflow.DefaultVersion {
+//		// the old code, unchanged
+//	} else {
+//		// the new code
+//	}
+//
+// The proof is the replay test, TestReleasedHistoriesReplay in
+// replay_test.go, part of the normal test command: it replays, on today's
+// code, the histories each release recorded in testdata/replay/<release>/
+// (executed, denied, expired, cancelled, quorum 2, outcome-unknown, and one
+// left pending with one of two approvals), and TestOldHistoriesReplay those
+// of testdata/compat. A change that fails it needs GetVersion; never
+// re-record the histories to make it pass.
+//
+// Recording: the histories come from real runs of `countersign dev` on the
+// embedded Temporal server (internal/e2e TestRecordHistories, which runs in
+// the test command too and checks that today's code replays its own
+// histories). A release records its own:
+//
+//	COUNTERSIGN_RECORD_HISTORIES=<release> go test -count=1 -run '^TestRecordHistories$' ./internal/e2e
+//
+// and commits testdata/replay/<release>/ beside the older releases'.
+//
+// Retiring a version: once no workflow that a release started can still
+// run (every task started before the next release has ended: the longest
+// approval TTL, plus [NotifyDrainTimeout] and [ExecuteTimeout]; check with
+// `temporal workflow count --query 'WorkflowType="Approval" AND
+// ExecutionStatus="Running" AND StartTime < "<release time>"'`), delete
+// its testdata/replay/<release>/ and, for each change ID it predates, set
+// minSupported to the version after DefaultVersion and delete the old
+// branch: a history without the marker then fails loudly instead of taking
+// the new path. Keep the GetVersion call itself while a history with its
+// marker may still run.
 package workflows

@@ -704,7 +704,8 @@ func (a *App) ensureToken(ctx context.Context, file, name, kind string) (string,
 func (a *App) Config() *Config { return &a.cfg }
 
 // Temporal is the process's Temporal client (benchmarks start baseline
-// workflows on it).
+// workflows on it; tests read workflow histories through it: in dev mode
+// the embedded server talks only to this process).
 func (a *App) Temporal() client.Client { return a.tc }
 
 // startNotify opens the outbound channels: NATS events always (on the
