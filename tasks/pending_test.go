@@ -430,3 +430,44 @@ func BenchmarkPendingCap(b *testing.B) {
 		}
 	})
 }
+
+// probe is a WorkflowProbe that knows no workflow and counts its calls.
+type probe struct{ calls atomic.Int64 }
+
+func (p *probe) Running(context.Context, string) (bool, error) {
+	p.calls.Add(1)
+	return false, nil
+}
+
+// Reconcile asks Temporal only about starts that are not confirmed: a record
+// its workflow has written to (Seq > 0) has a workflow, however old.
+func TestReconcileDescribesOnlyUnconfirmedStarts(t *testing.T) {
+	js, _ := testnats.Start(t)
+	s := newStoreAt(t, js, 0)
+	ctx := context.Background()
+	confirmed, unconfirmed := newRecord("alice"), newRecord("alice")
+	confirmed.Seq = 3
+	for _, r := range []Record{confirmed, unconfirmed} {
+		if err := s.ReservePending(ctx, r.Owner, r.TaskID, 10); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Create(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	later := newStoreAt(t, js, time.Hour)
+	var p probe
+	n, err := Reconcile(ctx, later, &p, time.Minute, nil)
+	if err != nil || n != 1 {
+		t.Fatalf("Reconcile = %d, %v; want 1", n, err)
+	}
+	if c := p.calls.Load(); c != 1 {
+		t.Fatalf("described %d workflows, want 1 (the unconfirmed start)", c)
+	}
+	if r, err := later.Get(ctx, confirmed.TaskID); err != nil || r.Status.Terminal() {
+		t.Fatalf("confirmed task: %v, %v", r.Status, err)
+	}
+	if r, err := later.Get(ctx, unconfirmed.TaskID); err != nil || r.Status != StatusFailed {
+		t.Fatalf("orphan: %v, %v", r.Status, err)
+	}
+}
