@@ -229,7 +229,8 @@ func (a *Activities) VerifyDecision(ctx context.Context, in VerifyDecisionInput)
 
 // Reevaluate asks the current policy about the same envelope with the
 // approvals as input. Approvers' groups are read now, not when they approved,
-// so an approver removed from a group meanwhile no longer counts for it.
+// so an approver removed from a group meanwhile no longer counts for it, and
+// one an admin disabled or revoked meanwhile counts for no group.
 func (a *Activities) Reevaluate(ctx context.Context, in ReevaluateInput) (ReevaluateOutput, error) {
 	if err := checkVersion(in.Version); err != nil {
 		return ReevaluateOutput{}, err
@@ -243,10 +244,11 @@ func (a *Activities) Reevaluate(ctx context.Context, in ReevaluateInput) (Reeval
 		var groups []string
 		ap, err := a.Passkeys.Approver(ctx, e.ApproverID)
 		switch {
-		case err == nil:
+		case err == nil && ap.Active():
 			groups = ap.Groups
-		case errors.Is(err, passkey.ErrNotFound):
-			// Removed since approving: the approval counts for no group.
+		case err == nil, errors.Is(err, passkey.ErrNotFound):
+			// Removed, disabled or revoked since approving: the approval
+			// counts for no group.
 		default:
 			return ReevaluateOutput{}, fmt.Errorf("activities: reevaluate %s: approver: %w", env.TaskID, err)
 		}

@@ -231,8 +231,9 @@ func clipID(id string) string {
 // DenyUnsigned denies the approval with reference ref on behalf of an
 // approver authenticated by another channel than a passkey (via names it,
 // such as "slack"). Only a deny takes this path: a deny can only stop a
-// call. The approver must exist (ErrUnknownApprover) and be in the
-// approval's group (ErrNotEligible); a task that no longer takes decisions
+// call. The approver must exist (ErrUnknownApprover), be active (not
+// disabled or revoked by an admin) and be in the approval's group
+// (ErrNotEligible); a task that no longer takes decisions
 // is ErrNotPending. The workflow records who denied, through what, and when.
 func (s *Service) DenyUnsigned(ctx context.Context, ref, approverID, via string, at time.Time) error {
 	ap, err := s.passkeys.Approver(ctx, approverID)
@@ -246,7 +247,8 @@ func (s *Service) DenyUnsigned(ctx context.Context, ref, approverID, via string,
 	if err != nil {
 		return err
 	}
-	if !slices.Contains(ap.Groups, rec.Requirement.Group) {
+	if !ap.Active() || !slices.Contains(ap.Groups, rec.Requirement.Group) {
+		// A disabled or revoked approver decides nothing, by any channel.
 		s.log.InfoContext(ctx, "approvals: unsigned deny by a non-eligible approver refused", "approver_id", ap.ID, "approval_ref", ref, "via", via)
 		return ErrNotEligible
 	}

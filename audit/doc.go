@@ -45,6 +45,15 @@
 // grammar and binding ([RuleToken]); they carry no outcome record. See
 // txtoken.go.
 //
+// # Admin chains
+//
+// An admin's action on an identity (an admin token created or rotated; an
+// agent, an approver or a passkey disabled, enabled or revoked) is an
+// "admin" record in that identity's own chain ([AdminChainID]), written by
+// the process that acted. The verifier checks that a chain holds only its
+// identity's actions and nothing acts on a revoked target ([RuleAdmin]).
+// See admin.go.
+//
 // # Verification
 //
 // [Verify] checks each record (canonical form, signature, links) and then

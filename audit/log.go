@@ -221,7 +221,7 @@ func (l *Log) appendTo(ctx context.Context, taskID string, es []entry, s Step, b
 			return entry{}, ErrSealed
 		}
 		prev, lastSeq = es[n-1].hash, es[n-1].seq
-	} else if s.Kind != KindRequested && !IsTokenChainStart(s.Kind) {
+	} else if s.Kind != KindRequested && s.Kind != KindAdmin && !IsTokenChainStart(s.Kind) {
 		return entry{}, fmt.Errorf("%w: chain of %s has no requested record; cannot append %s", ErrBrokenChain, taskID, s.Kind)
 	}
 	if len(es) >= MaxChainLen {

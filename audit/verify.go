@@ -359,6 +359,10 @@ func verifyChain(taskID string, recs []Record, hashes []string, opts VerifyOptio
 		verifyTokenChain(recs, fail, &v)
 		return v
 	}
+	if recs[0].Kind == KindAdmin {
+		verifyAdminChain(taskID, recs, fail, &v)
+		return v
+	}
 	if recs[0].Kind != KindRequested {
 		fail(RuleRequested, 0, "the first record is %q, want %q", recs[0].Kind, KindRequested)
 		return v

@@ -31,6 +31,10 @@ type Approver struct {
 	Principals    []string  `json:"principals,omitempty"`
 	CreatedAt     time.Time `json:"createdAt"`
 	CredentialIDs []string  `json:"credentialIds"` // base64url (no padding) credential ids
+	// DisabledAt and RevokedAt are set by an admin (admin.go): a disabled
+	// approver takes no part until enabled again; a revoked one never does.
+	DisabledAt time.Time `json:"disabledAt,omitzero"`
+	RevokedAt  time.Time `json:"revokedAt,omitzero"`
 }
 
 // ActsAs reports whether principal, the authenticated identity that made a

@@ -241,7 +241,7 @@ func (s *Service) eligibleDescriptors(ctx context.Context, group, class string) 
 	}
 	var out []protocol.CredentialDescriptor
 	for _, a := range approvers {
-		if !inGroup(a, group) {
+		if !inGroup(a, group) || !a.Active() {
 			continue
 		}
 		creds, err := s.approverCredentials(ctx, a)
@@ -249,7 +249,7 @@ func (s *Service) eligibleDescriptors(ctx context.Context, group, class string) 
 			return nil, err
 		}
 		for _, c := range creds {
-			if classAllows(class, c.Credential.Transport) {
+			if c.active() && classAllows(class, c.Credential.Transport) {
 				out = append(out, c.Credential.Descriptor())
 			}
 		}

@@ -18,6 +18,9 @@ type credentialRecord struct {
 	Credential webauthn.Credential `json:"credential"`
 	CreatedAt  time.Time           `json:"createdAt"`
 	LastUsedAt time.Time           `json:"lastUsedAt,omitzero"`
+	// DisabledAt and RevokedAt are set by an admin (admin.go).
+	DisabledAt time.Time `json:"disabledAt,omitzero"`
+	RevokedAt  time.Time `json:"revokedAt,omitzero"`
 }
 
 // waUser adapts an approver to webauthn.User. The WebAuthn user handle is the
@@ -101,6 +104,9 @@ func (s *Service) BeginEnrollment(ctx context.Context, token string) (*protocol.
 		}
 		return nil, err
 	}
+	if err := enrollable(a); err != nil {
+		return nil, err
+	}
 	creds, err := s.approverCredentials(ctx, a)
 	if err != nil {
 		return nil, err
@@ -162,6 +168,9 @@ func (s *Service) completeEnrollment(ctx context.Context, key string, inv invite
 		if errors.Is(err, ErrNotFound) {
 			return "", newError(ReasonNoPendingEnrollment, err)
 		}
+		return "", err
+	}
+	if err := enrollable(a); err != nil {
 		return "", err
 	}
 	parsed, err := protocol.ParseCredentialCreationResponseBytes(response)

@@ -24,6 +24,12 @@ const (
 	ReasonArgumentHashMismatch        = "argument_hash_mismatch"
 	ReasonApproverNotEligible         = "approver_not_eligible" // Countersign addition
 	ReasonSelfApproval                = "self_approval"         // Countersign addition
+	// An admin's action (admin.go), checked at decision time: Countersign
+	// additions.
+	ReasonCredentialRevoked  = "credential_revoked"
+	ReasonCredentialDisabled = "credential_disabled"
+	ReasonApproverRevoked    = "approver_revoked"
+	ReasonApproverDisabled   = "approver_disabled"
 
 	// Challenge issuance (§4.4.3). ReasonToolNotApprovalRequired is emitted by
 	// the MCP layer, which knows the tool registry; this package never returns it.
@@ -54,6 +60,10 @@ var messages = map[string]string{
 	ReasonArgumentHashMismatch:        "Approval evidence does not match the arguments of this call",
 	ReasonApproverNotEligible:         "Approver is not eligible to approve this call",
 	ReasonSelfApproval:                "The requester cannot approve their own call",
+	ReasonCredentialRevoked:           "Passkey has been revoked by an admin",
+	ReasonCredentialDisabled:          "Passkey is disabled by an admin",
+	ReasonApproverRevoked:             "Approver has been revoked by an admin",
+	ReasonApproverDisabled:            "Approver is disabled by an admin",
 	ReasonToolNotApprovalRequired:     "Tool does not require verified approval",
 	ReasonNoEligibleCredential:        "No enrolled passkey satisfies the policy",
 	ReasonCredentialAlreadyEnrolled:   "Passkey is already enrolled",
@@ -114,4 +124,7 @@ var (
 	// ErrInvalidArgument is returned, wrapped with details, when a caller
 	// passes a malformed name, group, class or request.
 	ErrInvalidArgument = errors.New("passkey: invalid argument")
+	// ErrRevoked is returned, wrapped, when an admin tries to disable or
+	// enable what was revoked: revocation is permanent.
+	ErrRevoked = errors.New("passkey: revoked; a revocation is permanent")
 )

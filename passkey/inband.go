@@ -73,12 +73,15 @@ func (s *Service) PrincipalCredentials(ctx context.Context, principal, class str
 	}
 	var out []protocol.CredentialDescriptor
 	for _, a := range approvers {
+		if !a.Active() {
+			continue
+		}
 		creds, err := s.approverCredentials(ctx, a)
 		if err != nil {
 			return nil, err
 		}
 		for _, c := range creds {
-			if classAllows(class, c.Credential.Transport) {
+			if c.active() && classAllows(class, c.Credential.Transport) {
 				out = append(out, c.Credential.Descriptor())
 			}
 		}
@@ -218,6 +221,10 @@ type PasskeyInfo struct {
 	SignCount    uint32    `json:"signCount"`
 	CreatedAt    time.Time `json:"createdAt"`
 	LastUsedAt   time.Time `json:"lastUsedAt,omitzero"`
+	// Status is StatusActive, StatusDisabled or StatusRevoked (admin.go).
+	Status     string    `json:"status"`
+	DisabledAt time.Time `json:"disabledAt,omitzero"`
+	RevokedAt  time.Time `json:"revokedAt,omitzero"`
 }
 
 // Passkeys returns the passkeys of an approver, however they were enrolled
@@ -234,17 +241,25 @@ func (s *Service) Passkeys(ctx context.Context, approverID string) ([]PasskeyInf
 	}
 	out := make([]PasskeyInfo, 0, len(recs))
 	for _, r := range recs {
-		ts := make([]string, 0, len(r.Credential.Transport))
-		for _, t := range r.Credential.Transport {
-			ts = append(ts, string(t))
-		}
-		out = append(out, PasskeyInfo{
-			CredentialID: base64.RawURLEncoding.EncodeToString(r.Credential.ID),
-			Transports:   ts,
-			SignCount:    r.Credential.Authenticator.SignCount,
-			CreatedAt:    r.CreatedAt,
-			LastUsedAt:   r.LastUsedAt,
-		})
+		out = append(out, r.info())
 	}
 	return out, nil
+}
+
+// info is the record as admins see it.
+func (r credentialRecord) info() PasskeyInfo {
+	ts := make([]string, 0, len(r.Credential.Transport))
+	for _, t := range r.Credential.Transport {
+		ts = append(ts, string(t))
+	}
+	return PasskeyInfo{
+		CredentialID: base64.RawURLEncoding.EncodeToString(r.Credential.ID),
+		Transports:   ts,
+		SignCount:    r.Credential.Authenticator.SignCount,
+		CreatedAt:    r.CreatedAt,
+		LastUsedAt:   r.LastUsedAt,
+		Status:       statusOf(r.DisabledAt, r.RevokedAt),
+		DisabledAt:   r.DisabledAt,
+		RevokedAt:    r.RevokedAt,
+	}
 }

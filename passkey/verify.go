@@ -99,7 +99,8 @@ type Verified struct {
 //  4. challenge_consumed (a retry with the consuming ConsumerKey succeeds again)
 //  5. challenge_expired
 //  6. challenge_wrong_task, then challenge_wrong_tool
-//  7. unknown_credential
+//  7. unknown_credential, then credential_revoked, credential_disabled,
+//     approver_revoked, approver_disabled (an admin's action, read now)
 //  8. authenticator_class_mismatch
 //  9. signature_verification_failed: any WebAuthn failure (signature, origin,
 //     RP id, user verification, challenge)
@@ -232,6 +233,11 @@ func (s *Service) verify(ctx context.Context, req *VerifyRequest) (Verified, err
 		if errors.Is(err, ErrNotFound) {
 			return Verified{}, newError(ReasonUnknownCredential, err)
 		}
+		return Verified{}, err
+	}
+	// 8a (Countersign). Neither the passkey nor its approver is disabled or
+	// revoked by an admin: read now, at decision time, on every replica.
+	if err := usable(a, cred); err != nil {
 		return Verified{}, err
 	}
 	if !slices.Contains(a.CredentialIDs, credID) {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/internal/approverapi"
 	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/passkey"
@@ -66,12 +67,32 @@ type approverView struct {
 	Groups     []string              `json:"groups"`
 	Principals []string              `json:"principals"`
 	CreatedAt  time.Time             `json:"createdAt"`
+	Status     string                `json:"status"` // active, disabled or revoked (manage.go)
+	DisabledAt time.Time             `json:"disabledAt,omitzero"`
+	RevokedAt  time.Time             `json:"revokedAt,omitzero"`
+	AuditChain string                `json:"auditChain"`
 	Passkeys   []passkey.PasskeyInfo `json:"passkeys"`
 }
 
+// approverView is a as admins see it, with their passkeys (an error
+// wrapping passkey.ErrNotFound when a was removed meanwhile).
+func (h *Handler) approverView(r *http.Request, a passkey.Approver) (approverView, error) {
+	pks, err := h.passkeys.Passkeys(r.Context(), a.ID)
+	if err != nil {
+		return approverView{}, err
+	}
+	principals := a.Principals
+	if principals == nil {
+		principals = []string{}
+	}
+	return approverView{ID: a.ID, Name: a.Name, Groups: a.Groups, Principals: principals, CreatedAt: a.CreatedAt,
+		Status: a.Status(), DisabledAt: a.DisabledAt, RevokedAt: a.RevokedAt,
+		AuditChain: audit.AdminChainID(audit.AdminTarget{Type: audit.TargetApprover, ID: a.ID}), Passkeys: pks}, nil
+}
+
 // listApprovers: GET /admin/v1/approvers → 200 [...] by id: every approver
-// with their groups, principals and passkeys (id, transports, counter,
-// dates), including the passkeys agents enrolled in-band (SEP-2672), which
+// with their groups, principals, status, admin audit chain and passkeys
+// (id, transports, counter, dates, status), including the passkeys agents enrolled in-band (SEP-2672), which
 // belong to an approver mapped to the agent's principal.
 func (h *Handler) listApprovers(w http.ResponseWriter, r *http.Request) error {
 	as, err := h.passkeys.Approvers(r.Context())
@@ -80,18 +101,14 @@ func (h *Handler) listApprovers(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]approverView, 0, len(as))
 	for _, a := range as {
-		pks, err := h.passkeys.Passkeys(r.Context(), a.ID)
+		v, err := h.approverView(r, a)
 		if errors.Is(err, passkey.ErrNotFound) {
 			continue // removed meanwhile
 		}
 		if err != nil {
 			return err
 		}
-		principals := a.Principals
-		if principals == nil {
-			principals = []string{}
-		}
-		out = append(out, approverView{ID: a.ID, Name: a.Name, Groups: a.Groups, Principals: principals, CreatedAt: a.CreatedAt, Passkeys: pks})
+		out = append(out, v)
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -59,6 +59,10 @@ func (h *Handler) inboxApprover(r *http.Request) (passkey.Approver, error) {
 	if err == nil && len(a.Groups) == 0 {
 		return passkey.Approver{}, errApproverNotFound
 	}
+	if err == nil && !a.Active() {
+		return passkey.Approver{}, &apiError{Status: http.StatusForbidden, Code: passkey.ReasonApproverDisabled,
+			Message: "this approver is " + a.Status() + " by an admin"}
+	}
 	return a, err
 }
 

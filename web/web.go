@@ -185,6 +185,7 @@ func (h *Handler) routes() {
 	m.HandleFunc("GET /admin/v1/audit/{taskId}", h.api(h.admin(h.showAudit)))
 	m.HandleFunc("POST /admin/v1/transaction-tokens", h.api(h.admin(h.issueToken)))
 	m.HandleFunc("POST /admin/v1/transaction-tokens/keys", h.api(h.admin(h.rotateTokenKey)))
+	h.routesManage(m)
 
 	// Approver API: the passkey is the authority.
 	m.HandleFunc("POST /approver/v1/enrollments/{token}/begin", h.api(h.beginEnrollment))

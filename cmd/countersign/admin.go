@@ -50,10 +50,17 @@ func newAdminClient(server, dataDir string) (*adminClient, error) {
 		return nil, err
 	}
 	token := os.Getenv("COUNTERSIGN_ADMIN_TOKEN")
+	if f := os.Getenv("COUNTERSIGN_ADMIN_TOKEN_FILE"); token == "" && f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("COUNTERSIGN_ADMIN_TOKEN_FILE: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
 	if token == "" {
 		b, err := os.ReadFile(filepath.Join(dataDir, app.AdminTokenFile))
 		if err != nil {
-			return nil, fmt.Errorf("no admin token: set COUNTERSIGN_ADMIN_TOKEN or pass --data-dir of a `countersign dev` (%v)", err)
+			return nil, fmt.Errorf("no admin token: set COUNTERSIGN_ADMIN_TOKEN or COUNTERSIGN_ADMIN_TOKEN_FILE, or pass --data-dir of a `countersign dev` (%v)", err)
 		}
 		token = strings.TrimSpace(string(b))
 	}
@@ -120,6 +127,9 @@ func splitPositional(args []string) (string, []string) {
 func runAdmin(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) < 2 {
 		return usageError{"missing subcommand; see countersign -h"}
+	}
+	if handled, err := runManage(ctx, args, stdout); handled {
+		return err
 	}
 	cmd := args[0] + " " + args[1]
 	name, rest := splitPositional(args[2:])

@@ -209,6 +209,18 @@ func summarize(r audit.Record) string {
 		}
 	case audit.KindCancelRefused:
 		return "cancel refused: the call was already claimed"
+	case audit.KindAdmin:
+		var b audit.AdminAction
+		if json.Unmarshal(r.Body, &b) == nil {
+			s := fmt.Sprintf("%s %s %s by %s: %s", b.Action, b.Target.Type, b.Target.ID, b.By, b.Status)
+			if b.Token != "" {
+				s += ", token " + b.Token
+			}
+			if b.Replaced != "" {
+				s += ", replaces " + b.Replaced
+			}
+			return s
+		}
 	case audit.KindOutcome:
 		var b audit.Outcome
 		if json.Unmarshal(r.Body, &b) == nil {

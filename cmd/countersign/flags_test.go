@@ -67,6 +67,7 @@ func TestFlagDefaultsAreConfigDefaults(t *testing.T) {
 		{"max-connections", "COUNTERSIGN_MAX_CONNECTIONS", def.MaxConnections},
 		{"audit-key-dir", "COUNTERSIGN_AUDIT_KEY_DIR", def.AuditKeyDir},
 		{"audit-redact", "COUNTERSIGN_AUDIT_REDACT", def.AuditRedact},
+		{"admin-token-file", "COUNTERSIGN_ADMIN_TOKEN_FILE", def.AdminTokenFile},
 		{"conformance", "", def.Conformance},
 		{"log-level", "COUNTERSIGN_LOG_LEVEL", "info"}, // not an app setting
 	}

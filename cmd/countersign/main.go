@@ -21,9 +21,13 @@ Usage:
   countersign dev       [flags]   everything in one process (embedded NATS and Temporal by default)
   countersign server    [flags]   MCP endpoint and approver site (external NATS and Temporal)
   countersign worker    [flags]   approval workflow worker (external NATS and Temporal)
+  countersign admin init --nats-url URL [--name admin] [--out FILE] [--rotate]   the first admin token of a server deployment
   countersign approvers add NAME --group G [--principal AGENT]... [--server URL] [--data-dir DIR]
   countersign approvers invite APPROVER_ID [--server URL] [--data-dir DIR]
+  countersign approvers list|disable|enable|revoke [APPROVER_ID] [--server URL] [--data-dir DIR]
+  countersign passkeys disable|enable|revoke APPROVER_ID CREDENTIAL_ID [--server URL] [--data-dir DIR]
   countersign agents add NAME [--server URL] [--data-dir DIR]
+  countersign agents list|disable|enable|revoke [NAME] [--server URL] [--data-dir DIR]
   countersign approvals list [--server URL] [--data-dir DIR]
   countersign transaction-tokens issue TOOL --principal AGENT [--arguments JSON] [--server URL] [--data-dir DIR]
   countersign transaction-tokens rotate-key [--server URL] [--data-dir DIR]
@@ -33,6 +37,9 @@ Usage:
   countersign audit rotate-key [--audit-key-dir DIR | --data-dir DIR]   a new audit signing key (restart the worker)
   countersign upstreams list [--config FILE] [--policy DIR]   each upstream, its state, its tools and their policy decision
 
+Admin commands read the admin token from COUNTERSIGN_ADMIN_TOKEN, else the file
+COUNTERSIGN_ADMIN_TOKEN_FILE names, else DATA_DIR/admin-token (written by dev).
+Disable is reversible (enable); revoke is permanent. Every change is audited.
 Run "countersign COMMAND -h" for a command's flags.
 `
 
@@ -51,8 +58,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "dev", "server", "worker":
 		err = runService(ctx, args[0], args[1:], stdout, stderr)
-	case "approvers", "agents", "approvals", "transaction-tokens":
+	case "approvers", "agents", "approvals", "transaction-tokens", "passkeys":
 		err = runAdmin(ctx, args, stdout)
+	case "admin":
+		err = runAdminInit(ctx, args[1:], stdout, stderr)
 	case "audit":
 		err = runAudit(ctx, args[1:], stdout, stderr)
 	case "upstreams":

@@ -105,6 +105,7 @@ func serviceFlags(cmd string, cfg *app.Config, conformance bool) (fs *flag.FlagS
 	fs.IntVar(&cfg.MaxSlowBodies, "max-slow-bodies", envInt("COUNTERSIGN_MAX_SLOW_BODIES", def.MaxSlowBodies), "request bodies still arriving after 1s that are read at once, server-wide; more are refused with 503")
 	fs.IntVar(&cfg.MaxConnections, "max-connections", envInt("COUNTERSIGN_MAX_CONNECTIONS", def.MaxConnections), "open HTTP connections")
 	fs.StringVar(&cfg.AuditKeyDir, "audit-key-dir", envOr("COUNTERSIGN_AUDIT_KEY_DIR", ""), "directory of the audit signing keys (default DATA_DIR/audit-keys); a server uses them for transaction-token records only")
+	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", envOr("COUNTERSIGN_ADMIN_TOKEN_FILE", ""), "file holding an admin token (a mounted secret) registered at start as admin \"admin\"; idempotent across replicas, a new token revokes the old")
 	fs.BoolVar(&cfg.AuditRedact, "audit-redact", os.Getenv("COUNTERSIGN_AUDIT_REDACT") == "true", "record a digest of tool arguments in audit records instead of the arguments")
 	if cmd == "dev" {
 		fs.BoolVar(&cfg.Conformance, "conformance", false, "serve /mcp WITHOUT authentication for conformance suites (loopback only); lifts the defaults of --rate-per-minute, --requests-per-second, --request-burst and --max-in-flight")

@@ -207,6 +207,11 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	if err := a.startAudit(ctx, js); err != nil {
 		return nil, err
 	}
+	if mode != ModeWorker && cfg.AdminTokenFile != "" {
+		if err := a.registerAdminFile(ctx); err != nil {
+			return nil, err
+		}
+	}
 	if a.Ledger, err = gateway.NewLedger(ctx, js, gateway.LedgerOptions{Replicas: cfg.NATSReplicas}); err != nil {
 		return nil, err
 	}

@@ -117,6 +117,11 @@ type Config struct {
 	AuditKeyDir string
 	AuditRedact bool
 
+	// AdminTokenFile holds an admin token (a Kubernetes Secret, say) whose
+	// digest the server registers at start, as admin "admin" (admin.go):
+	// idempotent across replicas; a new token rotates the old one out.
+	AdminTokenFile string
+
 	// Conformance serves the MCP endpoint without auth (loopback only).
 	Conformance bool
 }

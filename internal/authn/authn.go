@@ -50,6 +50,10 @@ type Principal struct {
 	Name      string    `json:"name"`
 	Kind      string    `json:"kind"`
 	CreatedAt time.Time `json:"createdAt"`
+	// DisabledAt and RevokedAt are set by an admin (manage.go): the token
+	// of a disabled or revoked principal is invalid.
+	DisabledAt time.Time `json:"disabledAt,omitzero"`
+	RevokedAt  time.Time `json:"revokedAt,omitzero"`
 }
 
 // Tokens is the token store.
@@ -127,7 +131,8 @@ func (t *Tokens) Register(ctx context.Context, token, name, kind string) error {
 // nameKey maps a name to a KV-safe key ('@' is not allowed in keys).
 func nameKey(name string) string { return strings.ReplaceAll(name, "@", "=40") }
 
-// Lookup returns the principal of a token.
+// Lookup returns the principal of a token; a disabled or revoked one is
+// ErrInvalidToken.
 func (t *Tokens) Lookup(ctx context.Context, token string) (Principal, error) {
 	if token == "" || len(token) > 256 {
 		return Principal{}, ErrInvalidToken
@@ -142,6 +147,11 @@ func (t *Tokens) Lookup(ctx context.Context, token string) (Principal, error) {
 	var p Principal
 	if err := json.Unmarshal(e.Value(), &p); err != nil {
 		return Principal{}, fmt.Errorf("authn: decode: %w", err)
+	}
+	if !p.Active() {
+		// Read on every request, on every replica: a disabled or
+		// revoked token stops at once.
+		return Principal{}, ErrInvalidToken
 	}
 	return p, nil
 }

@@ -1,0 +1,166 @@
+package audit
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Admin chains. An admin's action on an identity (the bootstrap or rotation
+// of an admin token; disabling, enabling or revoking an agent, an approver
+// or one of an approver's passkeys) is an "admin" record in the chain of
+// that identity, named by [AdminChainID]: "admin-agent-…", "admin-admin-…"
+// (a hash of the name) or "admin-approver-<approver id>" (the approver's
+// passkeys share their approver's chain). Every record of an admin chain is
+// an "admin" record; after a target's revocation no record acts on that
+// target again ([RuleAdmin]). Admin chains have no outcome record: each
+// record is final when written. At most [MaxChainLen] actions per identity.
+const KindAdmin = "admin"
+
+// RuleAdmin: an admin chain holds only admin records of its own identity,
+// each action leads to its status, and nothing acts on a revoked target.
+const RuleAdmin = "admin-chain"
+
+// Admin target types.
+const (
+	TargetAgent    = "agent"
+	TargetApprover = "approver"
+	TargetPasskey  = "passkey"
+	TargetAdmin    = "admin"
+)
+
+// Admin actions: disable, enable and revoke an agent, an approver or a
+// passkey; create or rotate an admin token (admin init, the admin token
+// file).
+const (
+	AdminDisable     = "disable"
+	AdminEnable      = "enable"
+	AdminRevoke      = "revoke"
+	AdminTokenCreate = "token-create"
+	AdminTokenRotate = "token-rotate"
+)
+
+// AdminTarget names what an admin acted on.
+type AdminTarget struct {
+	Type string `json:"type"`
+	// ID is the agent's or admin's name, the approver's id, or the
+	// passkey's credential id (base64url).
+	ID string `json:"id"`
+	// Approver is a passkey's approver.
+	Approver string `json:"approver,omitempty"`
+}
+
+// AdminAction is the body of an "admin" record.
+type AdminAction struct {
+	Action string      `json:"action"`
+	Target AdminTarget `json:"target"`
+	// Status is the target's status after the action: active, disabled
+	// or revoked.
+	Status string `json:"status"`
+	// By is who acted: "admin:<name>" (the admin API), "cli:admin-init" or
+	// "server:admin-token-file".
+	By string `json:"by"`
+	// Token is the fingerprint (first 16 hex of its SHA-256) of an admin
+	// token created; Replaced, of the token it replaced and revoked.
+	Token    string    `json:"token,omitempty"`
+	Replaced string    `json:"replaced,omitempty"`
+	At       time.Time `json:"at"`
+}
+
+// AdminChainID is the chain an action on t goes to.
+func AdminChainID(t AdminTarget) string {
+	switch t.Type {
+	case TargetApprover:
+		return "admin-approver-" + t.ID
+	case TargetPasskey:
+		return "admin-approver-" + t.Approver
+	}
+	sum := sha256.Sum256([]byte(t.ID))
+	return "admin-" + t.Type + "-" + hex.EncodeToString(sum[:16])
+}
+
+// RecordAdmin appends a to its target's admin chain. key makes it
+// idempotent: the revision of the stored status the action wrote (or
+// found), so a retry after a lost answer writes nothing new. It returns
+// the chain ID and the receipt.
+func (l *Log) RecordAdmin(ctx context.Context, a AdminAction, key uint64) (string, Receipt, error) {
+	if err := checkAdminTarget(a.Target); err != nil {
+		return "", Receipt{}, err
+	}
+	id := AdminChainID(a.Target)
+	step := a.Action + "-" + strconv.FormatUint(key, 10)
+	if a.Target.Type == TargetPasskey {
+		sum := sha256.Sum256([]byte(a.Target.ID))
+		step = "passkey-" + hex.EncodeToString(sum[:8]) + "-" + step
+	}
+	r, err := l.Append(ctx, id, Step{ID: step, Kind: KindAdmin, At: a.At, Body: a})
+	return id, r, err
+}
+
+func checkAdminTarget(t AdminTarget) error {
+	switch {
+	case t.ID == "":
+		return fmt.Errorf("audit: admin target %q without an id", t.Type)
+	case t.Type == TargetApprover && !ValidTaskID("a"+t.ID):
+		return fmt.Errorf("audit: approver id %q", t.ID)
+	case t.Type == TargetPasskey && (t.Approver == "" || !ValidTaskID("a"+t.Approver)):
+		return fmt.Errorf("audit: passkey %q without a valid approver", t.ID)
+	case t.Type != TargetAgent && t.Type != TargetApprover && t.Type != TargetPasskey && t.Type != TargetAdmin:
+		return fmt.Errorf("audit: unknown admin target type %q", t.Type)
+	}
+	return nil
+}
+
+// adminStatus is the status each action leads to.
+var adminStatus = map[string]string{
+	AdminDisable:     "disabled",
+	AdminEnable:      "active",
+	AdminRevoke:      "revoked",
+	AdminTokenCreate: "active",
+	AdminTokenRotate: "active",
+}
+
+// verifyAdminChain checks an admin chain by RuleAdmin. Links and step
+// uniqueness are checked by the caller.
+func verifyAdminChain(chainID string, recs []Record, fail func(rule string, at int, format string, args ...any), v *TaskVerdict) {
+	v.Complete = true
+	revoked := map[AdminTarget]int{}
+	for i, r := range recs {
+		if r.Kind != KindAdmin {
+			fail(RuleAdmin, i, "kind %q in an admin chain", r.Kind)
+			continue
+		}
+		var a AdminAction
+		if err := strictUnmarshal(r.Body, &a); err != nil {
+			fail(RuleRecordBody, i, "admin body: %v", err)
+			continue
+		}
+		if err := checkAdminTarget(a.Target); err != nil {
+			fail(RuleAdmin, i, "%v", err)
+			continue
+		}
+		if got := AdminChainID(a.Target); got != chainID {
+			fail(RuleAdmin, i, "an action on %s %q belongs to chain %s", a.Target.Type, a.Target.ID, got)
+		}
+		want, ok := adminStatus[a.Action]
+		switch {
+		case !ok:
+			fail(RuleAdmin, i, "unknown admin action %q", a.Action)
+		case a.Status != want:
+			fail(RuleAdmin, i, "%s leaves the status %q, not %q", a.Action, want, a.Status)
+		}
+		if at, ok := revoked[a.Target]; ok {
+			fail(RuleAdmin, i, "%s of %s %q after its revocation (record %d)", a.Action, a.Target.Type, a.Target.ID, at)
+		}
+		if a.Action == AdminRevoke {
+			revoked[a.Target] = i
+		}
+		if a.Target.Type != TargetPasskey {
+			v.Status = a.Status
+		}
+	}
+	v.Disposition = "admin"
+}

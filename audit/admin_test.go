@@ -1,0 +1,105 @@
+package audit
+
+import (
+	"bytes"
+	"context"
+	"slices"
+	"testing"
+	"time"
+)
+
+// Admin records go to their identity's chain over the real stream,
+// idempotently per key, and an export of them verifies.
+func TestRecordAdmin(t *testing.T) {
+	l, keys := openLog(t)
+	ctx := context.Background()
+	at := time.Date(2026, 11, 25, 7, 0, 0, 0, time.UTC)
+	approver := "0123456789abcdef0123456789abcdef"
+	acts := []struct {
+		a   AdminAction
+		key uint64
+	}{
+		{AdminAction{Action: AdminTokenCreate, Target: AdminTarget{Type: TargetAdmin, ID: "admin"}, Status: "active", By: "cli:admin-init", Token: "00112233aabbccdd", At: at}, 1},
+		{AdminAction{Action: AdminDisable, Target: AdminTarget{Type: TargetAgent, ID: "Billing.Bot@x"}, Status: "disabled", By: "admin:admin", At: at}, 2},
+		{AdminAction{Action: AdminEnable, Target: AdminTarget{Type: TargetAgent, ID: "Billing.Bot@x"}, Status: "active", By: "admin:admin", At: at}, 3},
+		{AdminAction{Action: AdminRevoke, Target: AdminTarget{Type: TargetAgent, ID: "Billing.Bot@x"}, Status: "revoked", By: "admin:admin", At: at}, 4},
+		{AdminAction{Action: AdminRevoke, Target: AdminTarget{Type: TargetPasskey, ID: "cred-AbC_1", Approver: approver}, Status: "revoked", By: "admin:admin", At: at}, 5},
+		{AdminAction{Action: AdminDisable, Target: AdminTarget{Type: TargetApprover, ID: approver}, Status: "disabled", By: "admin:admin", At: at}, 6},
+	}
+	for _, a := range acts {
+		id, r, err := l.RecordAdmin(ctx, a.a, a.key)
+		if err != nil {
+			t.Fatalf("%+v: %v", a.a, err)
+		}
+		// Retried with the same key: the same record.
+		id2, r2, err := l.RecordAdmin(ctx, a.a, a.key)
+		if err != nil || id2 != id || r2 != r {
+			t.Fatalf("retry: %s %+v %v; want %s %+v", id2, r2, err, id, r)
+		}
+	}
+	agentChain := AdminChainID(AdminTarget{Type: TargetAgent, ID: "Billing.Bot@x"})
+	lines, err := l.Chain(ctx, agentChain)
+	if err != nil || len(lines) != 3 {
+		t.Fatalf("agent chain: %d lines, %v", len(lines), err)
+	}
+	if got := AdminChainID(AdminTarget{Type: TargetPasskey, ID: "x", Approver: approver}); got != "admin-approver-"+approver {
+		t.Fatalf("passkey chain %q", got)
+	}
+	var export [][]byte
+	if err := l.Export(ctx, time.Time{}, func(line []byte) error { export = append(export, bytes.Clone(line)); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	rep := Verify(export, keys.PublicKeys(), VerifyOptions{})
+	if !rep.OK || len(rep.Tasks) != 3 {
+		t.Fatalf("verify: %+v", rep)
+	}
+	for _, v := range rep.Tasks {
+		if !v.Complete || v.Disposition != "admin" {
+			t.Fatalf("verdict %+v", v)
+		}
+	}
+	if _, _, err := l.RecordAdmin(ctx, AdminAction{Action: AdminRevoke, Target: AdminTarget{Type: "robot", ID: "x"}}, 1); err == nil {
+		t.Fatal("unknown target type recorded")
+	}
+}
+
+func TestAdminChainRules(t *testing.T) {
+	keys := testKeys(t)
+	target := AdminTarget{Type: TargetAgent, ID: "bot"}
+	chain := AdminChainID(target)
+	act := func(action, status string) AdminAction {
+		return AdminAction{Action: action, Target: target, Status: status, By: "admin:admin", At: time.Now().UTC()}
+	}
+	for _, tc := range []struct {
+		name string
+		mut  func(c *memChain)
+		rule string
+	}{
+		{"enable after revoke", func(c *memChain) {
+			c.add("revoke-2", KindAdmin, act(AdminRevoke, "revoked"))
+			c.add("enable-3", KindAdmin, act(AdminEnable, "active"))
+		}, RuleAdmin},
+		{"wrong status", func(c *memChain) { c.add("disable-2", KindAdmin, act(AdminDisable, "active")) }, RuleAdmin},
+		{"another identity's action", func(c *memChain) {
+			a := act(AdminDisable, "disabled")
+			a.Target.ID = "other"
+			c.add("disable-2", KindAdmin, a)
+		}, RuleAdmin},
+		{"task record in an admin chain", func(c *memChain) { c.add("claimed", KindClaimed, Policy{Allow: true}) }, RuleAdmin},
+		{"unknown field", func(c *memChain) {
+			c.add("x-2", KindAdmin, map[string]any{"action": "disable", "target": target, "status": "disabled", "by": "x", "at": time.Now(), "extra": 1})
+		}, RuleRecordBody},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &memChain{t: t, keys: keys, taskID: chain, at: time.Now().UTC()}
+			c.add("disable-1", KindAdmin, act(AdminDisable, "disabled"))
+			if v := verdict(t, keys, c); !v.OK || v.Status != "disabled" {
+				t.Fatalf("honest prefix: %+v", v)
+			}
+			tc.mut(c)
+			if v := verdict(t, keys, c); v.OK || !slices.Contains(v.Rules(), tc.rule) {
+				t.Fatalf("%+v", v)
+			}
+		})
+	}
+}

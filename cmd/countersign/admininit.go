@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/countersign/countersign/internal/app"
+)
+
+const adminInitUsage = "usage: countersign admin init --nats-url URL [--name admin] [--out FILE] [--rotate] [--audit-key-dir DIR]"
+
+// runAdminInit is `countersign admin init`: the first admin token of a
+// deployment that `dev` did not bootstrap, created on its NATS directly.
+func runAdminInit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "init" {
+		return usageError{adminInitUsage}
+	}
+	var cfg app.Config
+	def := app.Config{}
+	def.Defaults()
+	fs := flag.NewFlagSet("admin init", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.DataDir, "data-dir", envOr("COUNTERSIGN_DATA_DIR", def.DataDir), "data directory (the default audit key directory is DATA_DIR/audit-keys)")
+	fs.StringVar(&cfg.NATSURL, "nats-url", envOr("NATS_URL", ""), "NATS URL, the one your servers use (required)")
+	fs.StringVar(&cfg.NATSCreds, "nats-creds", envOr("NATS_CREDS", ""), "NATS credentials file")
+	fs.StringVar(&cfg.NATSTLSCA, "nats-tls-ca", envOr("NATS_TLS_CA", ""), "CA bundle (PEM) to verify the NATS server with")
+	fs.StringVar(&cfg.NATSTLSCert, "nats-tls-cert", envOr("NATS_TLS_CERT", ""), "client certificate (PEM) for NATS mutual TLS")
+	fs.StringVar(&cfg.NATSTLSKey, "nats-tls-key", envOr("NATS_TLS_KEY", ""), "client key (PEM) for NATS mutual TLS")
+	fs.IntVar(&cfg.NATSReplicas, "nats-replicas", envInt("COUNTERSIGN_NATS_REPLICAS", def.NATSReplicas), "replicas of the token bucket and audit stream if this creates them, 1 to 5")
+	fs.StringVar(&cfg.AuditKeyDir, "audit-key-dir", envOr("COUNTERSIGN_AUDIT_KEY_DIR", ""), "directory of the audit signing keys that sign the record of this action (default DATA_DIR/audit-keys)")
+	name := fs.String("name", app.AdminFileName, "name of the admin principal")
+	out := fs.String("out", "", "write the token to this file (mode 0600) instead of printing it")
+	rotate := fs.Bool("rotate", false, "replace NAME's admin token (revoking it) even though an admin token exists")
+	if err := fs.Parse(args[1:]); err != nil {
+		return parseError(err)
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Sprintf("admin init: unexpected argument %q; %s", fs.Arg(0), adminInitUsage)}
+	}
+	// Claim the output file before touching NATS, so a token is never
+	// created that cannot be written. Rotation may overwrite it.
+	var f *os.File
+	if *out != "" {
+		flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL
+		if *rotate {
+			flags = os.O_WRONLY | os.O_CREATE | os.O_TRUNC
+		}
+		var err error
+		if f, err = os.OpenFile(*out, flags, 0o600); err != nil {
+			if errors.Is(err, os.ErrExist) {
+				return fmt.Errorf("--out %s exists; remove it, or pass --rotate to replace the token it may hold", *out)
+			}
+			return fmt.Errorf("--out: %w", err)
+		}
+		if err := f.Chmod(0o600); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	res, err := app.InitAdmin(ctx, cfg, app.InitAdminOptions{Name: *name, Rotate: *rotate, Logger: newLogger(stderr, "warn")})
+	if res.Token == "" {
+		if f != nil {
+			f.Close()
+			os.Remove(*out)
+		}
+		return err
+	}
+	if f != nil {
+		_, werr := f.WriteString(res.Token + "\n")
+		if cerr := f.Close(); werr == nil {
+			werr = cerr
+		}
+		if werr != nil {
+			// The token exists; losing it would lock the operator out.
+			fmt.Fprintf(stdout, "Could not write %s (%v). The admin token, shown once:\n%s\n", *out, werr, res.Token)
+			return werr
+		}
+		abs, _ := filepath.Abs(*out)
+		fmt.Fprintf(stdout, "Admin %q token written to %s (mode 0600).\n", res.Change.Name, abs)
+	} else {
+		fmt.Fprintf(stdout, "Admin %q token (shown once; store it as a secret):\n%s\n", res.Change.Name, res.Token)
+	}
+	if res.Change.Replaced != "" {
+		fmt.Fprintf(stdout, "It replaces token %s…, which is revoked.\n", res.Change.Replaced)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "Recorded as %s (countersign audit show %s), signed with a key in %s.\n", res.AuditRecord, res.AuditChain, res.AuditKeyDir)
+	fmt.Fprintln(stdout, "Use it with: COUNTERSIGN_ADMIN_TOKEN_FILE=FILE countersign agents list --server URL")
+	return nil
+}

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/countersign/countersign/internal/devtest"
+	"github.com/countersign/countersign/internal/testnats"
+)
+
+// The management commands against a real dev: list, disable, enable and
+// revoke agents, approvers and passkeys; each change shows in the audit.
+func TestManageCommands(t *testing.T) {
+	s := devtest.Start(t, devtest.Options{AppLimits: true})
+	dir := s.Dir
+	ann := s.Enroll("ann", "approvers")
+
+	code, out, stderr := runCLI("agents", "list", "--data-dir", dir)
+	if code != 0 || !regexp.MustCompile(`dev-agent\s+active`).MatchString(out) {
+		t.Fatalf("agents list: exit %d, out %q, err %q", code, out, stderr)
+	}
+	code, out, stderr = runCLI("agents", "disable", "dev-agent", "--data-dir", dir)
+	if code != 0 || !strings.Contains(out, "Agent dev-agent is now disabled") || !strings.Contains(out, "countersign audit show admin-agent-") {
+		t.Fatalf("agents disable: exit %d, out %q, err %q", code, out, stderr)
+	}
+	if code, auth := s.MCPAuth(s.AgentToken); code != 401 || !strings.Contains(auth, `error="invalid_token"`) {
+		t.Fatalf("disabled agent's tools/list: HTTP %d %q", code, auth)
+	}
+	code, out, _ = runCLI("agents", "disable", "--data-dir", dir, "dev-agent")
+	if code != 0 || !strings.Contains(out, "was already disabled; nothing changed") {
+		t.Fatalf("agents disable again: exit %d, out %q", code, out)
+	}
+	code, out, _ = runCLI("agents", "enable", "dev-agent", "--data-dir", dir)
+	if code != 0 || !strings.Contains(out, "now active") {
+		t.Fatalf("agents enable: exit %d, out %q", code, out)
+	}
+	if code, _ := s.MCPAuth(s.AgentToken); code != 200 {
+		t.Fatalf("enabled agent's tools/list: HTTP %d", code)
+	}
+	code, _, stderr = runCLI("agents", "revoke", "nobody", "--data-dir", dir)
+	if code != 1 || !strings.Contains(stderr, `no agent named "nobody"`) {
+		t.Fatalf("revoke unknown agent: exit %d, err %q", code, stderr)
+	}
+	code, _, stderr = runCLI("agents", "revoke", "--data-dir", dir)
+	if code != 2 || !strings.Contains(stderr, "usage: countersign agents revoke NAME") {
+		t.Fatalf("revoke without a name: exit %d, err %q", code, stderr)
+	}
+
+	code, out, stderr = runCLI("approvers", "list", "--data-dir", dir)
+	if code != 0 || !strings.Contains(out, ann.ID) || !regexp.MustCompile(`ann\s+approvers\s+active\s+\S+\s+active\s+never`).MatchString(out) {
+		t.Fatalf("approvers list: exit %d, out %q, err %q", code, out, stderr)
+	}
+	cred := regexp.MustCompile(`active\s+(\S+)\s+active`).FindStringSubmatch(out)[1]
+	code, out, stderr = runCLI("passkeys", "revoke", ann.ID, cred, "--data-dir", dir)
+	if code != 0 || !strings.Contains(out, "is now revoked") {
+		t.Fatalf("passkeys revoke: exit %d, out %q, err %q", code, out, stderr)
+	}
+	code, out, _ = runCLI("passkeys", "revoke", ann.ID, cred, "--data-dir", dir)
+	if code != 0 || !strings.Contains(out, "was already revoked; nothing changed") {
+		t.Fatalf("passkeys revoke again: exit %d, out %q", code, out)
+	}
+	code, _, stderr = runCLI("passkeys", "enable", ann.ID, cred, "--data-dir", dir)
+	if code != 1 || !strings.Contains(stderr, "revocation is permanent") {
+		t.Fatalf("passkeys enable revoked: exit %d, err %q", code, stderr)
+	}
+	code, _, stderr = runCLI("passkeys", "revoke", ann.ID, "--data-dir", dir)
+	if code != 2 {
+		t.Fatalf("passkeys revoke without a credential: exit %d, err %q", code, stderr)
+	}
+	code, out, _ = runCLI("approvers", "disable", ann.ID, "--data-dir", dir)
+	if code != 0 || !strings.Contains(out, "is now disabled") {
+		t.Fatalf("approvers disable: exit %d, out %q", code, out)
+	}
+	code, _, stderr = runCLI("approvers", "revoke", "0123456789abcdef0123456789abcdef", "--data-dir", dir)
+	if code != 1 || !strings.Contains(stderr, "no approver") {
+		t.Fatalf("revoke unknown approver: exit %d, err %q", code, stderr)
+	}
+
+	// The approver's admin chain, in the audit commands.
+	code, out, stderr = runCLI("audit", "show", "admin-approver-"+ann.ID, "--data-dir", dir)
+	if code != 0 || strings.Count(out, "admin") < 2 || !strings.Contains(out, "revoke passkey") || !strings.Contains(out, "disable approver") {
+		t.Fatalf("audit show: exit %d, out %q, err %q", code, out, stderr)
+	}
+	export := filepath.Join(t.TempDir(), "audit.jsonl")
+	code, out, stderr = runCLI("audit", "export", "--data-dir", dir)
+	if code != 0 {
+		t.Fatalf("audit export: exit %d, err %q", code, stderr)
+	}
+	if err := os.WriteFile(export, []byte(out), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, stderr = runCLI("audit", "verify", export, "--key", filepath.Join(dir, "audit-key.pub"))
+	if code != 0 || !strings.Contains(out, "admin-approver-"+ann.ID+" admin") {
+		t.Fatalf("audit verify: exit %d, out %q, err %q", code, out, stderr)
+	}
+}
+
+// admin init, twice: the second refuses; --rotate replaces the token; the
+// token file is 0600 and the admin commands read it.
+func TestAdminInitCLI(t *testing.T) {
+	_, nc := testnats.Start(t)
+	url := nc.ConnectedUrl()
+	dir := t.TempDir()
+	out1 := filepath.Join(dir, "admin-token")
+	code, out, stderr := runCLI("admin", "init", "--nats-url", url, "--data-dir", dir, "--out", out1)
+	if code != 0 || !strings.Contains(out, "written to "+out1) || !strings.Contains(out, "countersign audit show admin-admin-") {
+		t.Fatalf("admin init: exit %d, out %q, err %q", code, out, stderr)
+	}
+	fi, err := os.Stat(out1)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("token file: %v %v", fi.Mode(), err)
+	}
+	first := strings.TrimSpace(string(mustRead(t, out1)))
+	if !strings.HasPrefix(first, "csad_") {
+		t.Fatalf("token %q", first)
+	}
+
+	code, out, stderr = runCLI("admin", "init", "--nats-url", url, "--data-dir", dir)
+	if code != 1 || !strings.Contains(stderr, "an admin token already exists (admin)") || out != "" {
+		t.Fatalf("second admin init: exit %d, out %q, err %q", code, out, stderr)
+	}
+	code, _, stderr = runCLI("admin", "init", "--nats-url", url, "--data-dir", dir, "--out", out1)
+	if code != 1 || !strings.Contains(stderr, "exists") || strings.TrimSpace(string(mustRead(t, out1))) != first {
+		t.Fatalf("admin init over an existing file: exit %d, err %q", code, stderr)
+	}
+
+	code, out, stderr = runCLI("admin", "init", "--nats-url", url, "--data-dir", dir, "--rotate")
+	if code != 0 || !strings.Contains(out, "shown once") || !strings.Contains(out, "It replaces token") {
+		t.Fatalf("admin init --rotate: exit %d, out %q, err %q", code, out, stderr)
+	}
+	if strings.Contains(out, first) {
+		t.Fatal("rotation printed the old token")
+	}
+
+	code, _, stderr = runCLI("admin", "init", "--data-dir", dir)
+	if code != 1 || !strings.Contains(stderr, "--nats-url") {
+		t.Fatalf("admin init without NATS: exit %d, err %q", code, stderr)
+	}
+	code, _, _ = runCLI("admin", "bootstrap")
+	if code != 2 {
+		t.Fatalf("admin bootstrap: exit %d", code)
+	}
+
+	// Both records are in the admin's chain; the CLI reads the token file.
+	t.Setenv("COUNTERSIGN_ADMIN_TOKEN_FILE", out1)
+	t.Setenv("COUNTERSIGN_ADMIN_TOKEN", "")
+	c, err := newAdminClient("http://127.0.0.1:1", dir)
+	if err != nil || c.token != first {
+		t.Fatalf("admin client token from file: %v", err)
+	}
+}
+
+func mustRead(t *testing.T, p string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}

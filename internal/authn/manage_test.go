@@ -1,0 +1,165 @@
+package authn
+
+import (
+	"context"
+	"errors"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/countersign/countersign/internal/testnats"
+)
+
+func openTokens(t *testing.T) *Tokens {
+	t.Helper()
+	js, _ := testnats.Start(t)
+	tok, err := Open(context.Background(), js, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+func TestAgentStatus(t *testing.T) {
+	tok := openTokens(t)
+	ctx := context.Background()
+	agent, err := tok.Issue(ctx, "billing-bot", KindAgent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tok.Issue(ctx, "other", KindAgent); err != nil {
+		t.Fatal(err)
+	}
+	step := func(action, wantStatus string, wantChanged bool) Change {
+		t.Helper()
+		p, ch, err := tok.SetAgentStatus(ctx, "billing-bot", action)
+		if err != nil || ch.Changed != wantChanged || ch.Status != wantStatus || p.Status() != wantStatus || ch.Revision == 0 {
+			t.Fatalf("%s: %+v %+v %v; want %s changed=%t", action, p, ch, err, wantStatus, wantChanged)
+		}
+		_, lerr := tok.Agent(ctx, agent)
+		if active := wantStatus == StatusActive; active != (lerr == nil) {
+			t.Fatalf("after %s: lookup %v", action, lerr)
+		}
+		return ch
+	}
+	step(ActionDisable, StatusDisabled, true)
+	step(ActionDisable, StatusDisabled, false)
+	step(ActionEnable, StatusActive, true)
+	step(ActionEnable, StatusActive, false)
+	first := step(ActionRevoke, StatusRevoked, true)
+	again := step(ActionRevoke, StatusRevoked, false)
+	if !again.At.Equal(first.At) || again.Revision != first.Revision {
+		t.Fatalf("second revoke %+v, first %+v", again, first)
+	}
+	for _, a := range []string{ActionEnable, ActionDisable} {
+		if _, _, err := tok.SetAgentStatus(ctx, "billing-bot", a); !errors.Is(err, ErrRevoked) {
+			t.Fatalf("%s revoked: %v", a, err)
+		}
+	}
+	// The name stays taken: its tasks belong to it.
+	if _, err := tok.Issue(ctx, "billing-bot", KindAgent); !errors.Is(err, ErrNameTaken) {
+		t.Fatalf("reuse revoked name: %v", err)
+	}
+	for _, name := range []string{"nobody", "a/b", ""} {
+		if _, _, err := tok.SetAgentStatus(ctx, name, ActionRevoke); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("%q: %v", name, err)
+		}
+	}
+	if _, _, err := tok.SetAgentStatus(ctx, "other", "delete"); err == nil {
+		t.Fatal("unknown action accepted")
+	}
+	agents, err := tok.Agents(ctx)
+	if err != nil || len(agents) != 2 || agents[0].Name != "billing-bot" || agents[0].Status() != StatusRevoked || agents[1].Status() != StatusActive {
+		t.Fatalf("Agents: %+v %v", agents, err)
+	}
+}
+
+// A disabled admin token fails the one admin gate with ErrInvalidToken.
+func TestAuthorizeAdminInactive(t *testing.T) {
+	tok := openTokens(t)
+	ctx := context.Background()
+	admin, ch, err := tok.InitAdmin(ctx, "admin", false)
+	if err != nil || !ch.Changed || ch.Fingerprint != Fingerprint(admin) {
+		t.Fatalf("InitAdmin: %+v %v", ch, err)
+	}
+	r := httptest.NewRequest("GET", "/admin/v1/agents", nil)
+	r.Header.Set("Authorization", "Bearer "+admin)
+	if err := tok.AuthorizeAdmin(r); err != nil {
+		t.Fatal(err)
+	}
+	d := digest(admin)
+	if _, _, err := tok.setStatus(ctx, d, ActionDisable, ch.At); err != nil {
+		t.Fatal(err)
+	}
+	if err := tok.AuthorizeAdmin(r); !errors.Is(err, ErrInvalidToken) {
+		t.Fatalf("disabled admin: %v", err)
+	}
+}
+
+func TestInitAdmin(t *testing.T) {
+	tok := openTokens(t)
+	ctx := context.Background()
+	first, _, err := tok.InitAdmin(ctx, "admin", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := tok.InitAdmin(ctx, "someone-else", false); !errors.Is(err, ErrAdminExists) {
+		t.Fatalf("second init: %v", err)
+	}
+	if !tok.IsAdmin(ctx, first) {
+		t.Fatal("refused init changed the first token")
+	}
+	second, ch, err := tok.InitAdmin(ctx, "admin", true)
+	if err != nil || !ch.Changed || ch.Replaced != Fingerprint(first) {
+		t.Fatalf("rotate: %+v %v", ch, err)
+	}
+	if tok.IsAdmin(ctx, first) || !tok.IsAdmin(ctx, second) {
+		t.Fatal("rotation did not replace the token")
+	}
+	admins, err := tok.Admins(ctx)
+	if err != nil || len(admins) != 2 || admins[0].Status() != StatusRevoked || admins[1].Status() != StatusActive {
+		t.Fatalf("Admins: %+v %v", admins, err)
+	}
+	if _, _, err := tok.InitAdmin(ctx, "bad name", true); !errors.Is(err, ErrInvalidName) {
+		t.Fatalf("bad name: %v", err)
+	}
+}
+
+// RegisterAdmin is what every replica runs at start with the same secret:
+// idempotent; a new secret rotates; the old secret never comes back.
+func TestRegisterAdmin(t *testing.T) {
+	tok := openTokens(t)
+	ctx := context.Background()
+	secret := NewToken(KindAdmin)
+	ch, err := tok.RegisterAdmin(ctx, secret, "admin")
+	if err != nil || !ch.Changed || ch.Replaced != "" {
+		t.Fatalf("first: %+v %v", ch, err)
+	}
+	again, err := tok.RegisterAdmin(ctx, secret, "admin")
+	if err != nil || again.Changed || again.Revision != ch.Revision {
+		t.Fatalf("second replica: %+v %v", again, err)
+	}
+	rotated := NewToken(KindAdmin)
+	rch, err := tok.RegisterAdmin(ctx, rotated, "admin")
+	if err != nil || !rch.Changed || rch.Replaced != Fingerprint(secret) {
+		t.Fatalf("rotation: %+v %v", rch, err)
+	}
+	if tok.IsAdmin(ctx, secret) || !tok.IsAdmin(ctx, rotated) {
+		t.Fatal("rotation did not take")
+	}
+	if _, err := tok.RegisterAdmin(ctx, secret, "admin"); !errors.Is(err, ErrTokenRevoked) {
+		t.Fatalf("old secret: %v", err)
+	}
+	if !tok.IsAdmin(ctx, rotated) {
+		t.Fatal("old secret undid the rotation")
+	}
+	agent, err := tok.Issue(ctx, "bot", KindAgent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tok.RegisterAdmin(ctx, agent, "admin"); err == nil {
+		t.Fatal("an agent's token registered as admin")
+	}
+	if _, err := tok.RegisterAdmin(ctx, "short", "admin"); err == nil {
+		t.Fatal("short token accepted")
+	}
+}
