@@ -32,6 +32,16 @@
 // apply, since the user approves their own agent's call. A task challenge
 // is challenge_unknown to an in-band call and vice versa.
 //
+// # Disable and revoke
+//
+// An admin disables (reversibly) or revokes (permanently) an approver or
+// one passkey ([Service.SetApproverStatus], [Service.SetPasskeyStatus]).
+// The status lives in the approver's or credential's record and is read at
+// every verification, with no cache, so it takes effect at once on every
+// replica, for a challenge issued before too; an inactive passkey or
+// approver is not offered in challenges and cannot enroll. A revoked
+// passkey's record stays, so the same credential cannot be enrolled again.
+//
 // # Invariants
 //
 // Wire challenge. The challenge an authenticator signs is nonce ‖ actionHash
@@ -80,8 +90,9 @@
 // argument_hash_mismatch, no_eligible_credential,
 // credential_already_enrolled, no_pending_enrollment, verification_failed)
 // plus Countersign's challenge_wrong_task, challenge_wrong_decision (a challenge
-// issued for a deny cannot carry an approve), approver_not_eligible and
-// self_approval. Reason and Message are safe for clients; the cause, which
+// issued for a deny cannot carry an approve), approver_not_eligible,
+// self_approval, and credential_revoked, credential_disabled,
+// approver_revoked and approver_disabled (an admin's action, admin.go). Reason and Message are safe for clients; the cause, which
 // may quote library diagnostics, stays behind Unwrap and in the logs. An
 // *Error is final. Any other error is an infrastructure failure and may be
 // retried; ErrInvalidArgument and ErrNotFound are caller errors.

@@ -13,6 +13,7 @@ func TestEveryReasonHasAMessage(t *testing.T) {
 		ReasonAuthenticatorClassMismatch, ReasonSignatureVerificationFailed, ReasonSignatureCounterRegression,
 		ReasonArgumentHashMismatch, ReasonApproverNotEligible, ReasonSelfApproval, ReasonToolNotApprovalRequired,
 		ReasonNoEligibleCredential, ReasonCredentialAlreadyEnrolled, ReasonNoPendingEnrollment, ReasonVerificationFailed,
+		ReasonCredentialRevoked, ReasonCredentialDisabled, ReasonApproverRevoked, ReasonApproverDisabled,
 	}
 	if len(messages) != len(reasons) {
 		t.Errorf("%d messages for %d reasons", len(messages), len(reasons))

@@ -306,6 +306,10 @@ var refusals = map[string]string{
 	passkey.ReasonArgumentHashMismatch:        "the confirmation did not match this call",
 	passkey.ReasonApproverNotEligible:         "someone not eligible tried to decide",
 	passkey.ReasonSelfApproval:                "the requester tried to approve their own call",
+	passkey.ReasonCredentialRevoked:           "a revoked passkey was used",
+	passkey.ReasonCredentialDisabled:          "a disabled passkey was used",
+	passkey.ReasonApproverRevoked:             "a revoked approver tried to decide",
+	passkey.ReasonApproverDisabled:            "a disabled approver tried to decide",
 	tasks.ReasonAlreadyApproved:               "an approver tried to approve twice",
 }
 
