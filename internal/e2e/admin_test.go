@@ -62,6 +62,14 @@ func TestAdminRevocationTwoProcesses(t *testing.T) {
 	if d, _ := b.GetTask(b.AgentToken, task.TaskID); d.Status != tasks.StatusWorking {
 		t.Fatalf("task after the refused decision: %s", d.Status)
 	}
+	// Nor is it offered again on a: the approvers a lists (its
+	// watch-fed directory) already carry the revocation made on b.
+	var refusal struct {
+		Error string `json:"error"`
+	}
+	if code := a.HTTPJSON("POST", "/approver/v1/approvals/"+ref+"/challenge", "", map[string]any{"decision": "approve"}, &refusal); code != 409 || refusal.Error != passkey.ReasonNoEligibleCredential {
+		t.Fatalf("challenge after the revocation: HTTP %d %+v", code, refusal)
+	}
 	// The refusal is in the task's audit chain, with its reason.
 	var chain struct {
 		Records []struct {
