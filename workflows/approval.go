@@ -72,6 +72,25 @@ const MaxReasonLen = 128
 // When it passes, the outcome is unknown.
 const ExecuteTimeout = 5 * time.Minute
 
+// changeFirstTask names the change, recorded with workflow.GetVersion,
+// after which the first workflow task does its work before the outbox takes
+// a batch: the approvers' request notice runs inside it as a local activity
+// (approval mode), and a verified call's facts up to its claim go out in one
+// Publish. Before it, the first task published the request, a Notify
+// activity followed, then another Publish: three workflow tasks and three
+// activities where one activity and two tasks do.
+//
+// The request notice states no decision: the task was requested by the
+// committed start, and the notice reads the record written before the start.
+// A discarded first task may send it twice; the notifiers are idempotent per
+// task (a repeat updates the message). Its outcome, notified or
+// notify-failed, is a fact of the committed task and goes through the
+// outbox like any other.
+const (
+	changeFirstTask  = "first-task-before-outbox"
+	versionFirstTask = 1
+)
+
 // a is the activities' method set, for references only.
 var a *activities.Activities
 
@@ -162,17 +181,33 @@ func Approval(ctx workflow.Context, in tasks.ApprovalInput) (tasks.ApprovalOutco
 		return tasks.ApprovalOutcome{}, err
 	}
 
+	// Since versionFirstTask, the first workflow task does its work before
+	// the outbox takes a batch (see firstTask), so the task's first facts
+	// go out in one Publish.
+	firstTask := workflow.GetVersion(ctx, changeFirstTask, workflow.DefaultVersion, versionFirstTask) >= versionFirstTask
+	w.out.hold = firstTask
 	w.emitAudit(ctx, activities.RecordAuditInput{Kind: activities.StepRequested, StepID: "requested", Input: &w.in})
 	w.emitState(ctx, tasks.NewEvent(tasks.EventRequested, in.Requirement.Reason))
 	if in.Mode == tasks.ModeApproval {
 		// Approvers are told in order: the request, each approval, the end.
 		// Disconnected: a cancelled workflow still reports its end.
-		// The request notification goes out once the request is in the read
-		// model and the audit chain, so an approver who follows the link at
-		// once sees it there.
-		w.notes = &noteQueue{notes: []note{{kind: noteRequested, seq: w.out.seq}}}
+		w.notes = &noteQueue{}
+		if firstTask {
+			// The request notice goes out from inside the first workflow
+			// task (a local activity), before the outbox batch; see
+			// firstTask.
+			w.notify(ctx, true)
+			w.out.hold = false
+		} else {
+			// Before versionFirstTask: the request notification went out
+			// once the request was in the read model and the audit chain.
+			w.notes.notes = []note{{kind: noteRequested, seq: w.out.seq}}
+		}
 		nctx, _ := workflow.NewDisconnectedContext(ctx)
 		workflow.Go(nctx, w.notifyLoop)
+	}
+	if in.Mode != tasks.ModeVerified {
+		w.out.hold = false
 	}
 
 	switch in.Mode {
@@ -273,6 +308,13 @@ func notifyCtx(ctx workflow.Context) workflow.Context {
 	return withRetry(ctx, 30*time.Second, 30*time.Second, 5)
 }
 
+// notifyLocalCtx is notifyCtx for the request notice sent from inside the
+// first workflow task: the same attempts, run by the worker that holds the
+// task.
+func notifyLocalCtx(ctx workflow.Context) workflow.Context {
+	return withLocalRetry(ctx, 30*time.Second, 30*time.Second, 5)
+}
+
 func verifyCtx(ctx workflow.Context) workflow.Context {
 	// An approver waits on the answer: a few quick attempts.
 	return withLocalRetry(ctx, 15*time.Second, 2*time.Second, 3)
@@ -352,6 +394,7 @@ func (w *approval) reevaluateAndExecute(ctx workflow.Context) {
 	w.emitState(ctx, tasks.ClaimedEvent(re.PolicyVersion))
 	w.emitAudit(ctx, activities.RecordAuditInput{Kind: activities.StepClaimed, StepID: "claimed", Policy: &re})
 
+	w.out.hold = false // the first task's facts (a verified call's) go out with the tool
 	var out activities.ExecuteToolOutput
 	err = workflow.ExecuteActivity(executeCtx(ctx), a.ExecuteTool, activities.ExecuteToolInput{
 		Version:  activities.Version,
@@ -418,6 +461,7 @@ func (w *approval) endAs(e *ending) {
 func (w *approval) finish(ctx workflow.Context) {
 	e := w.end
 	seq := w.emitEnd(ctx)
+	w.out.hold = false
 	ctx, _ = workflow.NewDisconnectedContext(ctx)
 	if err := w.awaitPublished(ctx, seq); err != nil {
 		w.log.Error("final record not written", "error", err)
@@ -433,12 +477,16 @@ func (w *approval) outcome() tasks.ApprovalOutcome {
 }
 
 // notify tells the approvers. A notification that keeps failing is logged
-// and noted in the timeline; it never fails the task.
-func (w *approval) notify(ctx workflow.Context) {
-	err := workflow.ExecuteActivity(notifyCtx(ctx), a.Notify, activities.NotifyInput{
-		Version: activities.Version,
-		TaskID:  w.taskID,
-	}).Get(ctx, nil)
+// and noted in the timeline; it never fails the task. local runs it as a
+// local activity, inside the current workflow task (versionFirstTask).
+func (w *approval) notify(ctx workflow.Context, local bool) {
+	in := activities.NotifyInput{Version: activities.Version, TaskID: w.taskID}
+	var err error
+	if local {
+		err = workflow.ExecuteLocalActivity(notifyLocalCtx(ctx), a.Notify, in).Get(ctx, nil)
+	} else {
+		err = workflow.ExecuteActivity(notifyCtx(ctx), a.Notify, in).Get(ctx, nil)
+	}
 	if err != nil {
 		w.log.Warn("approvers could not be notified", "error", err)
 		w.emitState(ctx, tasks.NewEvent(tasks.EventNotifyFailed, ""))
@@ -500,7 +548,7 @@ func (w *approval) notifyLoop(ctx workflow.Context) {
 			return
 		}
 		if kind == noteRequested {
-			w.notify(ctx)
+			w.notify(ctx, false)
 			continue
 		}
 		err := workflow.ExecuteActivity(notifyCtx(ctx), a.NotifyUpdate, activities.NotifyUpdateInput{

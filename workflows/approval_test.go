@@ -49,6 +49,7 @@ type harness struct {
 	records   []activities.RecordStateInput
 	audits    []activities.RecordAuditInput
 	completes []activities.CompleteInput
+	batches   []int // entries per Publish, in order
 	lastSeq   int64
 	verifies  []activities.VerifyDecisionInput
 	reevals   []activities.ReevaluateInput
@@ -194,6 +195,7 @@ func (h *harness) installMocks() {
 func (h *harness) publish(_ context.Context, in activities.PublishInput) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.batches = append(h.batches, len(in.Entries))
 	for _, e := range in.Entries {
 		if e.Seq != h.lastSeq+1 {
 			h.t.Errorf("outbox entry %d after %d", e.Seq, h.lastSeq)

@@ -141,3 +141,15 @@ func TestUnsignedDenyValidator(t *testing.T) {
 	require.True(t, late.done)
 	requireAppErrType(t, late.rejected, workflows.ErrTypeTaskNotPending)
 }
+
+// The first workflow task tells the approvers itself (a local activity)
+// and publishes the request with the notice's outcome in one batch: one
+// Publish and no Notify activity before anyone decides.
+func TestFirstTaskNotifiesAndPublishesOnce(t *testing.T) {
+	h := newHarness(t, 1)
+	_, err := h.run() // expires
+	require.NoError(t, err)
+	require.Equal(t, []int{4, 1}, h.batches, "the first task's facts, then the end")
+	require.Equal(t, []string{"requested", "notified"}, h.auditKinds()[:2])
+	h.env.AssertActivityNumberOfCalls(t, "Notify", 1)
+}

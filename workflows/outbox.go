@@ -20,6 +20,9 @@ type outbox struct {
 	seq       int64 // last sequence assigned
 	published int64 // last sequence written
 	endSeq    int64 // sequence of the terminal entry; 0 until the end is queued
+	// hold keeps the writer from taking a batch while the first workflow
+	// task is still deciding (versionFirstTask): its facts go out together.
+	hold bool
 }
 
 // emit queues one entry and returns its sequence. It never yields, so the
@@ -109,7 +112,7 @@ func publishCtx(ctx workflow.Context) workflow.Context {
 func (w *approval) publishLoop(ctx workflow.Context) {
 	o := &w.out
 	for {
-		if err := workflow.Await(ctx, func() bool { return len(o.queue) > 0 }); err != nil {
+		if err := workflow.Await(ctx, func() bool { return len(o.queue) > 0 && !o.hold }); err != nil {
 			w.log.Error("outbox stopped", "error", err)
 			return
 		}

@@ -63,3 +63,12 @@ func TestVerifiedInputWithoutApproval(t *testing.T) {
 	require.Error(t, err)
 	require.Equal(t, 0, h.executeCalls())
 }
+
+// Its facts up to the claim (requested, the decision, re-evaluated,
+// claimed) go out in one Publish, with the tool's run; the end in another.
+func TestVerifiedPublishesTwice(t *testing.T) {
+	h := verifiedHarness(t)
+	_, err := h.run()
+	require.NoError(t, err)
+	require.Equal(t, []int{7, 1}, h.batches)
+}
