@@ -36,6 +36,7 @@ Usage:
   countersign audit verify FILE --key PUBKEY
   countersign audit rotate-key [--audit-key-dir DIR | --data-dir DIR]   a new audit signing key (restart the worker)
   countersign upstreams list [--config FILE] [--policy DIR]   each upstream, its state, its tools and their policy decision
+  countersign healthcheck [--timeout D] URL   exit 0 when GET URL answers 200 (a container probe: the image has no shell)
 
 Admin commands read the admin token from COUNTERSIGN_ADMIN_TOKEN, else the file
 COUNTERSIGN_ADMIN_TOKEN_FILE names, else DATA_DIR/admin-token (written by dev).
@@ -66,6 +67,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runAudit(ctx, args[1:], stdout, stderr)
 	case "upstreams":
 		err = runUpstreams(ctx, args[1:], stdout, stderr)
+	case "healthcheck":
+		err = runHealthcheck(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
