@@ -168,6 +168,12 @@ func TestComposeCountersign(t *testing.T) {
 	if server.HealthCheck == nil {
 		t.Error("countersign-server: no healthcheck")
 	}
+	// The first admin token comes from a secret the server reads.
+	if f := env(server, "COUNTERSIGN_ADMIN_TOKEN_FILE"); len(server.Secrets) != 1 || f != "/run/secrets/"+server.Secrets[0].Source {
+		t.Errorf("countersign-server: COUNTERSIGN_ADMIN_TOKEN_FILE=%q, secrets %v: want the file of its one secret", f, server.Secrets)
+	} else if _, ok := p.Secrets[server.Secrets[0].Source]; !ok {
+		t.Errorf("countersign-server: secret %s is not defined", server.Secrets[0].Source)
+	}
 	if server.Command[0] != "server" {
 		t.Fatalf("countersign-server runs %q", server.Command)
 	}

@@ -216,7 +216,7 @@ func (m *manifests) checkMounts(t *testing.T, where string, ps corev1.PodSpec, c
 			t.Errorf("%s: volume %s: ConfigMap %s is not in the build", where, v.Name, v.ConfigMap.Name)
 		}
 	}
-	for _, env := range []string{"COUNTERSIGN_CONFIG", "NATS_CREDS", "COUNTERSIGN_AUDIT_KEY_DIR"} {
+	for _, env := range []string{"COUNTERSIGN_CONFIG", "NATS_CREDS", "COUNTERSIGN_AUDIT_KEY_DIR", "COUNTERSIGN_ADMIN_TOKEN_FILE"} {
 		p := envs[env]
 		if p == "" {
 			continue
