@@ -83,15 +83,20 @@ func AdminChainID(t AdminTarget) string {
 }
 
 // RecordAdmin appends a to its target's admin chain. key makes it
-// idempotent: the revision of the stored status the action wrote (or
-// found), so a retry after a lost answer writes nothing new. It returns
-// the chain ID and the receipt.
+// idempotent: the revision of the stored status the action wrote, so a
+// retry after a lost answer writes nothing new. A target is revoked once,
+// so a revoke's step ignores key: recording it again, whatever the
+// record's revision by then, returns the first record. It returns the
+// chain ID and the receipt.
 func (l *Log) RecordAdmin(ctx context.Context, a AdminAction, key uint64) (string, Receipt, error) {
 	if err := checkAdminTarget(a.Target); err != nil {
 		return "", Receipt{}, err
 	}
 	id := AdminChainID(a.Target)
 	step := a.Action + "-" + strconv.FormatUint(key, 10)
+	if a.Action == AdminRevoke {
+		step = a.Action
+	}
 	if a.Target.Type == TargetPasskey {
 		sum := sha256.Sum256([]byte(a.Target.ID))
 		step = "passkey-" + hex.EncodeToString(sum[:8]) + "-" + step

@@ -36,6 +36,13 @@ func TestRecordAdmin(t *testing.T) {
 		if err != nil || id2 != id || r2 != r {
 			t.Fatalf("retry: %s %+v %v; want %s %+v", id2, r2, err, id, r)
 		}
+		if a.a.Action == AdminRevoke {
+			// A target is revoked once: whatever its record's revision
+			// by the time a retry comes, the same record.
+			if _, r3, err := l.RecordAdmin(ctx, a.a, a.key+100); err != nil || r3 != r {
+				t.Fatalf("revoke again at another revision: %+v %v; want %+v", r3, err, r)
+			}
+		}
 	}
 	agentChain := AdminChainID(AdminTarget{Type: TargetAgent, ID: "Billing.Bot@x"})
 	lines, err := l.Chain(ctx, agentChain)

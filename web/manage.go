@@ -84,12 +84,13 @@ func (h *Handler) actor(r *http.Request) string {
 	return "admin:" + p.Name
 }
 
-// record writes the admin record of a change. An unchanged enable writes
-// nothing; an unchanged disable or revoke writes its record only if a
-// change answered earlier lost it (the record's key is the status's
-// revision, so a retry heals the chain and never duplicates a record).
+// record writes the admin record of a change. An unchanged disable or
+// enable writes nothing; an unchanged revoke writes its record only if the
+// revocation answered earlier lost it (a target's revoke record is written
+// once: a retry heals the chain and never duplicates it).
 func (h *Handler) record(r *http.Request, res *actionResponse, a audit.AdminAction, changed bool, rev uint64) error {
-	if !changed && a.Action == audit.AdminEnable {
+	res.AuditChain = audit.AdminChainID(a.Target)
+	if !changed && a.Action != audit.AdminRevoke {
 		return nil
 	}
 	chain, rec, err := h.audit.RecordAdmin(r.Context(), a, rev)
