@@ -4,6 +4,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -175,12 +176,13 @@ func (c *code) requireEnv(t *testing.T, where string, names ...string) {
 }
 
 // requireArgs checks a countersign command line: a real subcommand and
-// real flags. It returns the value of --addr, if any.
-func (c *code) requireArgs(t *testing.T, where string, args []string) (addr string) {
+// real flags. It returns the flags' values.
+func (c *code) requireArgs(t *testing.T, where string, args []string) map[string]string {
 	t.Helper()
+	flags := map[string]string{}
 	if len(args) == 0 || !c.subcommands[args[0]] {
 		t.Errorf("%s: %q is not a countersign command (have %v)", where, args, keys(c.subcommands))
-		return ""
+		return flags
 	}
 	for i := 1; i < len(args); i++ {
 		a := args[i]
@@ -195,11 +197,31 @@ func (c *code) requireArgs(t *testing.T, where string, args []string) (addr stri
 			value = args[i+1]
 			i++
 		}
-		if name == "addr" {
-			addr = value
+		flags[name] = value
+	}
+	return flags
+}
+
+// listenPorts are the ports a `countersign cmd` serves HTTP on, from its
+// flags and environment: --addr (not the worker's: it serves no MCP or
+// approver site) and the operations listener --metrics-addr, when the code
+// has one.
+func listenPorts(cmd string, flags, envs map[string]string) map[string]bool {
+	ports := map[string]bool{}
+	add := func(flag, env string) {
+		addr := flags[flag]
+		if addr == "" {
+			addr = envs[env]
+		}
+		if _, port, err := net.SplitHostPort(addr); err == nil && port != "" {
+			ports[port] = true
 		}
 	}
-	return addr
+	if cmd != "worker" {
+		add("addr", "COUNTERSIGN_ADDR")
+	}
+	add("metrics-addr", "COUNTERSIGN_METRICS_ADDR")
+	return ports
 }
 
 func keys(m map[string]bool) []string {

@@ -205,15 +205,13 @@ func TestComposeCountersign(t *testing.T) {
 		if !c.endpoints[u.Path] {
 			t.Errorf("%s: healthcheck path %s is not served (have %v)", name, u.Path, keys(c.endpoints))
 		}
-		listen := port
-		if name != "countersign-server" {
-			listen = ""
-			if _, p, err := net.SplitHostPort(env(s, "COUNTERSIGN_ADDR")); err == nil {
-				listen = p
-			}
+		envs := map[string]string{}
+		for k := range s.Environment {
+			envs[k] = env(s, k)
 		}
-		if u.Port() != listen {
-			t.Errorf("%s: healthcheck port %s, but it listens on %q", name, u.Port(), listen)
+		listen := listenPorts(s.Command[0], c.requireArgs(t, name, s.Command), envs)
+		if !listen[u.Port()] {
+			t.Errorf("%s: healthcheck port %s, but it serves HTTP on %v", name, u.Port(), keys(listen))
 		}
 	}
 }

@@ -1,7 +1,6 @@
 package deploy
 
 import (
-	"net"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -139,7 +138,7 @@ func (m *manifests) checkDeployment(t *testing.T, c *code, d appsv1.Deployment) 
 	}
 
 	// The command line, the environment and the config file are the code's.
-	addr := c.requireArgs(t, where, ctr.Args)
+	flags := c.requireArgs(t, where, ctr.Args)
 	envs := map[string]string{}
 	for _, e := range ctr.Env {
 		envs[e.Name] = e.Value
@@ -159,39 +158,37 @@ func (m *manifests) checkDeployment(t *testing.T, c *code, d appsv1.Deployment) 
 		}
 	}
 	c.requireEnv(t, where, keys(mapOf(envs))...)
-	if addr == "" {
-		addr = envs["COUNTERSIGN_ADDR"]
-	}
 	m.checkMounts(t, where, ps, ctr, envs)
 
-	// Probes: only a process that listens has them, on the port it listens
-	// on and the paths it serves.
+	// Probes: on a port the process serves HTTP on, and paths it serves. A
+	// server has readiness and liveness probes; a worker serves HTTP only
+	// on the operations listener, when one is set.
+	listen := listenPorts(ctr.Args[0], flags, envs)
 	if ctr.Args[0] == "server" {
 		if ctr.ReadinessProbe == nil || ctr.LivenessProbe == nil {
 			t.Errorf("%s: a server needs readiness and liveness probes", where)
 		}
-		_, port, err := net.SplitHostPort(addr)
-		if err != nil {
-			t.Errorf("%s: listen address %q: %v", where, addr, err)
+		if len(listen) == 0 {
+			t.Errorf("%s: the server has no listen address (--addr or COUNTERSIGN_ADDR)", where)
 		}
-		for kind, p := range map[string]*corev1.Probe{"readiness": ctr.ReadinessProbe, "liveness": ctr.LivenessProbe, "startup": ctr.StartupProbe} {
-			if p == nil {
-				continue
-			}
-			if p.HTTPGet == nil {
-				t.Errorf("%s: %s probe is not an HTTP GET", where, kind)
-				continue
-			}
-			if !c.endpoints[p.HTTPGet.Path] {
-				t.Errorf("%s: %s probe path %s is not served (have %v)", where, kind, p.HTTPGet.Path, keys(c.endpoints))
-			}
-			if got := containerPort(ctr, p.HTTPGet.Port.String()); got != port {
-				t.Errorf("%s: %s probe port %s is %q, but the server listens on %q", where, kind, p.HTTPGet.Port.String(), got, port)
-			}
+	}
+	for kind, p := range map[string]*corev1.Probe{"readiness": ctr.ReadinessProbe, "liveness": ctr.LivenessProbe, "startup": ctr.StartupProbe} {
+		if p == nil {
+			continue
 		}
-		if ctr.ReadinessProbe != nil && ctr.ReadinessProbe.HTTPGet != nil && ctr.ReadinessProbe.HTTPGet.Path != "/readyz" {
-			t.Errorf("%s: readiness probe on %s, want /readyz", where, ctr.ReadinessProbe.HTTPGet.Path)
+		if p.HTTPGet == nil {
+			t.Errorf("%s: %s probe is not an HTTP GET", where, kind)
+			continue
 		}
+		if !c.endpoints[p.HTTPGet.Path] {
+			t.Errorf("%s: %s probe path %s is not served (have %v)", where, kind, p.HTTPGet.Path, keys(c.endpoints))
+		}
+		if got := containerPort(ctr, p.HTTPGet.Port.String()); !listen[got] {
+			t.Errorf("%s: %s probe port %s is %q, but it serves HTTP on %v", where, kind, p.HTTPGet.Port.String(), got, keys(listen))
+		}
+	}
+	if p := ctr.ReadinessProbe; p != nil && p.HTTPGet != nil && p.HTTPGet.Path != "/readyz" {
+		t.Errorf("%s: readiness probe on %s, want /readyz", where, p.HTTPGet.Path)
 	}
 }
 
