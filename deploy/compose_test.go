@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -222,4 +223,49 @@ func mapKeys(m types.MappingWithEquals) map[string]bool {
 		out[k] = true
 	}
 	return out
+}
+
+// TestDockerfile: the image has the binary where the healthchecks and the
+// entrypoint call it, runs as a non-root user, and sets only variables the
+// binary reads.
+func TestDockerfile(t *testing.T) {
+	c := readCode(t)
+	b, err := os.ReadFile(filepath.Join("..", "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var final []string // the lines of the last stage
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "FROM ") {
+			final = nil
+		}
+		final = append(final, line)
+	}
+	const bin = "/usr/local/bin/countersign"
+	var copied, entry, user bool
+	for _, line := range final {
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 0:
+		case f[0] == "COPY" && f[len(f)-1] == bin:
+			copied = true
+		case f[0] == "ENTRYPOINT" && strings.Contains(line, `"`+bin+`"`):
+			entry = true
+		case f[0] == "USER" && len(f) == 2 && f[1] != "root" && f[1] != "0":
+			user = true
+		case f[0] == "ENV" && len(f) >= 2:
+			name, _, _ := strings.Cut(f[1], "=")
+			c.requireEnv(t, "Dockerfile", name)
+		}
+	}
+	if !copied || !entry || !user {
+		t.Errorf("Dockerfile's image: binary copied to %s %v, entrypoint %v, non-root user %v", bin, copied, entry, user)
+	}
+	p := loadCompose(t)
+	for name, s := range p.Services {
+		if s.HealthCheck != nil && len(s.HealthCheck.Test) > 1 && strings.Contains(s.HealthCheck.Test[1], "countersign") && s.HealthCheck.Test[1] != bin {
+			t.Errorf("%s: healthcheck runs %s, the image has %s", name, s.HealthCheck.Test[1], bin)
+		}
+	}
 }
