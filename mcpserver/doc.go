@@ -409,7 +409,9 @@
 // stream but the client or Server.CloseStreams, which internal/app calls
 // when the HTTP server shuts down (http.Server.Shutdown waits for handlers;
 // a stream would not return on its own); after it, a new stream is 503.
-// Streams are per replica: each replica tells its own clients about its own
+// Server.EndStreams ends one principal's streams: internal/app calls it
+// when the principal's token is disabled or revoked (a stream
+// authenticated once, when it opened). Streams are per replica: each replica tells its own clients about its own
 // registry, which follows the upstreams it is connected to.
 //
 // Receiving middleware. It resolves the era per request (the _meta protocol

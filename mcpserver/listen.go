@@ -28,7 +28,7 @@ const (
 )
 
 // streams counts each principal's open notification streams and ends them
-// all at shutdown.
+// all at shutdown, or one principal's on EndStreams.
 type streams struct {
 	mu   sync.Mutex
 	open map[string]int
@@ -38,12 +38,49 @@ type streams struct {
 	live    map[string]int
 	closing context.Context
 	close   context.CancelFunc
+	// enders end each principal's streams on EndStreams.
+	enders map[string]map[*context.CancelFunc]struct{}
 }
 
 func (st *streams) init() {
 	st.open = map[string]int{}
 	st.live = map[string]int{}
+	st.enders = map[string]map[*context.CancelFunc]struct{}{}
 	st.closing, st.close = context.WithCancel(context.Background())
+}
+
+// watch returns the context of one stream of principal: ended with parent,
+// at shutdown, or by EndStreams(principal). Call done when the stream ends.
+func (st *streams) watch(parent context.Context, principal string) (ctx context.Context, done func()) {
+	ctx, cancel := context.WithCancel(parent)
+	stop := context.AfterFunc(st.closing, cancel)
+	key := &cancel
+	st.mu.Lock()
+	if st.enders[principal] == nil {
+		st.enders[principal] = map[*context.CancelFunc]struct{}{}
+	}
+	st.enders[principal][key] = struct{}{}
+	st.mu.Unlock()
+	return ctx, func() {
+		stop()
+		cancel()
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if delete(st.enders[principal], key); len(st.enders[principal]) == 0 {
+			delete(st.enders, principal)
+		}
+	}
+}
+
+// EndStreams ends principal's open notification streams, on this replica:
+// call it when the principal's token is disabled or revoked (every request
+// authenticates anew, but a stream authenticated once, when it opened).
+func (s *Server) EndStreams(principal string) {
+	s.streams.mu.Lock()
+	defer s.streams.mu.Unlock()
+	for cancel := range s.streams.enders[principal] {
+		(*cancel)()
+	}
 }
 
 // acquire takes one of principal's max stream slots. It fails with the HTTP
@@ -130,10 +167,8 @@ func (s *Server) admitStream(w http.ResponseWriter, r *http.Request, principal, 
 // in JSONResponse mode) until the client cancels: here it gets its stream
 // slot, keep-alives, X-Accel-Buffering: no, and an end at shutdown.
 func (s *Server) serveListen(w http.ResponseWriter, r *http.Request, sdk http.Handler, principal string) {
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	stop := context.AfterFunc(s.streams.closing, cancel)
-	defer stop()
+	ctx, ended := s.streams.watch(r.Context(), principal)
+	defer ended()
 	w.Header().Set("X-Accel-Buffering", "no")
 	sw := &sseWriter{ResponseWriter: w}
 	sw.onStart = func() { sw.onEnd = s.streams.started(principal) }
@@ -256,14 +291,14 @@ func (s *Server) serveGET(w http.ResponseWriter, r *http.Request, principal stri
 		return
 	}
 	defer s.streams.started(principal)()
+	ctx, done := s.streams.watch(r.Context(), principal)
+	defer done()
 	keep := time.NewTicker(s.opts.KeepAlive)
 	defer keep.Stop()
 	for {
 		var msg string
 		select {
-		case <-r.Context().Done():
-			return
-		case <-s.streams.closing.Done():
+		case <-ctx.Done(): // the client left, shutdown, or EndStreams
 			return
 		case <-changed:
 			changed = s.toolsChangedChan()

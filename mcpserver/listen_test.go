@@ -451,3 +451,44 @@ func TestToolChangeDuringLegacyRequestIsQuiet(t *testing.T) {
 		t.Errorf("a routine tool change was logged:\n%s", logs)
 	}
 }
+
+// EndStreams ends one principal's streams (its token was disabled or
+// revoked), both kinds, and leaves another principal's open.
+func TestEndStreams(t *testing.T) {
+	h, _ := newListHarness(t, func(o *Options) { o.KeepAlive = 50 * time.Millisecond })
+	p, q := principal(t, "a"), principal(t, "b")
+	get := openStream(t, h, p, false, nil)
+	listen := openStream(t, h, p, true, nil)
+	other := openStream(t, h, q, false, nil)
+	defer other.Body.Close()
+	for _, r := range []*http.Response{get, listen, other} {
+		if r.StatusCode != http.StatusOK {
+			t.Fatalf("open: HTTP %d", r.StatusCode)
+		}
+	}
+	getLines, listenLines, otherLines := bufio.NewScanner(get.Body), bufio.NewScanner(listen.Body), bufio.NewScanner(other.Body)
+	readUntil(t, getLines, ": keep-alive")
+	readUntil(t, listenLines, "notifications/subscriptions/acknowledged")
+
+	h.srv.EndStreams(p)
+	for name, sc := range map[string]*bufio.Scanner{"GET": getLines, "listen": listenLines} {
+		ended := make(chan struct{})
+		go func() {
+			for sc.Scan() {
+			}
+			close(ended)
+		}()
+		select {
+		case <-ended:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s stream still open after EndStreams", name)
+		}
+	}
+	waitFor(t, 10*time.Second, "streams released", func() bool {
+		return h.srv.streams.openCount(p) == 0 && h.srv.streams.liveCount(p) == 0
+	})
+	readUntil(t, otherLines, ": keep-alive") // the other principal's goes on
+	if n := h.srv.streams.openCount(q); n != 1 {
+		t.Fatalf("other principal: %d streams", n)
+	}
+}

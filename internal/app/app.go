@@ -72,7 +72,9 @@ type App struct {
 	out    io.Writer
 	closed atomic.Bool
 	stopBG context.CancelFunc
-	bgDone chan struct{}
+	// stopWatch ends the watch that ends a disabled agent's streams.
+	stopWatch context.CancelFunc
+	bgDone    chan struct{}
 
 	nats     *natsrv.Server
 	temporal *devstack.Server
@@ -546,6 +548,19 @@ func (a *App) startHTTP(ctx context.Context) error {
 	// Notification streams last until the client leaves; Shutdown waits
 	// for handlers to return, so it ends them first.
 	a.httpSrv.RegisterOnShutdown(mcp.CloseStreams)
+	if !a.cfg.Conformance {
+		// Requests authenticate anew; a notification stream opened with
+		// a token that is then disabled or revoked is ended here.
+		wctx, cancel := context.WithCancel(context.Background())
+		a.stopWatch = cancel
+		if err := a.Tokens.WatchInactive(wctx, func(p authn.Principal) {
+			if p.Kind == authn.KindAgent {
+				mcp.EndStreams(p.Name)
+			}
+		}); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -600,6 +615,9 @@ func (a *App) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	var errs []error
+	if a.stopWatch != nil {
+		a.stopWatch()
+	}
 	if a.stopBG != nil {
 		a.stopBG()
 		<-a.bgDone

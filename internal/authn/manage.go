@@ -336,3 +336,35 @@ func (t *Tokens) setAdmin(ctx context.Context, token, name string) (AdminChange,
 	}
 	return AdminChange{}, errors.New("authn: too much contention on the admin name")
 }
+
+// WatchInactive calls fn, from its own goroutine, with each principal whose
+// token is disabled or revoked from now on, until ctx ends: a process ends
+// what a token opened once and keeps open (notification streams) with it.
+// Lookups need no such watch: they read the store on every request.
+func (t *Tokens) WatchInactive(ctx context.Context, fn func(Principal)) error {
+	w, err := t.kv.WatchFiltered(ctx, []string{"t.>"}, jetstream.UpdatesOnly(), jetstream.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("authn: watch: %w", err)
+	}
+	go func() {
+		defer func() { _ = w.Stop() }()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				if e == nil {
+					continue
+				}
+				var p Principal
+				if json.Unmarshal(e.Value(), &p) == nil && !p.Active() {
+					fn(p)
+				}
+			}
+		}
+	}()
+	return nil
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/countersign/countersign/internal/testnats"
 )
@@ -161,5 +162,45 @@ func TestRegisterAdmin(t *testing.T) {
 	}
 	if _, err := tok.RegisterAdmin(ctx, "short", "admin"); err == nil {
 		t.Fatal("short token accepted")
+	}
+}
+
+func TestWatchInactive(t *testing.T) {
+	tok := openTokens(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, n := range []string{"a", "b"} {
+		if _, err := tok.Issue(ctx, n, KindAgent); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make(chan Principal, 4)
+	if err := tok.WatchInactive(ctx, func(p Principal) { got <- p }); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct{ name, action, want string }{
+		{"a", ActionDisable, StatusDisabled},
+		{"a", ActionEnable, ""}, // active again: nothing to end
+		{"b", ActionRevoke, StatusRevoked},
+	} {
+		if _, _, err := tok.SetAgentStatus(ctx, step.name, step.action); err != nil {
+			t.Fatal(err)
+		}
+		if step.want == "" {
+			continue
+		}
+		select {
+		case p := <-got:
+			if p.Name != step.name || p.Status() != step.want {
+				t.Fatalf("%s %s: got %+v", step.action, step.name, p)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s %s: no notice", step.action, step.name)
+		}
+	}
+	select {
+	case p := <-got:
+		t.Fatalf("extra notice %+v", p)
+	default:
 	}
 }

@@ -1,10 +1,13 @@
 package e2e
 
 import (
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/countersign/countersign/internal/app"
 	"github.com/countersign/countersign/internal/devtest"
@@ -91,10 +94,25 @@ func TestAdminRevocationTwoProcesses(t *testing.T) {
 		t.Fatalf("no rejected decision with credential_revoked in %+v", chain.Records)
 	}
 
-	// The agent token, revoked through a, fails on b at once.
+	// The agent token, revoked through a, fails on b at once; the
+	// notification stream it opened on b before ends.
 	if code, _ := b.MCPAuth(b.AgentToken); code != 200 {
 		t.Fatalf("agent before revocation: HTTP %d", code)
 	}
+	req, _ := http.NewRequest("GET", b.Base+"/mcp", nil)
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	req.Header.Set("Authorization", "Bearer "+b.AgentToken)
+	stream, err := http.DefaultClient.Do(req)
+	if err != nil || stream.StatusCode != 200 {
+		t.Fatalf("GET stream: %v %v", stream, err)
+	}
+	defer stream.Body.Close()
+	ended := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, stream.Body)
+		close(ended)
+	}()
 	if code := a.HTTPJSON("POST", "/admin/v1/agents/"+app.DevAgentName+"/revoke", a.AdminToken, struct{}{}, &revoked); code != 200 || revoked.Status != "revoked" {
 		t.Fatalf("revoke agent: HTTP %d %+v", code, revoked)
 	}
@@ -102,5 +120,10 @@ func TestAdminRevocationTwoProcesses(t *testing.T) {
 		if code, auth := s.MCPAuth(s.AgentToken); code != 401 || !strings.Contains(auth, `error="invalid_token"`) {
 			t.Fatalf("revoked agent on %s: HTTP %d %q", s.Base, code, auth)
 		}
+	}
+	select {
+	case <-ended:
+	case <-time.After(30 * time.Second): // a KV watch: milliseconds, unless the machine is loaded
+		t.Fatal("the revoked agent's notification stream on the other instance is still open")
 	}
 }
