@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/countersign/countersign/internal/app"
+	"github.com/countersign/countersign/internal/config"
 )
 
 // unsetEnv unsets the environment variables for the rest of the test.
@@ -39,8 +40,15 @@ func TestFlagDefaultsAreConfigDefaults(t *testing.T) {
 		{"server-id", "COUNTERSIGN_SERVER_ID", def.ServerID},
 		{"temporal-address", "TEMPORAL_ADDRESS", def.TemporalAddress},
 		{"temporal-namespace", "TEMPORAL_NAMESPACE", def.TemporalNamespace},
+		{"temporal-tls", "TEMPORAL_TLS", def.TemporalTLS},
+		{"temporal-tls-ca", "TEMPORAL_TLS_CA_PATH", def.TemporalTLSCA},
+		{"temporal-tls-cert", "TEMPORAL_TLS_CERT_PATH", def.TemporalTLSCert},
+		{"temporal-tls-key", "TEMPORAL_TLS_KEY_PATH", def.TemporalTLSKey},
+		{"temporal-tls-server-name", "TEMPORAL_TLS_SERVER_NAME", def.TemporalTLSServerName},
+		{"temporal-api-key", "TEMPORAL_API_KEY", def.TemporalAPIKey},
 		{"nats-url", "NATS_URL", def.NATSURL},
 		{"nats-creds", "NATS_CREDS", def.NATSCreds},
+		{"nats-nkey", "NATS_NKEY", def.NATSNKey},
 		{"nats-tls-ca", "NATS_TLS_CA", def.NATSTLSCA},
 		{"nats-tls-cert", "NATS_TLS_CERT", def.NATSTLSCert},
 		{"nats-tls-key", "NATS_TLS_KEY", def.NATSTLSKey},
@@ -57,7 +65,7 @@ func TestFlagDefaultsAreConfigDefaults(t *testing.T) {
 		{"rate-per-minute", "COUNTERSIGN_RATE_PER_MINUTE", def.RatePerMinute},
 		{"rate-burst", "COUNTERSIGN_RATE_BURST", def.RateBurst},
 		{"max-pending", "COUNTERSIGN_MAX_PENDING", def.MaxPendingPerPrincipal},
-		{"poll-interval", "", def.PollInterval},
+		{"poll-interval", "COUNTERSIGN_POLL_INTERVAL", def.PollInterval},
 		{"result-retention", "COUNTERSIGN_RESULT_RETENTION", def.ResultRetention},
 		{"requests-per-second", "COUNTERSIGN_REQUESTS_PER_SECOND", def.RequestsPerSecond},
 		{"request-burst", "COUNTERSIGN_REQUEST_BURST", def.RequestBurst},
@@ -69,7 +77,7 @@ func TestFlagDefaultsAreConfigDefaults(t *testing.T) {
 		{"audit-redact", "COUNTERSIGN_AUDIT_REDACT", def.AuditRedact},
 		{"admin-token-file", "COUNTERSIGN_ADMIN_TOKEN_FILE", def.AdminTokenFile},
 		{"conformance", "", def.Conformance},
-		{"log-level", "COUNTERSIGN_LOG_LEVEL", "info"}, // not an app setting
+		{"log-level", "COUNTERSIGN_LOG_LEVEL", def.LogLevel},
 	}
 	inTable := map[string]bool{}
 	for _, tc := range table {
@@ -81,10 +89,13 @@ func TestFlagDefaultsAreConfigDefaults(t *testing.T) {
 	for _, tc := range table {
 		t.Run(tc.flag, func(t *testing.T) {
 			var cfg app.Config
-			fs, _ := serviceFlags("dev", &cfg, false)
+			fs, env := serviceFlags("dev", &cfg, false)
 			f := fs.Lookup(tc.flag)
 			if f == nil {
 				t.Fatalf("no flag --%s", tc.flag)
+			}
+			if env[tc.flag] != tc.env {
+				t.Errorf("--%s reads environment variable %q, want %q", tc.flag, env[tc.flag], tc.env)
 			}
 			if got, want := f.DefValue, fmt.Sprint(tc.want); got != want {
 				t.Errorf("--%s defaults to %q, app.Config.Defaults to %q", tc.flag, got, want)
@@ -129,12 +140,13 @@ func TestFlagDefaultsAreConfigDefaults(t *testing.T) {
 			t.Errorf("--%s is not in the table", f.Name)
 		}
 	})
-	cfg, _, err = serviceConfig("dev", nil, io.Discard)
+	cfg, err = serviceConfig("dev", nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := def
 	want.PublicURL = ""
+	want.File = &config.File{}
 	if diff := cmp.Diff(want, cfg); diff != "" {
 		t.Errorf("parsed defaults (-Config.Defaults +flags):\n%s", diff)
 	}
@@ -164,7 +176,7 @@ func TestConformanceLiftsLimitDefaults(t *testing.T) {
 			RequestBurst: plain.RequestBurst, MaxInFlightPerPrincipal: plain.MaxInFlightPerPrincipal}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, _, err := serviceConfig("dev", tc.args, io.Discard)
+			cfg, err := serviceConfig("dev", tc.args, io.Discard)
 			if err != nil {
 				t.Fatal(err)
 			}

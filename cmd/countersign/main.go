@@ -13,6 +13,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/countersign/countersign/internal/config"
 )
 
 const usage = `Countersign: asynchronous passkey approval for MCP tool calls.
@@ -37,6 +39,7 @@ Usage:
   countersign audit rotate-key [--audit-key-dir DIR | --data-dir DIR]   a new audit signing key (restart the worker)
   countersign upstreams list [--config FILE] [--policy DIR]   each upstream, its state, its tools and their policy decision
   countersign healthcheck [--timeout D] URL   exit 0 when GET URL answers 200 (a container probe: the image has no shell)
+  countersign config check FILE [--mode dev|server|worker] [flags]   check a configuration file; print the effective configuration, secrets redacted
 
 Admin commands read the admin token from COUNTERSIGN_ADMIN_TOKEN, else the file
 COUNTERSIGN_ADMIN_TOKEN_FILE names, else DATA_DIR/admin-token (written by dev).
@@ -69,6 +72,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runUpstreams(ctx, args[1:], stdout, stderr)
 	case "healthcheck":
 		err = runHealthcheck(ctx, args[1:], stdout, stderr)
+	case "config":
+		err = runConfig(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -105,9 +110,5 @@ func parseError(err error) error {
 func (e usageError) Error() string { return e.msg }
 
 func newLogger(w io.Writer, level string) *slog.Logger {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		l = slog.LevelInfo
-	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: config.SlogLevel(level)}))
 }

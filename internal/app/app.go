@@ -119,12 +119,8 @@ type App struct {
 // ready; the HTTP listener is bound but not yet serving (see Run). On error,
 // whatever was started is stopped again.
 func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Writer) (_ *App, err error) {
-	cfg.Defaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("configuration: %w", err)
-	}
-	if mode == ModeDev && cfg.NATSURL == "" && cfg.NATSReplicas > 1 {
-		return nil, fmt.Errorf("configuration: --nats-replicas %d needs a NATS cluster (--nats-url); the embedded NATS of dev mode is a single node and keeps 1 replica", cfg.NATSReplicas)
+	if err := cfg.Resolve(mode); err != nil {
+		return nil, err
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -133,14 +129,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		out = io.Discard
 	}
 	a := &App{cfg: cfg, mode: mode, log: log, out: out}
-	file, err := loadConfigFile(cfg.ConfigFile)
-	if err != nil {
-		return nil, err
-	}
-	if a.cfg.InlineWait == 0 && file != nil && file.InlineWait != nil {
-		// A non-zero --inline-wait (or its environment variable) wins; 0 means unset.
-		a.cfg.InlineWait = *file.InlineWait
-	}
+	file := cfg.File
 	defer func() {
 		if err != nil {
 			a.Shutdown(context.Background())
@@ -350,6 +339,13 @@ func (a *App) startNATS(ctx context.Context) error {
 	if a.cfg.NATSCreds != "" {
 		opts = append(opts, nats.UserCredentials(a.cfg.NATSCreds))
 	}
+	if a.cfg.NATSNKey != "" {
+		opt, err := nats.NkeyOptionFromSeed(a.cfg.NATSNKey)
+		if err != nil {
+			return fmt.Errorf("--nats-nkey: %w", err)
+		}
+		opts = append(opts, opt)
+	}
 	if a.cfg.NATSTLSCA != "" {
 		opts = append(opts, nats.RootCAs(a.cfg.NATSTLSCA))
 	}
@@ -375,7 +371,10 @@ func (a *App) startTemporal(ctx context.Context) error {
 	// it starts, or it never applies (it stayed at the default 10,000).
 	worker.SetStickyWorkflowCacheSize(stickyCacheSize)
 	hostPort := a.cfg.TemporalAddress
-	var conn client.ConnectionOptions
+	conn, creds, err := a.cfg.temporalConnection()
+	if err != nil {
+		return err
+	}
 	if hostPort == "" {
 		if a.mode != ModeDev {
 			return errors.New("--temporal-address is required outside dev mode")
@@ -400,9 +399,10 @@ func (a *App) startTemporal(ctx context.Context) error {
 		Namespace:         a.cfg.TemporalNamespace,
 		Logger:            tlog.NewStructuredLogger(a.log.With("component", "temporal-client")),
 		ConnectionOptions: conn,
+		Credentials:       creds,
 	})
 	if err != nil {
-		return fmt.Errorf("connect to Temporal at %s: %w", hostPort, err)
+		return fmt.Errorf("connect to Temporal at %s: %w%s", hostPort, err, a.cfg.temporalDialHint(err))
 	}
 	a.tc = tc
 	a.Orchestrator = tasks.NewOrchestrator(tc)

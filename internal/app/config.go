@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/countersign/countersign/approvals"
+	"github.com/countersign/countersign/internal/config"
 	"github.com/countersign/countersign/internal/httplimit"
 	"github.com/countersign/countersign/mcpserver"
 	"github.com/countersign/countersign/passkey"
@@ -35,9 +36,24 @@ type Config struct {
 	// TemporalAddress selects an external Temporal; empty in dev means embedded.
 	TemporalAddress   string
 	TemporalNamespace string
-	// NATSURL selects an external NATS; empty in dev means embedded.
+	// Temporal TLS (temporal.go): on when TemporalTLS or any other of these
+	// is set. TemporalTLSCA is a CA bundle to trust instead of the system
+	// roots; TemporalTLSCert and TemporalTLSKey a client certificate and key
+	// (mutual TLS); TemporalTLSServerName the name the server certificate
+	// must carry (default: the address's host). TemporalAPIKey is sent as a
+	// bearer token (Temporal Cloud API keys) and implies TLS.
+	TemporalTLS           bool
+	TemporalTLSCA         string
+	TemporalTLSCert       string
+	TemporalTLSKey        string
+	TemporalTLSServerName string
+	TemporalAPIKey        string
+	// NATSURL selects an external NATS (comma-separated servers); empty in
+	// dev means embedded. NATSCreds is a credentials file (user JWT and
+	// nkey seed), NATSNKey an nkey seed file; at most one.
 	NATSURL   string
 	NATSCreds string
+	NATSNKey  string
 	// NATS TLS: a CA bundle to trust, and a client certificate and key
 	// (mutual TLS). Empty means the system roots and no client certificate.
 	NATSTLSCA   string
@@ -59,9 +75,18 @@ type Config struct {
 	SlackAPIURL string
 
 	// ConfigFile is the YAML configuration file (internal/config): the
-	// upstream MCP servers to gate and whether the demo tools are served.
-	// Empty: no upstreams, demo tools in dev only.
+	// upstream MCP servers to gate, whether the demo tools are served, and
+	// the file's form of the settings here. Empty: no upstreams, demo tools
+	// in dev only.
 	ConfigFile string
+	// File is ConfigFile loaded and already applied to this Config by the
+	// caller (ApplyFile, with the command line's rule: flag > environment >
+	// file > default). Nil: New loads ConfigFile and applies it to the
+	// settings left at their zero value.
+	File *config.File
+
+	// LogLevel is debug, info (the default), warn or error.
+	LogLevel string
 
 	// InlineWait holds a tools/call from a client without MCP tasks for the
 	// approval decision, up to this long (mcpserver.Options.InlineWait).
@@ -133,6 +158,7 @@ const (
 	DefaultTemporalNamespace = "default"
 	DefaultSQLiteSync        = "FULL"
 	DefaultNATSReplicas      = 1
+	DefaultLogLevel          = "info"
 )
 
 // Defaults fills unset (zero) fields. It is the one place a setting gets its
@@ -144,6 +170,7 @@ func (c *Config) Defaults() {
 	setDefault(&c.TemporalNamespace, DefaultTemporalNamespace)
 	setDefault(&c.SQLiteSync, DefaultSQLiteSync)
 	setDefault(&c.NATSReplicas, DefaultNATSReplicas)
+	setDefault(&c.LogLevel, DefaultLogLevel)
 	if c.Conformance {
 		// Every caller is one anonymous principal and the suites create
 		// tasks in bursts; explicit settings still win.
@@ -208,6 +235,20 @@ func (c *Config) Validate() error {
 	}
 	if (c.NATSTLSCert == "") != (c.NATSTLSKey == "") {
 		errs = append(errs, errors.New("--nats-tls-cert and --nats-tls-key go together"))
+	} else if _, err := loadTLS("--nats-tls", c.NATSTLSCA, c.NATSTLSCert, c.NATSTLSKey); err != nil {
+		errs = append(errs, err)
+	}
+	if c.NATSCreds != "" && c.NATSNKey != "" {
+		errs = append(errs, errors.New("--nats-creds and --nats-nkey exclude each other: a credentials file holds its own nkey seed"))
+	}
+	for _, p := range []struct{ flag, path string }{{"--nats-creds", c.NATSCreds}, {"--nats-nkey", c.NATSNKey}} {
+		if err := checkReadable(p.path); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", p.flag, err))
+		}
+	}
+	errs = append(errs, c.validateTemporal()...)
+	if err := config.CheckLogLevel(c.LogLevel); err != nil {
+		errs = append(errs, fmt.Errorf("--log-level: %w", err))
 	}
 	if c.SlackToken == "" && (c.SlackChannel != "" || c.SlackSigningSecret != "") {
 		errs = append(errs, errors.New("--slack-channel and --slack-signing-secret need --slack-token (SLACK_BOT_TOKEN)"))

@@ -55,6 +55,18 @@ type File struct {
 	// is held for the approval decision (inline_wait); nil when the file
 	// does not say.
 	InlineWait *time.Duration
+
+	// The process settings (settings.go): "" when the file does not say.
+	Addr, DataDir, PublicURL, ServerID, LogLevel, Policy string
+
+	// Temporal is the temporal section (temporal.go).
+	Temporal Temporal
+	// NATS is the nats section (nats.go).
+	NATS NATS
+	// Slack is the slack section (slack.go).
+	Slack Slack
+	// Limits is the limits section (limits.go).
+	Limits Limits
 }
 
 // MaxInlineWait bounds inline_wait.
@@ -185,6 +197,16 @@ var sections = []section{
 			f.InlineWait = &t
 		}
 	}},
+	{"addr", (*decoder).addr},
+	{"data_dir", (*decoder).dataDir},
+	{"public_url", (*decoder).publicURL},
+	{"server_id", (*decoder).serverID},
+	{"log_level", (*decoder).logLevel},
+	{"policy", (*decoder).policy},
+	{"temporal", (*decoder).temporal},
+	{"nats", (*decoder).nats},
+	{"slack", (*decoder).slack},
+	{"limits", (*decoder).limits},
 }
 
 var upstreamFields = []string{"name", "command", "url", "env", "headers", "prefix", "timeout", "approval"}

@@ -2,9 +2,15 @@
 //
 // # File format
 //
-// The file is one YAML mapping. Every top-level key is a section; today there
-// are two, and later sections (auth, temporal, nats, …) will be further
-// top-level keys. An empty file (or one holding only comments) is a valid,
+// The file is one YAML mapping. Every top-level key is a section: upstreams,
+// demo_tools and inline_wait below; the process settings addr, data_dir,
+// public_url, server_id, log_level and policy (settings.go); and the
+// sections temporal (temporal.go), nats (nats.go), slack (slack.go) and
+// limits (limits.go), each documented on its type. Every setting but
+// upstreams and demo_tools is the file's form of a command-line flag;
+// internal/app applies the file under the rule flag > environment variable >
+// file > default (app.Config.ApplyFile). Relative paths are relative to the
+// file's directory. An empty file (or one holding only comments) is a valid,
 // empty configuration. A key with an empty or null value is the same as an
 // absent key.
 //
@@ -53,7 +59,7 @@
 // inline_wait is how long a gated tools/call from a client that does not
 // speak MCP tasks is held for the approval decision before it answers
 // [approval-pending] (a Go duration from 0s to 10m; default 0s, answer at
-// once). A non-zero --inline-wait (or COUNTERSIGN_INLINE_WAIT) wins over it.
+// once). --inline-wait (or COUNTERSIGN_INLINE_WAIT), when given, wins over it.
 //
 // # Secrets
 //
@@ -74,11 +80,12 @@
 // the example above; YAML reads an unquoted { there as the start of a
 // mapping.
 //
-// References are resolved only in env and header values, nowhere else.
+// References are resolved only in secrets: env and header values,
+// temporal.api_key, slack.token and slack.signing_secret; nowhere else.
 // Error messages name the variable or file, never a value, and the printed
-// forms of a loaded configuration ([File.String], [Upstream.String], their
-// JSON and log/slog forms, [File.Redacted]) show env and header names with
-// the value "<redacted>".
+// forms of a loaded configuration ([File.String], [Upstream.String],
+// [Temporal.String], [Slack.String], their JSON and log/slog forms,
+// [File.Redacted]) show the secrets' names with the value "<redacted>".
 //
 // # Errors
 //

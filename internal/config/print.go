@@ -12,11 +12,12 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// RedactedValue replaces env and header values in every printed form.
+// RedactedValue replaces secrets (env and header values, temporal.api_key,
+// slack.token and slack.signing_secret) in every printed form.
 const RedactedValue = "<redacted>"
 
-// Redacted is a copy of f with every env and header value replaced by
-// "<redacted>", for display.
+// Redacted is a copy of f with every secret replaced by "<redacted>", for
+// display.
 func (f *File) Redacted() *File {
 	if f == nil {
 		return nil
@@ -26,7 +27,18 @@ func (f *File) Redacted() *File {
 	for i, u := range f.Upstreams {
 		out.Upstreams[i] = u.redacted()
 	}
+	out.NATS.URLs = slices.Clone(f.NATS.URLs)
+	redact(&out.Temporal.APIKey)
+	redact(&out.Slack.Token)
+	redact(&out.Slack.SigningSecret)
 	return &out
+}
+
+// redact replaces a secret that is set.
+func redact(s *string) {
+	if *s != "" {
+		*s = RedactedValue
+	}
 }
 
 func (u Upstream) redacted() Upstream {
@@ -50,8 +62,19 @@ func redactMap(m map[string]string) map[string]string {
 // fileView and upstreamView are the printed shapes: the file's own syntax,
 // values redacted.
 type fileView struct {
-	Upstreams []upstreamView `yaml:"upstreams,omitempty"`
-	DemoTools *bool          `yaml:"demo_tools,omitempty"`
+	Upstreams  []upstreamView `yaml:"upstreams,omitempty"`
+	DemoTools  *bool          `yaml:"demo_tools,omitempty"`
+	InlineWait string         `yaml:"inline_wait,omitempty"`
+	Addr       string         `yaml:"addr,omitempty"`
+	DataDir    string         `yaml:"data_dir,omitempty"`
+	PublicURL  string         `yaml:"public_url,omitempty"`
+	ServerID   string         `yaml:"server_id,omitempty"`
+	LogLevel   string         `yaml:"log_level,omitempty"`
+	Policy     string         `yaml:"policy,omitempty"`
+	Temporal   *temporalView  `yaml:"temporal,omitempty"`
+	NATS       *natsView      `yaml:"nats,omitempty"`
+	Slack      *slackView     `yaml:"slack,omitempty"`
+	Limits     *limitsView    `yaml:"limits,omitempty"`
 }
 
 type upstreamView struct {
@@ -74,10 +97,16 @@ func (u Upstream) view() upstreamView {
 }
 
 // String is the configuration as YAML in the file's syntax, defaults filled
-// in and env and header values redacted.
+// in and secrets redacted.
 func (f File) String() string {
-	v := fileView{DemoTools: f.DemoTools}
-	for _, u := range f.Upstreams {
+	r := f.Redacted()
+	v := fileView{DemoTools: r.DemoTools, Addr: r.Addr, DataDir: r.DataDir, PublicURL: r.PublicURL,
+		ServerID: r.ServerID, LogLevel: r.LogLevel, Policy: r.Policy,
+		Temporal: r.Temporal.view(), NATS: r.NATS.view(), Slack: r.Slack.view(), Limits: r.Limits.view()}
+	if r.InlineWait != nil {
+		v.InlineWait = r.InlineWait.String()
+	}
+	for _, u := range r.Upstreams {
 		v.Upstreams = append(v.Upstreams, u.view())
 	}
 	var b strings.Builder
@@ -171,4 +200,70 @@ func (u Upstream) LogValue() slog.Value {
 		slog.String("timeout", u.Timeout.String()),
 		slog.String("approval", string(u.Approval)))
 	return slog.GroupValue(attrs...)
+}
+
+// MarshalJSON encodes the configuration in the file's syntax (the keys of
+// String), secrets redacted.
+func (f File) MarshalJSON() ([]byte, error) {
+	var v any
+	if err := yaml.Unmarshal([]byte(f.String()), &v); err != nil {
+		return nil, err
+	}
+	if v == nil {
+		v = map[string]any{}
+	}
+	return json.Marshal(v)
+}
+
+// viewString is the flow-style YAML of a section's printed view.
+func viewString(v any) string {
+	if v == nil {
+		return "{}"
+	}
+	out, err := yaml.Marshal(v)
+	if err != nil {
+		return fmt.Sprintf("<config: %v>", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// The sections holding secrets print redacted in every form.
+
+func (t Temporal) String() string {
+	t.APIKey = redacted(t.APIKey)
+	if v := t.view(); v != nil {
+		return viewString(v)
+	}
+	return "{}"
+}
+
+// GoString is String, so that %#v redacts too.
+func (t Temporal) GoString() string { return t.String() }
+
+// LogValue is the section for log/slog, the API key redacted.
+func (t Temporal) LogValue() slog.Value { return slog.StringValue(t.String()) }
+
+// MarshalJSON encodes the section with the API key redacted.
+func (t Temporal) MarshalJSON() ([]byte, error) { return json.Marshal(t.String()) }
+
+func (s Slack) String() string {
+	s.Token, s.SigningSecret = redacted(s.Token), redacted(s.SigningSecret)
+	if v := s.view(); v != nil {
+		return viewString(v)
+	}
+	return "{}"
+}
+
+// GoString is String, so that %#v redacts too.
+func (s Slack) GoString() string { return s.String() }
+
+// LogValue is the section for log/slog, secrets redacted.
+func (s Slack) LogValue() slog.Value { return slog.StringValue(s.String()) }
+
+// MarshalJSON encodes the section with its secrets redacted.
+func (s Slack) MarshalJSON() ([]byte, error) { return json.Marshal(s.String()) }
+
+func redacted(s string) string {
+	redact(&s)
+	return s
 }

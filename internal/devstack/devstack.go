@@ -239,6 +239,13 @@ func (s *Server) FrontendHostPort() string { return s.hostPort }
 // memory (a new CA at every Start). Each call returns a new *tls.Config.
 func (s *Server) ClientTLS() *tls.Config { return s.pki.clientConfig() }
 
+// ClientPEM is what ClientTLS holds, as PEM for a client configured by
+// files (the Temporal CLI, a Countersign process with --temporal-tls-*):
+// the CA to trust, and a client certificate (valid 24 hours) and its key.
+// The name to verify is TLSServerName. Keep the key private: it opens the
+// server.
+func (s *Server) ClientPEM() (ca, cert, key []byte, err error) { return s.pki.clientPEM() }
+
 // Namespace is the namespace registered for this server.
 func (s *Server) Namespace() string { return s.namespace }
 

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"math/big"
@@ -153,4 +154,20 @@ func (p *devPKI) provider(dialHost string) encryption.TLSConfigProvider {
 		FrontendClientConfig:       p.clientConfig(),
 		RemoteClusterClientConfigs: map[string]*tls.Config{dialHost: p.clientConfig(), loopback: p.clientConfig()},
 	}
+}
+
+// clientPEM is the CA certificate and a client certificate and key, PEM.
+func (p *devPKI) clientPEM() (ca, cert, key []byte, err error) {
+	leaf, err := p.leaf(false)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(leaf.PrivateKey)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("devstack: client key: %w", err)
+	}
+	ca = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: p.ca.Raw})
+	cert = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Certificate[0]})
+	key = pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
+	return ca, cert, key, nil
 }

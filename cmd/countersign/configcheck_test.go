@@ -1,0 +1,156 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func writeConfig(t *testing.T, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "countersign.yaml")
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestConfigPrecedence: flag > environment > file > default, for every
+// kind of setting, explicit zero values included.
+func TestConfigPrecedence(t *testing.T) {
+	unsetEnv(t, "COUNTERSIGN_INLINE_WAIT", "COUNTERSIGN_RATE_PER_MINUTE", "TEMPORAL_NAMESPACE", "COUNTERSIGN_LOG_LEVEL",
+		"COUNTERSIGN_MAX_PENDING", "NATS_URL", "COUNTERSIGN_CONFIG", "TEMPORAL_ADDRESS")
+	path := writeConfig(t, "inline_wait: 20s\nlog_level: warn\ntemporal:\n  namespace: from-file\n  address: file:7233\nlimits:\n  rate_per_minute: 7\n  max_pending: 9\nnats:\n  url: nats://file:4222\n")
+	cfg, err := serviceConfig("server", []string{"--config", path}, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.InlineWait != 20*time.Second || cfg.LogLevel != "warn" || cfg.TemporalNamespace != "from-file" ||
+		cfg.RatePerMinute != 7 || cfg.MaxPendingPerPrincipal != 9 || cfg.NATSURL != "nats://file:4222" {
+		t.Fatalf("file over defaults: %+v", cfg)
+	}
+	t.Setenv("COUNTERSIGN_RATE_PER_MINUTE", "11")
+	t.Setenv("TEMPORAL_NAMESPACE", "from-env")
+	t.Setenv("COUNTERSIGN_INLINE_WAIT", "0s") // an explicit zero wins over the file
+	t.Setenv("COUNTERSIGN_MAX_PENDING", "")   // empty: unset
+	cfg, err = serviceConfig("server", []string{"--config", path, "--rate-per-minute", "13", "--log-level", "debug"}, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name      string
+		got, want any
+	}{
+		{"flag over env and file", cfg.RatePerMinute, 13},
+		{"flag over file", cfg.LogLevel, "debug"},
+		{"env over file", cfg.TemporalNamespace, "from-env"},
+		{"explicit zero env over file", cfg.InlineWait, time.Duration(0)},
+		{"empty env is unset", cfg.MaxPendingPerPrincipal, 9},
+		{"file", cfg.TemporalAddress, "file:7233"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	// An environment value that does not parse is an error naming the
+	// variable, not ignored.
+	t.Setenv("COUNTERSIGN_RATE_PER_MINUTE", "lots")
+	if _, err := serviceConfig("server", []string{"--config", path}, os.Stderr); err == nil ||
+		!strings.Contains(err.Error(), "COUNTERSIGN_RATE_PER_MINUTE") {
+		t.Errorf("bad environment value: %v", err)
+	}
+}
+
+// TestConfigCheck: `countersign config check` exits 1 with every problem,
+// 0 with the effective configuration, and never prints a secret.
+func TestConfigCheck(t *testing.T) {
+	unsetEnv(t, "COUNTERSIGN_CONFIG", "TEMPORAL_ADDRESS", "NATS_URL", "SLACK_BOT_TOKEN", "TEMPORAL_API_KEY", "TEMPORAL_NAMESPACE")
+	const apiKey, token, signing = "tcld-secret-api-key-0042", "xoxb-secret-bot-token-0042", "secret-signing-0042"
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "signing"), []byte(signing+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("CS_TEST_API_KEY", apiKey)
+	t.Setenv("CS_TEST_SLACK_TOKEN", token)
+	good := filepath.Join(dir, "good.yaml")
+	if err := os.WriteFile(good, []byte(`public_url: https://approvals.example.com
+temporal:
+  address: my-ns.a2b3c.tmprl.cloud:7233
+  namespace: my-ns.a2b3c
+  api_key: ${CS_TEST_API_KEY}
+nats:
+  url: [nats://nats-0:4222, nats://nats-1:4222]
+  replicas: 3
+slack:
+  token: ${CS_TEST_SLACK_TOKEN}
+  channel: "#approvals"
+  signing_secret: ${file:signing}
+limits:
+  max_pending: 20
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TEMPORAL_NAMESPACE", "from-env")
+	code, out, stderr := runCLI("config", "check", good, "--max-in-flight", "4")
+	if code != 0 {
+		t.Fatalf("good file: exit %d, err %s", code, stderr)
+	}
+	for _, want := range []string{"OK for countersign server", "api_key: <redacted>", "token: <redacted>", "signing_secret: <redacted>",
+		"namespace: from-env", "max_in_flight: 4", "max_pending: 20", "rate_per_minute: 30", "replicas: 3",
+		"address: my-ns.a2b3c.tmprl.cloud:7233", "enabled: true", "url: ['nats://nats-0:4222', 'nats://nats-1:4222']"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	for _, secret := range []string{apiKey, token, signing} {
+		if strings.Contains(out+stderr, secret) {
+			t.Errorf("config check printed a secret:\n%s%s", out, stderr)
+		}
+	}
+
+	bad := writeConfig(t, "log_level: loud\ntemporal:\n  adress: x:1\nlimits:\n  max_pending: 0\nslack:\n  token: ${CS_TEST_API_KEY}\n")
+	code, out, stderr = runCLI("config", "check", bad)
+	if code != 1 || out != "" {
+		t.Fatalf("bad file: exit %d, out %q", code, out)
+	}
+	for _, want := range []string{"countersign.yaml:1: log_level:", ":3: temporal.adress: unknown field", ":5: limits.max_pending:", ":7: slack.token: is not a Slack bot token"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+	if strings.Contains(stderr, apiKey) {
+		t.Errorf("a problem shows a secret:\n%s", stderr)
+	}
+
+	// A file that loads but leaves server mode without Temporal and NATS,
+	// or names a TLS file that is not there.
+	partial := writeConfig(t, "temporal:\n  tls:\n    ca: missing-ca.pem\n")
+	code, _, stderr = runCLI("config", "check", partial)
+	if code != 1 || !strings.Contains(stderr, "--temporal-address (temporal.address) is required") ||
+		!strings.Contains(stderr, "--nats-url (nats.url) is required") || !strings.Contains(stderr, "missing-ca.pem") {
+		t.Errorf("partial file: exit %d, err %s", code, stderr)
+	}
+	code, out, stderr = runCLI("config", "check", "--mode", "dev", writeConfig(t, "inline_wait: 5s\n"))
+	if code != 0 || !strings.Contains(out, "inline_wait: 5s") || !strings.Contains(out, "demo_tools: true") {
+		t.Errorf("dev mode: exit %d, out %s, err %s", code, out, stderr)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"config"}, 2, "usage: countersign config check"},
+		{[]string{"config", "check"}, 2, "no FILE"},
+		{[]string{"config", "check", good, "--mode", "staging"}, 2, "must be dev, server or worker"},
+		{[]string{"config", "check", good, "--no-such-flag"}, 2, "flag provided but not defined"},
+		{[]string{"config", "check", filepath.Join(dir, "absent.yaml")}, 1, "no such file"},
+	} {
+		code, out, stderr := runCLI(tc.args...)
+		if code != tc.code || !strings.Contains(out+stderr, tc.want) {
+			t.Errorf("%v: exit %d (want %d), output %q, want %q", tc.args, code, tc.code, out+stderr, tc.want)
+		}
+	}
+}

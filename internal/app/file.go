@@ -1,0 +1,172 @@
+package app
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/countersign/countersign/internal/config"
+)
+
+// ApplyFile sets, from the configuration file f, every setting the file
+// gives and explicit does not claim. explicit is asked with the setting's
+// flag name ("temporal-address"); the command line answers true for a flag
+// given on it or by its environment variable, which makes the precedence
+// flag > environment > file > default. A nil explicit claims the settings
+// that are not zero, the rule for a Config built in Go. f.Upstreams and
+// f.DemoTools have no flag; New reads them from Config.File.
+func (c *Config) ApplyFile(f *config.File, explicit func(flag string) bool) {
+	if f == nil {
+		return
+	}
+	set := func(flag string, zero bool) bool {
+		if explicit != nil {
+			return !explicit(flag)
+		}
+		return zero
+	}
+	str := func(flag string, dst *string, v string) {
+		if v != "" && set(flag, *dst == "") {
+			*dst = v
+		}
+	}
+	str("addr", &c.Addr, f.Addr)
+	str("data-dir", &c.DataDir, f.DataDir)
+	str("public-url", &c.PublicURL, f.PublicURL)
+	str("server-id", &c.ServerID, f.ServerID)
+	str("log-level", &c.LogLevel, f.LogLevel)
+	str("policy", &c.PolicyDir, f.Policy)
+	if f.InlineWait != nil && set("inline-wait", c.InlineWait == 0) {
+		c.InlineWait = *f.InlineWait
+	}
+
+	t := f.Temporal
+	str("temporal-address", &c.TemporalAddress, t.Address)
+	str("temporal-namespace", &c.TemporalNamespace, t.Namespace)
+	str("temporal-api-key", &c.TemporalAPIKey, t.APIKey)
+	if t.TLS.Enabled && set("temporal-tls", !c.TemporalTLS) {
+		c.TemporalTLS = true
+	}
+	str("temporal-tls-ca", &c.TemporalTLSCA, t.TLS.CA)
+	str("temporal-tls-cert", &c.TemporalTLSCert, t.TLS.Cert)
+	str("temporal-tls-key", &c.TemporalTLSKey, t.TLS.Key)
+	str("temporal-tls-server-name", &c.TemporalTLSServerName, t.TLS.ServerName)
+
+	n := f.NATS
+	str("nats-url", &c.NATSURL, n.URL())
+	str("nats-creds", &c.NATSCreds, n.Creds)
+	str("nats-nkey", &c.NATSNKey, n.NKey)
+	str("nats-tls-ca", &c.NATSTLSCA, n.TLS.CA)
+	str("nats-tls-cert", &c.NATSTLSCert, n.TLS.Cert)
+	str("nats-tls-key", &c.NATSTLSKey, n.TLS.Key)
+	num("nats-replicas", set, &c.NATSReplicas, n.Replicas)
+
+	str("slack-token", &c.SlackToken, f.Slack.Token)
+	str("slack-channel", &c.SlackChannel, f.Slack.Channel)
+	str("slack-signing-secret", &c.SlackSigningSecret, f.Slack.SigningSecret)
+
+	l := f.Limits
+	num("rate-per-minute", set, &c.RatePerMinute, l.RatePerMinute)
+	num("rate-burst", set, &c.RateBurst, l.RateBurst)
+	num("max-pending", set, &c.MaxPendingPerPrincipal, l.MaxPending)
+	num("poll-interval", set, &c.PollInterval, l.PollInterval)
+	num("result-retention", set, &c.ResultRetention, l.ResultRetention)
+	num("requests-per-second", set, &c.RequestsPerSecond, l.RequestsPerSecond)
+	num("request-burst", set, &c.RequestBurst, l.RequestBurst)
+	num("max-in-flight", set, &c.MaxInFlightPerPrincipal, l.MaxInFlight)
+	num("body-read-timeout", set, &c.BodyReadTimeout, l.BodyReadTimeout)
+	num("max-slow-bodies", set, &c.MaxSlowBodies, l.MaxSlowBodies)
+	num("max-connections", set, &c.MaxConnections, l.MaxConnections)
+}
+
+// num sets *dst to v when the file gives v (not zero) and set allows it.
+func num[T comparable](flag string, set func(flag string, zero bool) bool, dst *T, v T) {
+	var zero T
+	if v != zero && set(flag, *dst == zero) {
+		*dst = v
+	}
+}
+
+// FileFlags are the flags whose setting the configuration file may give,
+// in the order ApplyFile takes them.
+var FileFlags = []string{
+	"addr", "data-dir", "public-url", "server-id", "log-level", "policy", "inline-wait",
+	"temporal-address", "temporal-namespace", "temporal-api-key", "temporal-tls", "temporal-tls-ca",
+	"temporal-tls-cert", "temporal-tls-key", "temporal-tls-server-name",
+	"nats-url", "nats-creds", "nats-nkey", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-replicas",
+	"slack-token", "slack-channel", "slack-signing-secret",
+	"rate-per-minute", "rate-burst", "max-pending", "poll-interval", "result-retention",
+	"requests-per-second", "request-burst", "max-in-flight", "body-read-timeout", "max-slow-bodies", "max-connections",
+}
+
+// Effective is the configuration c runs with, in the file's syntax: every
+// file setting from c, and the upstreams and demo_tools of c.File. Print it
+// with its String method, which redacts the secrets.
+func (c *Config) Effective(mode Mode) *config.File {
+	f := &config.File{
+		Addr: c.Addr, DataDir: c.DataDir, PublicURL: c.PublicURL, ServerID: c.ServerID,
+		LogLevel: c.LogLevel, Policy: c.PolicyDir,
+		Temporal: config.Temporal{
+			Address: c.TemporalAddress, Namespace: c.TemporalNamespace, APIKey: c.TemporalAPIKey,
+			TLS: config.TemporalTLS{Enabled: c.temporalTLSOn() && c.TemporalAddress != "", CA: c.TemporalTLSCA,
+				Cert: c.TemporalTLSCert, Key: c.TemporalTLSKey, ServerName: c.TemporalTLSServerName},
+		},
+		NATS: config.NATS{Creds: c.NATSCreds, NKey: c.NATSNKey, Replicas: c.NATSReplicas,
+			TLS: config.NATSTLS{CA: c.NATSTLSCA, Cert: c.NATSTLSCert, Key: c.NATSTLSKey}},
+		Slack: config.Slack{Token: c.SlackToken, Channel: c.SlackChannel, SigningSecret: c.SlackSigningSecret},
+		Limits: config.Limits{RatePerMinute: c.RatePerMinute, RateBurst: c.RateBurst, MaxPending: c.MaxPendingPerPrincipal,
+			PollInterval: c.PollInterval, ResultRetention: c.ResultRetention, RequestsPerSecond: c.RequestsPerSecond,
+			RequestBurst: c.RequestBurst, MaxInFlight: c.MaxInFlightPerPrincipal, BodyReadTimeout: c.BodyReadTimeout,
+			MaxSlowBodies: c.MaxSlowBodies, MaxConnections: c.MaxConnections},
+	}
+	wait := c.InlineWait
+	f.InlineWait = &wait
+	for _, u := range strings.Split(c.NATSURL, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			f.NATS.URLs = append(f.NATS.URLs, u)
+		}
+	}
+	if c.File != nil {
+		f.Path = c.File.Path
+		f.Upstreams = c.File.Upstreams
+	}
+	demo := c.File.DemoToolsOr(mode == ModeDev)
+	f.DemoTools = &demo
+	return f
+}
+
+// Resolve makes c the configuration a process of mode runs with: the file
+// loaded and applied when the caller has not (Config.File), the defaults
+// filled in, and every setting checked, all problems at once. New calls
+// it; `countersign config check` too.
+func (c *Config) Resolve(mode Mode) error {
+	if c.File == nil {
+		f, err := loadConfigFile(c.ConfigFile)
+		if err != nil {
+			return err
+		}
+		c.ApplyFile(f, nil)
+		c.File = f
+	}
+	c.Defaults()
+	err := c.Validate()
+	var errs []error
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if mode != ModeDev {
+		if c.TemporalAddress == "" {
+			errs = append(errs, fmt.Errorf("--temporal-address (temporal.address) is required outside dev mode"))
+		}
+		if c.NATSURL == "" {
+			errs = append(errs, fmt.Errorf("--nats-url (nats.url) is required outside dev mode"))
+		}
+	}
+	if mode == ModeDev && c.NATSURL == "" && c.NATSReplicas > 1 {
+		errs = append(errs, fmt.Errorf("--nats-replicas %d needs a NATS cluster (--nats-url); the embedded NATS of dev mode is a single node and keeps 1 replica", c.NATSReplicas))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("configuration: %w", errors.Join(errs...))
+	}
+	return nil
+}

@@ -1,0 +1,122 @@
+package app
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"go.temporal.io/sdk/client"
+)
+
+// temporalTLSOn reports whether the connection to an external Temporal uses
+// TLS: asked for, or implied by a TLS file, a server name or an API key
+// (Temporal Cloud takes API keys over TLS only).
+func (c *Config) temporalTLSOn() bool {
+	return c.TemporalTLS || c.TemporalTLSCA != "" || c.TemporalTLSCert != "" || c.TemporalTLSKey != "" ||
+		c.TemporalTLSServerName != "" || c.TemporalAPIKey != ""
+}
+
+// validateTemporal checks the Temporal TLS settings: files that load, a
+// certificate with its key, and no TLS setting without an external Temporal
+// to use it on.
+func (c *Config) validateTemporal() []error {
+	var errs []error
+	if (c.TemporalTLSCert == "") != (c.TemporalTLSKey == "") {
+		errs = append(errs, errors.New("--temporal-tls-cert and --temporal-tls-key go together"))
+	} else if _, err := loadTLS("--temporal-tls", c.TemporalTLSCA, c.TemporalTLSCert, c.TemporalTLSKey); err != nil {
+		errs = append(errs, err)
+	}
+	if c.TemporalAddress == "" && c.temporalTLSOn() {
+		errs = append(errs, errors.New("the Temporal TLS settings and API key need --temporal-address (the embedded Temporal of dev has its own TLS)"))
+	}
+	return errs
+}
+
+// temporalConnection is how the client reaches an external Temporal: TLS as
+// configured, and the API key as its credentials.
+func (c *Config) temporalConnection() (client.ConnectionOptions, client.Credentials, error) {
+	var conn client.ConnectionOptions
+	if !c.temporalTLSOn() {
+		return conn, nil, nil
+	}
+	tc, err := loadTLS("--temporal-tls", c.TemporalTLSCA, c.TemporalTLSCert, c.TemporalTLSKey)
+	if err != nil {
+		return conn, nil, err
+	}
+	tc.ServerName = c.TemporalTLSServerName // empty: the address's host
+	conn.TLS = tc
+	var creds client.Credentials
+	if c.TemporalAPIKey != "" {
+		creds = client.NewAPIKeyStaticCredentials(c.TemporalAPIKey)
+	}
+	return conn, creds, nil
+}
+
+// temporalDialHint says which setting to look at when connecting fails on
+// TLS, the usual mistake with a new cluster.
+func (c *Config) temporalDialHint(err error) string {
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "x509:") || strings.Contains(msg, "certificate"):
+		if c.temporalTLSOn() {
+			return " (TLS: check --temporal-tls-ca / temporal.tls.ca, the client certificate and --temporal-tls-server-name)"
+		}
+		return " (the server speaks TLS: set --temporal-tls / temporal.tls)"
+	case strings.Contains(msg, "first record does not look like a TLS handshake") ||
+		strings.Contains(msg, "tls: ") && !c.temporalTLSOn():
+		return " (TLS: the server may not speak TLS; check --temporal-tls)"
+	}
+	return ""
+}
+
+// loadTLS is a client TLS configuration: the CA bundle to trust (none: the
+// system roots) and a client certificate (none: no mutual TLS). flag names
+// the settings in errors.
+func loadTLS(flag, caFile, certFile, keyFile string) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("%s-ca: %w", flag, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%s-ca %s: no PEM certificate in it", flag, caFile)
+		}
+		tc.RootCAs = pool
+	}
+	if certFile != "" || keyFile != "" {
+		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("%s-cert %s and %s-key: %w", flag, certFile, flag, tlsFileError(err))
+		}
+		tc.Certificates = []tls.Certificate{pair}
+	}
+	return tc, nil
+}
+
+// tlsFileError keeps a key file's error from quoting the key.
+func tlsFileError(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe
+	}
+	// crypto/tls's messages name the problem (no PEM data, mismatch) and
+	// never quote the file's content.
+	return err
+}
+
+// checkReadable reports a path that is set but cannot be opened.
+func checkReadable(path string) error {
+	if path == "" {
+		return nil
+	}
+	fh, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	return fh.Close()
+}
