@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -32,6 +33,15 @@ func splitList(v string) []string {
 		}
 	}
 	return out
+}
+
+// envInt returns the environment variable as an integer, or def (admin
+// init; the service commands apply their variables through the flags).
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
 }
 
 // serviceFlags binds the flags of the service commands to cfg, and names
