@@ -72,8 +72,10 @@ func readCode(t *testing.T) *code {
 func (c *code) call(n *ast.CallExpr) {
 	switch fun := n.Fun.(type) {
 	case *ast.Ident:
-		if strings.HasPrefix(fun.Name, "env") && len(n.Args) > 0 {
-			if s, ok := stringLit(n.Args[0]); ok && envName.MatchString(s) {
+		// A helper that reads or registers a variable (envOr("NAME", …),
+		// e("flag", "NAME", usage)): its upper-case snake_case argument.
+		for _, a := range n.Args {
+			if s, ok := stringLit(a); ok && envName.MatchString(s) {
 				c.envs[s] = true
 			}
 		}
@@ -100,7 +102,7 @@ func (c *code) call(n *ast.CallExpr) {
 	}
 }
 
-var envName = regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
+var envName = regexp.MustCompile(`^[A-Z][A-Z0-9]*_[A-Z0-9_]+$`)
 
 // commands records the case labels of run's command switch.
 func (c *code) commands(fn *ast.FuncDecl) {
