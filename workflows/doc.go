@@ -91,7 +91,15 @@
 //     update ID, and a retry with that ID gets the same answer) and policy
 //     re-evaluation (a read).
 //   - Notifications (Slack, NATS) read the read model when they run and wait
-//     until the outbox has written the state they announce.
+//     until the outbox has written the state they announce. One exception,
+//     since the change "first-task-before-outbox": the request notice runs
+//     inside the first workflow task, as a local activity, before the
+//     outbox's first batch. It states no decision (the committed start is
+//     the request; the notice reads the record written before the start),
+//     a discarded first task may repeat it (the notifiers are idempotent per
+//     task), and its outcome (notified, notify-failed) goes through the
+//     outbox like every other fact. An approver who follows its link within
+//     milliseconds may find the request not yet in the timeline.
 //
 // The decision update's ID is a digest of the approver's request
 // (tasks.DecisionUpdateID), and the challenge is consumed under it. A
