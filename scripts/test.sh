@@ -55,6 +55,24 @@ go test -race -count=1 "${light[@]}"
 echo "== go test, packages linking the Temporal server (${#heavy[@]} packages)"
 go test -count=1 -timeout 20m "${heavy[@]}"
 
+# Short fuzz runs of the parsers of untrusted input (their seed corpora ran
+# above with the unit tests); docs/benchmarks.md "Fuzzing" has longer runs.
+# One worker each, so the machine stays usable.
+echo "== go test -fuzz (short)"
+for target in \
+  "FuzzParse ./internal/config" \
+  "FuzzDecisionBody ./internal/approverapi" \
+  "FuzzBearerToken ./internal/authn" \
+  "FuzzParse ./txtoken" \
+  "FuzzCanonicalize ./internal/canon" \
+  "FuzzVerify ./audit" \
+  "FuzzVerifyResponse ./passkey" \
+  "FuzzEvidence ./mcpserver" \
+  "FuzzJSONRPC ./mcpserver"; do
+  set -- $target
+  go test -run '^$' -fuzz "^$1\$" -fuzztime "${FUZZTIME:-5s}" -parallel 1 "$2"
+done
+
 # MCP suites and clients that no one here wrote (conformance 0.2.0-alpha.12
 # and 0.1.16, TypeScript SDK 1.32.2, MCP Inspector 2.12.0) against a real
 # `countersign dev`; see the README's "Interoperability" section.
