@@ -16,6 +16,7 @@ import (
 	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/internal/canon"
+	"github.com/countersign/countersign/internal/telemetry"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
@@ -42,6 +43,9 @@ type Activities struct {
 	ResultRetention time.Duration
 	// Logger; nil discards.
 	Logger *slog.Logger
+	// Telemetry counts the transitions and ends the read model records and
+	// times approval decisions; nil records nothing.
+	Telemetry *telemetry.Telemetry
 }
 
 func (a *Activities) resultRetention() time.Duration {
@@ -110,10 +114,12 @@ func (a *Activities) RecordState(ctx context.Context, in RecordStateInput) error
 	if err := checkVersion(in.Version); err != nil {
 		return err
 	}
+	var before tasks.Record // the record as this write found it
 	_, err := a.Tasks.Update(ctx, in.TaskID, func(r *tasks.Record) error {
 		if r.Status.Terminal() || (in.Seq > 0 && in.Seq <= r.Seq) {
 			return errSkip
 		}
+		before = tasks.Record{Status: r.Status, ApprovalState: r.ApprovalState, CreatedAt: r.CreatedAt}
 		if in.Seq > 0 {
 			r.Seq = in.Seq
 		}
@@ -130,6 +136,12 @@ func (a *Activities) RecordState(ctx context.Context, in RecordStateInput) error
 	if errors.Is(err, errSkip) {
 		a.log().Debug("activities: record state on terminal task ignored", "task_id", in.TaskID, "event", in.Event.Kind)
 		return nil
+	}
+	if err == nil {
+		if in.Status != "" && !in.Status.Terminal() && in.Status != before.Status {
+			a.Telemetry.M().TaskTransition(string(in.Status))
+		}
+		a.observeDecision(before, in.ApprovalState, in.Event.At)
 	}
 	return storeError("record state", in.TaskID, err)
 }
@@ -377,7 +389,9 @@ func (a *Activities) Complete(ctx context.Context, in CompleteInput) error {
 		result = b
 	}
 	retention := a.resultRetention()
+	var before tasks.Record // the record as this write found it
 	_, err = a.Tasks.Update(ctx, in.TaskID, func(r *tasks.Record) error {
+		before = tasks.Record{Status: r.Status, ApprovalState: r.ApprovalState, CreatedAt: r.CreatedAt}
 		r.Status = in.Status
 		if in.Seq > r.Seq {
 			r.Seq = in.Seq
@@ -400,8 +414,27 @@ func (a *Activities) Complete(ctx context.Context, in CompleteInput) error {
 	if err != nil {
 		return storeError("complete", in.TaskID, err)
 	}
+	if !before.Status.Terminal() { // not a retry of this write
+		m := a.Telemetry.M()
+		m.TaskTransition(string(in.Status))
+		m.Execution(string(in.Disposition))
+		a.observeDecision(before, in.ApprovalState, in.Event.At)
+	}
 	a.log().Info("activities: task ended", "task_id", in.TaskID, "status", in.Status, "disposition", in.Disposition)
 	return nil
+}
+
+// observeDecision times a task's approval decision: from its creation to
+// the write that took its approval state from pending to approved, denied
+// or expired, at the workflow's time of the event.
+func (a *Activities) observeDecision(before tasks.Record, now tasks.ApprovalState, at time.Time) {
+	if before.ApprovalState != tasks.ApprovalPending || before.CreatedAt.IsZero() || at.IsZero() {
+		return
+	}
+	switch now {
+	case tasks.ApprovalApproved, tasks.ApprovalDenied, tasks.ApprovalExpired:
+		a.Telemetry.M().ApprovalDecided(string(now), at.Sub(before.CreatedAt))
+	}
 }
 
 // policyResource is the held call's tool as policy sees it now: for an

@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/countersign/countersign/internal/canon"
+	"github.com/countersign/countersign/internal/telemetry"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
 )
@@ -128,18 +129,22 @@ func (s *Service) Decide(ctx context.Context, ref string, d tasks.DecisionUpdate
 	if d.Decision != tasks.DecisionApprove && d.Decision != tasks.DecisionDeny {
 		return Verdict{}, ErrInvalidDecision
 	}
+	ctx = telemetry.WithTaskID(ctx, rec.TaskID)
 	reason, err := s.checkEvidence(ctx, rec, d)
 	if err != nil {
 		return Verdict{}, err
 	}
 	if reason != "" {
+		s.metrics.VerificationFailed(telemetry.VerifyPasskey, reason)
 		if !s.pending(rec) {
 			// Nothing to record on a task that takes no more decisions.
 			current.Reason, current.Refused = tasks.ErrTypeTaskNotPending, true
+			s.metrics.Decision(telemetry.DecisionRefused, current.Reason)
 			return current, nil
 		}
 		s.recordRejection(ctx, rec, d, reason)
 		current.Reason = reason
+		s.metrics.Decision(telemetry.DecisionRejected, reason)
 		s.log.InfoContext(ctx, "approvals: decision rejected", "approval_ref", rec.ApprovalRef, "reason", reason)
 		return current, nil
 	}
@@ -148,10 +153,12 @@ func (s *Service) Decide(ctx context.Context, ref string, d tasks.DecisionUpdate
 	switch {
 	case errors.As(err, &rejected):
 		current.Reason, current.Refused = rejected.Reason, true
+		s.metrics.Decision(telemetry.DecisionRefused, rejected.Reason)
 		s.log.InfoContext(ctx, "approvals: decision refused", "approval_ref", rec.ApprovalRef, "reason", rejected.Reason)
 		return current, nil
 	case errors.Is(err, tasks.ErrWorkflowGone):
 		current.Reason, current.Refused = tasks.ErrTypeTaskNotPending, true
+		s.metrics.Decision(telemetry.DecisionRefused, current.Reason)
 		return current, nil
 	case errors.Is(err, tasks.ErrUpdateInProgress):
 		return Verdict{}, fmt.Errorf("%w: %w", ErrInProgress, err)
@@ -159,8 +166,10 @@ func (s *Service) Decide(ctx context.Context, ref string, d tasks.DecisionUpdate
 		return Verdict{}, fmt.Errorf("approvals: decide: %w", err)
 	}
 	if res.Accepted {
+		s.metrics.Decision(telemetry.DecisionAccepted, "")
 		s.log.InfoContext(ctx, "approvals: decision accepted", "approval_ref", rec.ApprovalRef, "decision", d.Decision)
 	} else {
+		s.metrics.Decision(telemetry.DecisionRejected, res.Reason)
 		s.log.InfoContext(ctx, "approvals: decision rejected", "approval_ref", rec.ApprovalRef, "reason", res.Reason)
 	}
 	return Verdict{Accepted: res.Accepted, Reason: res.Reason, Status: res.Status, Approved: res.Approved, Needed: res.Needed}, nil

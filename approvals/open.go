@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/countersign/countersign/internal/telemetry"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
 )
@@ -144,6 +145,7 @@ func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 		return Opened{}, err
 	}
 	rec, in := s.newTask(c, taskID, dedupKey)
+	ctx = telemetry.ForTask(ctx, taskID)
 	if err := s.store.Create(ctx, rec); err != nil {
 		s.releasePending(ctx, c.Principal, taskID)
 		if dedupKey != "" {
@@ -151,6 +153,7 @@ func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 		}
 		return Opened{}, err
 	}
+	s.metrics.TaskTransition(string(rec.Status))
 	if err := s.engine.Start(ctx, in); err != nil {
 		switch s.startOutcome(ctx, taskID, err) {
 		case startedNot:

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/countersign/countersign/internal/ratelimit"
+	"github.com/countersign/countersign/internal/telemetry"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
 )
@@ -93,6 +94,9 @@ type Options struct {
 	ResultRetention time.Duration
 
 	Logger *slog.Logger
+	// Telemetry records decisions and passkey verification failures; nil
+	// records nothing.
+	Telemetry *telemetry.Telemetry
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -105,6 +109,7 @@ type Service struct {
 	passkeys   Passkeys
 	audit      AuditChains
 	log        *slog.Logger
+	metrics    *telemetry.Metrics
 	now        func() time.Time
 	creations  *ratelimit.Limiter // task creations per principal
 	challenges *ratelimit.Limiter // challenges per approval
@@ -143,6 +148,7 @@ func New(opts Options) (*Service, error) {
 		passkeys:   opts.Passkeys,
 		audit:      opts.Audit,
 		log:        opts.Logger,
+		metrics:    opts.Telemetry.M(),
 		now:        opts.Now,
 		creations:  ratelimit.New(opts.RatePerMinute, opts.Burst),
 		challenges: ratelimit.New(challengesPerMinute, challengeBurst),

@@ -8,11 +8,14 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/gateway/conformance"
 	"github.com/countersign/countersign/internal/canon"
+	"github.com/countersign/countersign/internal/telemetry"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
 )
@@ -95,6 +98,8 @@ func (s *Server) decide(ctx context.Context, info *callInfo, p *mcp.CallToolPara
 	if err != nil {
 		return nil, fx, err
 	}
+	s.opts.Telemetry.M().GatedCall(string(d.Effect))
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String(telemetry.AttrTool, tool.Name), attribute.String(telemetry.AttrDecision, string(d.Effect)))
 	s.log.InfoContext(ctx, "mcpserver: tools/call decided", "tool", tool.Name, "principal", info.principal,
 		"action_hash", hash.String(), "decision", d.Effect, "policy_version", d.PolicyVersion)
 	c := &gatedCall{info: info, tool: tool, args: args, hash: hash, decision: d, now: now}

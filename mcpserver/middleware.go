@@ -8,6 +8,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/countersign/countersign/tasks"
 )
@@ -88,8 +90,11 @@ func (s *Server) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 					s.log.DebugContext(ctx, "mcpserver: log level for a streamed call not set", "err", err)
 				}
 			}
+			ctx, span := s.opts.Telemetry.StartSpan(ctx, "tools/call", trace.SpanKindServer)
+			defer span.End()
 			res, err := s.callTool(ctx, info, call.Params)
 			if err != nil {
+				span.SetStatus(codes.Error, "error answer")
 				return nil, s.wireError(ctx, method, err)
 			}
 			return res, nil

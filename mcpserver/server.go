@@ -19,6 +19,7 @@ import (
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/gateway/conformance"
 	"github.com/countersign/countersign/internal/ratelimit"
+	"github.com/countersign/countersign/internal/telemetry"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
 	"github.com/countersign/countersign/txtoken"
@@ -128,6 +129,9 @@ type Options struct {
 
 	// Logger receives operational logs; nil discards them.
 	Logger *slog.Logger
+	// Telemetry counts tools/call decisions and failed verifications, and
+	// traces each tools/call; nil records nothing.
+	Telemetry *telemetry.Telemetry
 }
 
 // Approvals is what the endpoint needs of the approval service

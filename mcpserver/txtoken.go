@@ -8,6 +8,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/countersign/countersign/internal/telemetry"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
 	"github.com/countersign/countersign/txtoken"
@@ -136,12 +137,14 @@ func (s *Server) runWithToken(ctx context.Context, c *gatedCall) (tasks.CallTool
 			"Denied by policy: "+c.decision.Reason+" (transaction tokens are not enabled on this server).", nil), nil
 	}
 	if !c.tokenPresent {
+		s.opts.Telemetry.M().VerificationFailed(telemetry.VerifyTxToken, reasonMissingToken)
 		return tokenRejected(c, &txtoken.Error{StatusCode: 401, ErrorType: txtoken.TypePermissionDenied, Reason: reasonMissingToken, RetryAllowed: true,
 			Message: fmt.Sprintf("This call needs a single-use transaction token: request one with %s for this tool and these exact arguments, and send it in params._meta[%q].", MethodTransactionToken, txtoken.MetaKey)}), nil
 	}
 	red, err := s.opts.Tokens.Redeem(ctx, c.token, txtoken.Expect{Principal: c.info.principal, Tool: c.tool.Name, ActionHash: c.hash.String()})
 	var rej *txtoken.Error
 	if errors.As(err, &rej) {
+		s.opts.Telemetry.M().VerificationFailed(telemetry.VerifyTxToken, rej.Reason)
 		return tokenRejected(c, rej), nil
 	}
 	if err != nil {
@@ -159,6 +162,7 @@ func (s *Server) runWithToken(ctx context.Context, c *gatedCall) (tasks.CallTool
 		disposition = string(tasks.ExecutionError)
 	}
 	red.Finish(ctx, disposition, res)
+	s.opts.Telemetry.M().Execution(disposition)
 	return res, nil
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/internal/canon"
+	"github.com/countersign/countersign/internal/telemetry"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
@@ -274,6 +275,21 @@ func (s *Server) evaluate(ctx context.Context, info *callInfo, action string, to
 	return hash, d, nil
 }
 
+// verifyFailed counts a SEP-2672 rejection (-32001) by its reason and
+// returns err unchanged.
+func (s *Server) verifyFailed(err error) error {
+	var re *rpcError
+	if errors.As(err, &re) && re.code == CodeApproval {
+		var d struct {
+			Reason string `json:"reason"`
+		}
+		if json.Unmarshal(re.data, &d) == nil && d.Reason != "" {
+			s.opts.Telemetry.M().VerificationFailed(telemetry.VerifySEP2672, d.Reason)
+		}
+	}
+	return err
+}
+
 // evidence is the tools/call _meta evidence (§4.5) after the shape checks.
 type evidence struct {
 	method      string
@@ -350,7 +366,7 @@ func (s *Server) callVerified(ctx context.Context, c *gatedCall, meta mcp.Meta) 
 	}
 	ev, err := parseEvidence(meta)
 	if err != nil {
-		return nil, err
+		return nil, s.verifyFailed(err)
 	}
 	v, err := s.opts.Passkeys.Verify(ctx, passkey.VerifyRequest{
 		ChallengeID:        ev.challengeID,
@@ -363,7 +379,7 @@ func (s *Server) callVerified(ctx context.Context, c *gatedCall, meta mcp.Meta) 
 		Response:           ev.response,
 	})
 	if err != nil {
-		return nil, fromPasskey(err)
+		return nil, s.verifyFailed(fromPasskey(err))
 	}
 	s.log.InfoContext(ctx, "mcpserver: verified approval accepted", "tool", c.tool.Name, "principal", c.info.principal,
 		"action_hash", c.hash.String(), "challenge_id", v.ChallengeID, "credential_id", v.CredentialID)
@@ -386,7 +402,7 @@ func (s *Server) callVerified(ctx context.Context, c *gatedCall, meta mcp.Meta) 
 		// countersign_await instead of guessing.
 		e := approvalError(passkey.ReasonChallengeConsumed, nil)
 		e.data, _ = json.Marshal(map[string]string{"reason": passkey.ReasonChallengeConsumed, "taskId": call.TaskID})
-		return nil, e
+		return nil, s.verifyFailed(e)
 	}
 	if err != nil {
 		return refusal(c, err)

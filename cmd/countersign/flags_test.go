@@ -77,6 +77,10 @@ func TestFlagDefaultsAreConfigDefaults(t *testing.T) {
 		{"audit-redact", "COUNTERSIGN_AUDIT_REDACT", def.AuditRedact},
 		{"admin-token-file", "COUNTERSIGN_ADMIN_TOKEN_FILE", def.AdminTokenFile},
 		{"conformance", "", def.Conformance},
+		{"metrics-addr", "COUNTERSIGN_METRICS_ADDR", def.MetricsAddr},
+		{"otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", def.OTLPEndpoint},
+		{"otlp-protocol", "OTEL_EXPORTER_OTLP_PROTOCOL", def.OTLPProtocol},
+		{"log-format", "COUNTERSIGN_LOG_FORMAT", def.LogFormat},
 		{"log-level", "COUNTERSIGN_LOG_LEVEL", def.LogLevel},
 	}
 	inTable := map[string]bool{}

@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/countersign/countersign/internal/config"
+	"github.com/countersign/countersign/internal/telemetry"
 )
 
 const usage = `Countersign: asynchronous passkey approval for MCP tool calls.
@@ -109,6 +110,14 @@ func parseError(err error) error {
 
 func (e usageError) Error() string { return e.msg }
 
+// newLogger is a text logger at level (an unknown level is info).
 func newLogger(w io.Writer, level string) *slog.Logger {
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: config.SlogLevel(level)}))
+	l, _ := newFormatLogger(w, level, telemetry.LogText)
+	return l
+}
+
+// newFormatLogger is the service's logger: format text or json, with trace
+// and task IDs (telemetry.NewLogger).
+func newFormatLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	return telemetry.NewLogger(w, format, config.SlogLevel(level))
 }

@@ -111,6 +111,10 @@ func serviceFlags(cmd string, cfg *app.Config, conformance bool) (fs *flag.FlagS
 	if cmd == "dev" {
 		fs.BoolVar(&cfg.Conformance, "conformance", false, "serve /mcp WITHOUT authentication for conformance suites (loopback only); lifts the defaults of --rate-per-minute, --requests-per-second, --request-burst and --max-in-flight")
 	}
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "", e("metrics-addr", "COUNTERSIGN_METRICS_ADDR", "operations listener for /metrics (Prometheus), /healthz and /readyz, in every mode (the worker's probes too), e.g. 127.0.0.1:9090; off when empty. /metrics is never served on --addr"))
+	fs.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", "", e("otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", "OpenTelemetry collector URL for traces (OTLP), e.g. http://otel-collector:4318; tracing is off when empty"))
+	fs.StringVar(&cfg.OTLPProtocol, "otlp-protocol", def.OTLPProtocol, e("otlp-protocol", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTLP protocol: http/protobuf or grpc"))
+	fs.StringVar(&cfg.LogFormat, "log-format", def.LogFormat, e("log-format", "COUNTERSIGN_LOG_FORMAT", "log format: text or json"))
 	fs.StringVar(&cfg.LogLevel, "log-level", def.LogLevel, e("log-level", "COUNTERSIGN_LOG_LEVEL", "log level: debug, info, warn, error"))
 	return fs, env
 }
@@ -175,7 +179,10 @@ func runService(ctx context.Context, cmd string, args []string, stdout, stderr i
 		return err
 	}
 	mode := map[string]app.Mode{"dev": app.ModeDev, "server": app.ModeServer, "worker": app.ModeWorker}[cmd]
-	log := newLogger(stderr, cfg.LogLevel)
+	log, err := newFormatLogger(stderr, cfg.LogLevel, cfg.LogFormat)
+	if err != nil {
+		return usageError{err.Error()}
+	}
 	start := time.Now()
 	a, err := app.New(ctx, cfg, mode, log, stdout)
 	if err != nil {

@@ -6,12 +6,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/internal/telemetry"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -164,7 +169,7 @@ func compact(args json.RawMessage) string {
 }
 
 // call runs one tool call; see the package doc for what it returns.
-func (u *Upstream) call(ctx context.Context, tool string, call gateway.Call) (tasks.CallToolResult, error) {
+func (u *Upstream) call(ctx context.Context, tool string, call gateway.Call) (out tasks.CallToolResult, err error) {
 	args := json.RawMessage(bytes.TrimSpace(call.Arguments))
 	if len(args) == 0 {
 		args = json.RawMessage("{}")
@@ -174,6 +179,26 @@ func (u *Upstream) call(ctx context.Context, tool string, call gateway.Call) (ta
 	}
 	ctx, cancel := context.WithTimeout(ctx, u.opts.Timeout)
 	defer cancel()
+	ctx, span := u.opts.Telemetry.StartSpan(ctx, "upstream tools/call", trace.SpanKindClient,
+		attribute.String(telemetry.AttrUpstream, u.opts.Name), attribute.String(telemetry.AttrTool, tool))
+	start := time.Now()
+	defer func() {
+		result := telemetry.UpstreamOK
+		switch {
+		case errors.Is(err, ErrNotSent):
+			result = telemetry.UpstreamNotSent
+		case err != nil:
+			result = telemetry.UpstreamError
+		case out.IsError:
+			result = telemetry.UpstreamToolError
+		}
+		u.opts.Telemetry.M().UpstreamCall(u.opts.Name, result, time.Since(start))
+		if err != nil {
+			span.SetStatus(codes.Error, result)
+		}
+		span.SetAttributes(attribute.String("countersign.result", result))
+		span.End()
+	}()
 
 	sess := u.session()
 	if sess == nil {

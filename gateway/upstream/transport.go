@@ -8,6 +8,10 @@ import (
 	"net"
 	"net/http"
 	"sync"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/countersign/countersign/internal/telemetry"
 )
 
 // roundTripper adds the configured headers to every request and records, for
@@ -15,11 +19,15 @@ import (
 type roundTripper struct {
 	base    http.RoundTripper
 	headers map[string]string
+	// tel, with tracing on, adds the call's trace context (traceparent).
+	tel *telemetry.Telemetry
 }
 
 func (rt *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
-	if len(rt.headers) > 0 {
+	traced := rt.tel.TracingOn() && trace.SpanContextFromContext(req.Context()).IsValid()
+	if len(rt.headers) > 0 || traced {
 		req = req.Clone(req.Context())
+		rt.tel.InjectHTTP(req.Context(), req.Header)
 		for k, v := range rt.headers {
 			if http.CanonicalHeaderKey(k) == "Host" {
 				req.Host = v

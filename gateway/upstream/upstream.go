@@ -48,6 +48,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/internal/telemetry"
 )
 
 // ErrNotSent is wrapped by errors of calls that certainly did not reach the
@@ -109,6 +110,10 @@ type Options struct {
 	MaxResultBytes int
 
 	Logger *slog.Logger
+	// Telemetry times each tool call (by upstream name and result), traces
+	// it, and sends its trace context to an HTTP upstream (traceparent);
+	// nil records nothing.
+	Telemetry *telemetry.Telemetry
 
 	// OnChange receives the upstream's complete current tool list each time
 	// it is (re)listed: after connecting, after reconnecting, after
@@ -209,7 +214,7 @@ func Start(ctx context.Context, opts Options) *Upstream {
 		cfgErr = errors.New("neither a command nor a URL is configured")
 	case opts.URL != "":
 		base := http.DefaultTransport.(*http.Transport).Clone()
-		u.hc = &http.Client{Transport: &roundTripper{base: base, headers: opts.Headers}}
+		u.hc = &http.Client{Transport: &roundTripper{base: base, headers: opts.Headers, tel: opts.Telemetry}}
 	}
 	if cfgErr != nil {
 		u.log.Error("upstream misconfigured", "error", cfgErr)

@@ -31,6 +31,7 @@ import (
 	"github.com/countersign/countersign/internal/devstack"
 	"github.com/countersign/countersign/internal/httplimit"
 	"github.com/countersign/countersign/internal/natsrv"
+	"github.com/countersign/countersign/internal/telemetry"
 	"github.com/countersign/countersign/mcpserver"
 	"github.com/countersign/countersign/notify"
 	"github.com/countersign/countersign/passkey"
@@ -85,11 +86,15 @@ type App struct {
 	listener net.Listener
 	// ln is the listen address taken at the start of New, until
 	// startHTTP wraps it into listener.
-	ln     net.Listener
-	js     jetstream.JetStream
-	slack  *notify.Slack
-	events *notify.Events
-	decide *notify.DecisionService
+	ln net.Listener
+	// opsSrv serves /metrics, /healthz and /readyz on Config.MetricsAddr.
+	opsSrv      *http.Server
+	opsListener net.Listener
+	tel         *telemetry.Telemetry
+	js          jetstream.JetStream
+	slack       *notify.Slack
+	events      *notify.Events
+	decide      *notify.DecisionService
 	// upstreams are the configured upstream MCP servers (upstreams.go).
 	upstreams []namedUpstream
 
@@ -125,6 +130,8 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	// Every line logged with a context names its trace and its task.
+	log = slog.New(telemetry.NewLogHandler(log.Handler()))
 	if out == nil {
 		out = io.Discard
 	}
@@ -146,6 +153,9 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 			return nil, fmt.Errorf("data dir: %w", err)
 		}
+	}
+	if err := a.startTelemetry(ctx); err != nil {
+		return nil, err
 	}
 	if err := a.startNATS(ctx); err != nil {
 		return nil, err
@@ -239,6 +249,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		PollInterval:           cfg.PollInterval,
 		ResultRetention:        cfg.ResultRetention,
 		Logger:                 log,
+		Telemetry:              a.tel,
 	}); err != nil {
 		return nil, err
 	}
@@ -251,6 +262,9 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		if err := a.startHTTP(ctx); err != nil {
 			return nil, err
 		}
+	}
+	if err := a.startOps(); err != nil {
+		return nil, err
 	}
 	if mode == ModeDev {
 		if err := a.bootstrapDev(ctx); err != nil {
@@ -394,12 +408,18 @@ func (a *App) startTemporal(ctx context.Context) error {
 		// process holds.
 		conn.TLS = srv.ClientTLS()
 	}
+	interceptors, err := a.tel.TemporalInterceptors()
+	if err != nil {
+		return fmt.Errorf("temporal tracing: %w", err)
+	}
 	tc, err := client.DialContext(ctx, client.Options{
 		HostPort:          hostPort,
 		Namespace:         a.cfg.TemporalNamespace,
 		Logger:            tlog.NewStructuredLogger(a.log.With("component", "temporal-client")),
 		ConnectionOptions: conn,
 		Credentials:       creds,
+		MetricsHandler:    a.tel.M().Temporal(),
+		Interceptors:      interceptors,
 	})
 	if err != nil {
 		return fmt.Errorf("connect to Temporal at %s: %w%s", hostPort, err, a.cfg.temporalDialHint(err))
@@ -425,6 +445,7 @@ func (a *App) startWorker() error {
 		Audit:     a.Audit,
 		PublicURL: a.cfg.PublicURL,
 		Logger:    a.log,
+		Telemetry: a.tel,
 
 		ResultRetention: a.cfg.ResultRetention,
 	})
@@ -484,6 +505,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 		InlineWait:   a.cfg.InlineWait,
 		Tokens:       a.Transactions,
 		Logger:       a.log,
+		Telemetry:    a.tel,
 
 		RequestsPerSecond:       a.cfg.RequestsPerSecond,
 		RequestBurst:            a.cfg.RequestBurst,
@@ -509,15 +531,9 @@ func (a *App) startHTTP(ctx context.Context) error {
 		return fmt.Errorf("approver site: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", mcp.Handler())
+	mux.Handle("/mcp", a.tel.ExtractHTTP(mcp.Handler()))
 	mux.HandleFunc("GET /readyz", a.readyz)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		if !a.natsConnected() {
-			http.Error(w, "nats not connected", http.StatusServiceUnavailable)
-			return
-		}
-		w.Write([]byte("ok\n"))
-	})
+	mux.HandleFunc("GET /healthz", a.healthz)
 	if err := a.mountNotify(ctx, mux); err != nil {
 		return err
 	}
@@ -592,9 +608,12 @@ func (a *App) Addr() string {
 
 // Run serves until ctx ends, then shuts down cleanly.
 func (a *App) Run(ctx context.Context) error {
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	if a.httpSrv != nil {
 		go func() { errc <- a.httpSrv.Serve(a.listener) }()
+	}
+	if a.opsSrv != nil {
+		go func() { errc <- a.opsSrv.Serve(a.opsListener) }()
 	}
 	select {
 	case <-ctx.Done():
@@ -632,6 +651,13 @@ func (a *App) Shutdown(ctx context.Context) error {
 	if a.ln != nil {
 		a.ln.Close()
 	}
+	if a.opsSrv != nil {
+		if err := a.opsSrv.Shutdown(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	} else if a.opsListener != nil {
+		a.opsListener.Close()
+	}
 	if a.decide != nil {
 		a.decide.Close()
 	}
@@ -655,6 +681,11 @@ func (a *App) Shutdown(ctx context.Context) error {
 	}
 	if a.nats != nil {
 		a.nats.Shutdown()
+	}
+	if a.tel != nil {
+		if err := a.tel.Tracing.Shutdown(ctx); err != nil {
+			a.log.Warn("app: trace export at shutdown", "err", err)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -13,9 +13,12 @@ import (
 	"strings"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
 	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/internal/config"
 	"github.com/countersign/countersign/internal/httplimit"
+	"github.com/countersign/countersign/internal/telemetry"
 	"github.com/countersign/countersign/mcpserver"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
@@ -149,6 +152,21 @@ type Config struct {
 
 	// Conformance serves the MCP endpoint without auth (loopback only).
 	Conformance bool
+
+	// MetricsAddr is the operations listener: /metrics (Prometheus),
+	// /healthz and /readyz, in every mode, the worker's too. Empty: none
+	// (and /metrics is never served on Addr, the agents' port).
+	MetricsAddr string
+	// LogFormat is the log line format: "text" (the default) or "json".
+	LogFormat string
+	// OTLPEndpoint turns on tracing: spans go to this OTLP collector URL
+	// over OTLPProtocol ("http/protobuf", the default, or "grpc"). Empty:
+	// no tracing.
+	OTLPEndpoint string
+	OTLPProtocol string
+	// TraceExporter replaces the OTLP exporter and turns tracing on (tests;
+	// not a flag).
+	TraceExporter sdktrace.SpanExporter
 }
 
 // Defaults of the settings whose default no constructor owns.
@@ -171,6 +189,8 @@ func (c *Config) Defaults() {
 	setDefault(&c.SQLiteSync, DefaultSQLiteSync)
 	setDefault(&c.NATSReplicas, DefaultNATSReplicas)
 	setDefault(&c.LogLevel, DefaultLogLevel)
+	setDefault(&c.OTLPProtocol, telemetry.ProtocolHTTPProtobuf)
+	setDefault(&c.LogFormat, telemetry.LogText)
 	if c.Conformance {
 		// Every caller is one anonymous principal and the suites create
 		// tasks in bursts; explicit settings still win.
@@ -272,6 +292,17 @@ func (c *Config) Validate() error {
 		c.RequestsPerSecond < 0 || c.RequestBurst < 0 || c.MaxInFlightPerPrincipal < 0 {
 		errs = append(errs, errors.New("--body-read-timeout, --max-slow-bodies, --max-connections, --requests-per-second, --request-burst and --max-in-flight must not be negative"))
 	}
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			errs = append(errs, fmt.Errorf("--metrics-addr %q: %v", c.MetricsAddr, err))
+		}
+	}
+	if c.OTLPProtocol != "" && c.OTLPProtocol != telemetry.ProtocolGRPC && c.OTLPProtocol != telemetry.ProtocolHTTPProtobuf {
+		errs = append(errs, fmt.Errorf("--otlp-protocol %q must be %s or %s", c.OTLPProtocol, telemetry.ProtocolHTTPProtobuf, telemetry.ProtocolGRPC))
+	}
+	if c.LogFormat != telemetry.LogText && c.LogFormat != telemetry.LogJSON {
+		errs = append(errs, fmt.Errorf("--log-format %q must be %s or %s", c.LogFormat, telemetry.LogText, telemetry.LogJSON))
+	}
 	if c.Conformance {
 		host, _, _ := net.SplitHostPort(c.Addr)
 		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
@@ -327,7 +358,19 @@ func (c *Config) Redacted() []any {
 			slackState += ", interactivity on"
 		}
 	}
-	return []any{"addr", c.Addr, "public_url", c.PublicURL, "data_dir", c.DataDir,
+	metrics := c.MetricsAddr
+	if metrics == "" {
+		metrics = "off"
+	}
+	tracing := "off"
+	if c.OTLPEndpoint != "" {
+		tracing = "otlp " + c.OTLPProtocol
+		if u, err := url.Parse(c.OTLPEndpoint); err == nil {
+			u.User = nil
+			tracing += " " + u.Redacted()
+		}
+	}
+	return []any{"addr", c.Addr, "metrics_addr", metrics, "tracing", tracing, "public_url", c.PublicURL, "data_dir", c.DataDir,
 		"temporal", temporal, "namespace", c.TemporalNamespace, "nats", nats, "nats_replicas", c.NATSReplicas,
 		"policy", policy, "slack", slackState}
 }

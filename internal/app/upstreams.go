@@ -66,6 +66,7 @@ func (a *App) startUpstreams(ctx context.Context, ups []config.Upstream) {
 		name := cu.Name
 		log := a.log.With("upstream", name)
 		opts := upstreamOptions(cu, a.log) // the upstream adds upstream=<name>
+		opts.Telemetry = a.tel
 		opts.OnChange = func(tools []upstream.Tool) {
 			out := served(tools, cu.Approval)
 			if err := a.Tools.Replace(name, out); err != nil {
@@ -152,12 +153,15 @@ func (a *App) UpstreamStates() map[string]upstream.State {
 	return out
 }
 
-// readyz answers 200 when NATS is connected and every upstream is up, else
-// 503 naming what is not.
-func (a *App) readyz(w http.ResponseWriter, _ *http.Request) {
+// readyz answers 200 when NATS is connected, the Temporal frontend answers
+// and every upstream is up, else 503 naming what is not.
+func (a *App) readyz(w http.ResponseWriter, r *http.Request) {
 	var down []string
 	if !a.natsConnected() {
 		down = append(down, "nats: not connected")
+	}
+	if why := a.temporalDown(r.Context()); why != "" {
+		down = append(down, why)
 	}
 	states := a.UpstreamStates()
 	names := make([]string, 0, len(states))

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -43,6 +44,8 @@ type Options struct {
 	AppLimits bool
 	// ClientName is the MCP clientInfo name ("e2e" when empty).
 	ClientName string
+	// Logger receives the process's logs; nil discards them.
+	Logger *slog.Logger
 }
 
 // Stack is a running `countersign dev`. It stops when the test ends.
@@ -100,7 +103,7 @@ func Start(t testing.TB, o Options) *Stack {
 	if cfg.RequestsPerSecond == 0 && !o.AppLimits {
 		cfg.RequestsPerSecond, cfg.RequestBurst, cfg.MaxInFlightPerPrincipal = 1_000_000, 1_000_000, 1_000_000
 	}
-	a, err := app.New(ctx, cfg, app.ModeDev, nil, io.Discard)
+	a, err := app.New(ctx, cfg, app.ModeDev, o.Logger, io.Discard)
 	if err != nil {
 		cancel()
 		t.Fatalf("start countersign dev: %v", err)

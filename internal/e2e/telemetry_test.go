@@ -1,0 +1,256 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/countersign/countersign/internal/app"
+	"github.com/countersign/countersign/internal/devtest"
+	"github.com/countersign/countersign/internal/telemetry"
+	"github.com/countersign/countersign/tasks"
+)
+
+// syncBuffer is a log sink shared by the process's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// One gated call to an HTTP upstream, approved with a passkey, on a real
+// `countersign dev` with tracing to an in-memory exporter, JSON logs and the
+// operations listener. Then: /metrics has moved with the right labels; one
+// trace links tools/call → workflow → activity → the upstream call, whose
+// traceparent reached the upstream; the task's log lines carry task_id and
+// trace_id; no line holds a token.
+func TestTelemetryGatedCall(t *testing.T) {
+	var mu sync.Mutex
+	var traceparents []string
+	up := mcp.NewServer(&mcp.Implementation{Name: "obs", Version: "1"}, nil)
+	up.AddTool(&mcp.Tool{Name: "echo", InputSchema: objectSchema}, pong)
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return up }, nil)
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			body, _ := io.ReadAll(r.Body)
+			if bytes.Contains(body, []byte(`"tools/call"`)) {
+				mu.Lock()
+				traceparents = append(traceparents, r.Header.Get("traceparent"))
+				mu.Unlock()
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		sdk.ServeHTTP(w, r)
+	}))
+	t.Cleanup(ts.Close)
+	path := filepath.Join(t.TempDir(), "countersign.yaml")
+	if err := os.WriteFile(path, []byte("upstreams:\n  - name: obs\n    url: "+ts.URL+"\n    approval: always\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	spans := tracetest.NewInMemoryExporter()
+	logs := &syncBuffer{}
+	log, err := telemetry.NewLogger(logs, telemetry.LogJSON, -4) // debug
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &stack{devtest.Start(t, devtest.Options{
+		Config: app.Config{ConfigFile: path, MetricsAddr: "127.0.0.1:0", TraceExporter: spans},
+		Logger: log,
+	})}
+	s.waitTool(t, "obs__echo")
+	alice := s.Enroll("alice", "approvers")
+
+	task := s.CreateTask(s.AgentToken, "obs__echo", map[string]any{"n": 1})
+	if res := s.Approve(alice, s.RefOf(task.TaskID), "approve"); !res.Accepted {
+		t.Fatalf("approval rejected: %+v", res)
+	}
+	d := s.WaitTerminal(s.AgentToken, task.TaskID)
+	if d.Status != tasks.StatusCompleted || disposition(d) != tasks.ApprovedExecuted {
+		t.Fatalf("want completed/approved-executed, got %s/%s: %s", d.Status, disposition(d), d.Result)
+	}
+
+	ops := "http://" + s.App.MetricsAddr()
+	t.Run("readyz", func(t *testing.T) {
+		for _, base := range []string{ops, s.Base} {
+			resp, err := http.Get(base + "/readyz")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Errorf("%s/readyz = %d %q", base, resp.StatusCode, body)
+			}
+		}
+		if resp, err := http.Get(s.Base + "/metrics"); err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if bytes.Contains(body, []byte("countersign_gated_calls_total")) {
+				t.Error("/metrics is served on the agents' port")
+			}
+		}
+	})
+
+	t.Run("metrics", func(t *testing.T) {
+		resp, err := http.Get(ops + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		families, err := parser.TextToMetricFamilies(resp.Body)
+		if err != nil {
+			t.Fatalf("parse /metrics: %v", err)
+		}
+		value := func(name string, labels map[string]string) float64 {
+			f := families[name]
+			if f == nil {
+				return -1
+			}
+		next:
+			for _, m := range f.GetMetric() {
+				got := map[string]string{}
+				for _, l := range m.GetLabel() {
+					got[l.GetName()] = l.GetValue()
+				}
+				for k, v := range labels {
+					if got[k] != v {
+						continue next
+					}
+				}
+				switch {
+				case m.Counter != nil:
+					return m.Counter.GetValue()
+				case m.Histogram != nil:
+					return float64(m.Histogram.GetSampleCount())
+				}
+			}
+			return 0
+		}
+		for _, c := range []struct {
+			name   string
+			labels map[string]string
+		}{
+			{telemetry.MetricGatedCalls, map[string]string{"decision": "requestable"}},
+			{telemetry.MetricTaskTransitions, map[string]string{"status": "working"}},
+			{telemetry.MetricTaskTransitions, map[string]string{"status": "completed"}},
+			{telemetry.MetricDecisions, map[string]string{"result": "accepted", "reason": ""}},
+			{telemetry.MetricApprovalLatency, map[string]string{"outcome": "approved"}},
+			{telemetry.MetricExecutions, map[string]string{"disposition": "approved-executed"}},
+			{telemetry.MetricUpstreamCallSeconds, map[string]string{"upstream": "obs", "result": "ok"}},
+		} {
+			if v := value(c.name, c.labels); v != 1 {
+				t.Errorf("%s%v = %v, want 1", c.name, c.labels, v)
+			}
+		}
+		var temporal bool
+		for name := range families {
+			temporal = temporal || strings.HasPrefix(name, "temporal_")
+		}
+		if !temporal {
+			t.Error("no temporal_* metric: the SDK's metrics are not exported")
+		}
+	})
+
+	t.Run("trace", func(t *testing.T) {
+		byID := map[string]tracetest.SpanStub{}
+		var root, upstream tracetest.SpanStub
+		for _, sp := range spans.GetSpans() {
+			byID[sp.SpanContext.SpanID().String()] = sp
+			for _, a := range sp.Attributes {
+				if string(a.Key) == telemetry.AttrTaskID && a.Value.AsString() == task.TaskID && sp.Name == "tools/call" {
+					root = sp
+				}
+			}
+			if sp.Name == "upstream tools/call" {
+				upstream = sp
+			}
+		}
+		if !root.SpanContext.IsValid() || !upstream.SpanContext.IsValid() {
+			t.Fatalf("no tools/call span for the task or no upstream span among %d spans", len(spans.GetSpans()))
+		}
+		if upstream.SpanContext.TraceID() != root.SpanContext.TraceID() {
+			t.Fatalf("the upstream call is in trace %s, tools/call in %s", upstream.SpanContext.TraceID(), root.SpanContext.TraceID())
+		}
+		// Walk up from the upstream call: an activity, the workflow, then tools/call.
+		var chain []string
+		for sp, ok := upstream, true; ok; sp, ok = byID[sp.Parent.SpanID().String()] {
+			chain = append(chain, sp.Name)
+		}
+		joined := strings.Join(chain, " <- ")
+		for _, want := range []string{"RunActivity:ExecuteTool", "RunWorkflow:", "tools/call"} {
+			if !strings.Contains(joined, want) {
+				t.Errorf("span chain %q lacks %q", joined, want)
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		want := root.SpanContext.TraceID().String()
+		found := false
+		for _, tp := range traceparents {
+			found = found || strings.Contains(tp, want)
+		}
+		if !found {
+			t.Errorf("the upstream got traceparent %q, want trace %s", traceparents, want)
+		}
+	})
+
+	t.Run("logs", func(t *testing.T) {
+		out := logs.String()
+		for name, secret := range map[string]string{"agent token": s.AgentToken, "admin token": s.AdminToken} {
+			if strings.Contains(out, secret) {
+				t.Errorf("the logs hold the %s", name)
+			}
+		}
+		var executed, traced int
+		sc := bufio.NewScanner(strings.NewReader(out))
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var line map[string]any
+			if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+				t.Fatalf("not a JSON log line: %q", sc.Text())
+			}
+			msg, _ := line["msg"].(string)
+			if strings.Contains(msg, "tool executed") || strings.Contains(msg, "task ended") || strings.Contains(msg, "task opened") {
+				executed++
+				if line[telemetry.KeyTaskID] != task.TaskID {
+					t.Errorf("line %q: task_id %v, want %s", msg, line[telemetry.KeyTaskID], task.TaskID)
+				}
+			}
+			if line[telemetry.KeyTaskID] == task.TaskID && line[telemetry.KeyTraceID] != nil {
+				traced++
+			}
+		}
+		if executed < 3 {
+			t.Errorf("found %d of the task's opened/executed/ended lines, want 3", executed)
+		}
+		if traced == 0 {
+			t.Error("no line names both the task and its trace")
+		}
+	})
+}
