@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/common/expfmt"
@@ -117,6 +118,19 @@ func TestTelemetryGatedCall(t *testing.T) {
 	})
 
 	t.Run("metrics", func(t *testing.T) {
+		// The worker counts the end just after it writes the terminal
+		// record, which the client may read first.
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			resp, err := http.Get(ops + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if bytes.Contains(body, []byte(`countersign_executions_total{disposition="approved-executed"}`)) {
+				break
+			}
+		}
 		resp, err := http.Get(ops + "/metrics")
 		if err != nil {
 			t.Fatal(err)
@@ -178,6 +192,12 @@ func TestTelemetryGatedCall(t *testing.T) {
 	})
 
 	t.Run("trace", func(t *testing.T) {
+		// The workflow's span ends when the workflow returns, a moment
+		// after the terminal record is written.
+		deadline := time.Now().Add(20 * time.Second)
+		for !strings.Contains(spanChain(spans), "RunWorkflow:") && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
 		byID := map[string]tracetest.SpanStub{}
 		var root, upstream tracetest.SpanStub
 		for _, sp := range spans.GetSpans() {
@@ -253,4 +273,21 @@ func TestTelemetryGatedCall(t *testing.T) {
 			t.Error("no line names both the task and its trace")
 		}
 	})
+}
+
+// spanChain names the spans from the upstream call up through its parents.
+func spanChain(exp *tracetest.InMemoryExporter) string {
+	byID := map[string]tracetest.SpanStub{}
+	var upstream tracetest.SpanStub
+	for _, sp := range exp.GetSpans() {
+		byID[sp.SpanContext.SpanID().String()] = sp
+		if sp.Name == "upstream tools/call" {
+			upstream = sp
+		}
+	}
+	var chain []string
+	for sp, ok := upstream, upstream.SpanContext.IsValid(); ok; sp, ok = byID[sp.Parent.SpanID().String()] {
+		chain = append(chain, sp.Name)
+	}
+	return strings.Join(chain, " <- ")
 }
