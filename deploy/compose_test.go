@@ -166,8 +166,10 @@ func TestComposeCountersign(t *testing.T) {
 		c.requireArgs(t, name, s.Command)
 	}
 	server := service(t, p, "countersign-server")
-	if server.HealthCheck == nil {
-		t.Error("countersign-server: no healthcheck")
+	for _, name := range []string{"countersign-server", "countersign-worker"} {
+		if service(t, p, name).HealthCheck == nil {
+			t.Errorf("%s: no healthcheck", name)
+		}
 	}
 	// The first admin token comes from a secret the server reads.
 	if f := env(server, "COUNTERSIGN_ADMIN_TOKEN_FILE"); len(server.Secrets) != 1 || f != "/run/secrets/"+server.Secrets[0].Source {

@@ -164,13 +164,11 @@ func (m *manifests) checkDeployment(t *testing.T, c *code, d appsv1.Deployment) 
 	// server has readiness and liveness probes; a worker serves HTTP only
 	// on the operations listener, when one is set.
 	listen := listenPorts(ctr.Args[0], flags, envs)
-	if ctr.Args[0] == "server" {
-		if ctr.ReadinessProbe == nil || ctr.LivenessProbe == nil {
-			t.Errorf("%s: a server needs readiness and liveness probes", where)
-		}
-		if len(listen) == 0 {
-			t.Errorf("%s: the server has no listen address (--addr or COUNTERSIGN_ADDR)", where)
-		}
+	if ctr.ReadinessProbe == nil || ctr.LivenessProbe == nil {
+		t.Errorf("%s: readiness and liveness probes needed", where)
+	}
+	if len(listen) == 0 {
+		t.Errorf("%s: serves no HTTP to probe (--addr, or --metrics-addr for a worker)", where)
 	}
 	for kind, p := range map[string]*corev1.Probe{"readiness": ctr.ReadinessProbe, "liveness": ctr.LivenessProbe, "startup": ctr.StartupProbe} {
 		if p == nil {
