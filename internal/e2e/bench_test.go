@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
 	"github.com/countersign/countersign/internal/app"
 	"github.com/countersign/countersign/tasks"
 )
@@ -22,8 +24,14 @@ import (
 // Each reports p50/p99 latencies or a rate as custom metrics.
 
 // benchStack runs countersign dev with its defaults (SQLite synchronous=FULL).
+// With COUNTERSIGN_BENCH_TRACE=1, tracing is on and every span goes to an
+// exporter that drops it, synchronously: the cost of tracing in process.
 func benchStack(b *testing.B) *stack {
-	return startStackConfig(b, app.Config{SQLiteSync: benchSync()}, 0)
+	cfg := app.Config{SQLiteSync: benchSync()}
+	if os.Getenv("COUNTERSIGN_BENCH_TRACE") == "1" {
+		cfg.TraceExporter = tracetest.NewNoopExporter()
+	}
+	return startStackConfig(b, cfg, 0)
 }
 
 func percentile(d []time.Duration, p float64) time.Duration {
