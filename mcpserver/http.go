@@ -332,18 +332,67 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, b
 		return AnonymousPrincipal, true
 	}
 	token := bearerToken(r)
+	oauth := s.opts.OAuth
 	if token == "" {
+		if oauth != nil {
+			s.oauthChallenge(w, oauth, nil)
+			return "", false
+		}
 		s.challenge(w, "")
 		return "", false
 	}
-	principal, err := s.opts.Authenticate(r.Context(), token)
+	authenticate := s.opts.Authenticate
+	if oauth != nil && oauth.Claims(token) {
+		authenticate = oauth.Authenticate
+	}
+	principal, err := authenticate(r.Context(), token)
+	if errors.Is(err, ErrAuthUnavailable) {
+		s.log.WarnContext(r.Context(), "mcpserver: access token cannot be verified now", "err", err)
+		w.Header().Set("Retry-After", "5")
+		http.Error(w, "Service Unavailable: the authorization server's keys cannot be fetched; retry later", http.StatusServiceUnavailable)
+		return "", false
+	}
 	if err != nil || principal == "" {
 		s.log.InfoContext(r.Context(), "mcpserver: bearer token rejected", "err", err)
+		if oauth != nil {
+			s.oauthChallenge(w, oauth, err)
+			return "", false
+		}
 		s.challenge(w, "invalid_token")
 		return "", false
 	}
 	s.recent.put(token, principal)
 	return principal, true
+}
+
+// ErrAuthUnavailable is what OAuth.Authenticate returns when it cannot
+// verify any token now (the issuer's keys were never fetched): 503, not 401.
+var ErrAuthUnavailable = errors.New("mcpserver: token verification unavailable")
+
+// OAuth makes /mcp an OAuth 2.1 resource server besides the static agent
+// tokens (internal/oauth, through internal/app).
+type OAuth interface {
+	// Claims reports whether token is an access token of the configured
+	// issuer; only those go to Authenticate, any other to the static table.
+	Claims(token string) bool
+	// Authenticate verifies an access token and returns its principal.
+	Authenticate(ctx context.Context, token string) (principal string, err error)
+	// Challenge is the 401/403 answer to a missing (err nil) or rejected
+	// token: the status and the WWW-Authenticate value (RFC 6750, RFC 9728).
+	Challenge(err error) (status int, header string)
+}
+
+func (s *Server) oauthChallenge(w http.ResponseWriter, oauth OAuth, err error) {
+	status, header := oauth.Challenge(err)
+	w.Header().Set("WWW-Authenticate", header)
+	msg := "Unauthorized: a bearer token is required"
+	switch {
+	case status == http.StatusForbidden:
+		msg = "Forbidden: the access token lacks a required scope"
+	case err != nil:
+		msg = "Unauthorized: the bearer token is invalid"
+	}
+	http.Error(w, msg, status)
 }
 
 func (s *Server) challenge(w http.ResponseWriter, errCode string) {

@@ -96,6 +96,9 @@ type Options struct {
 	// it creates. Any error (or an empty principal) is answered with 401;
 	// the error itself is logged, never sent.
 	Authenticate func(ctx context.Context, bearer string) (principal string, err error)
+	// OAuth, when set, also accepts OAuth 2.1 access tokens of one
+	// issuer, and answers a missing or rejected token with its challenge.
+	OAuth OAuth
 	// NoAuth serves every caller as principal "anonymous". For conformance
 	// runs and tests only; New logs a warning.
 	NoAuth bool

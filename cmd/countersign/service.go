@@ -107,6 +107,17 @@ func serviceFlags(cmd string, cfg *app.Config, conformance bool) (fs *flag.FlagS
 	fs.IntVar(&cfg.MaxConnections, "max-connections", def.MaxConnections, e("max-connections", "COUNTERSIGN_MAX_CONNECTIONS", "open HTTP connections"))
 	fs.StringVar(&cfg.AuditKeyDir, "audit-key-dir", "", e("audit-key-dir", "COUNTERSIGN_AUDIT_KEY_DIR", "directory of the audit signing keys (default DATA_DIR/audit-keys); a server uses them for transaction-token records only"))
 	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", "", e("admin-token-file", "COUNTERSIGN_ADMIN_TOKEN_FILE", "file holding an admin token (a mounted secret) registered at start as admin \"admin\"; idempotent across replicas, a new token revokes the old"))
+	fs.StringVar(&cfg.OAuthIssuer, "oauth-issuer", "", e("oauth-issuer", "COUNTERSIGN_OAUTH_ISSUER", "OAuth 2.1 authorization server (issuer URL) whose JWT access tokens /mcp accepts besides the static agent tokens; off when empty"))
+	fs.Func("oauth-audiences", e("oauth-audiences", "COUNTERSIGN_OAUTH_AUDIENCES", "comma-separated audiences accepted besides the public MCP URL (PUBLIC_URL/mcp)"), func(v string) error {
+		cfg.OAuthAudiences = splitList(v)
+		return nil
+	})
+	fs.StringVar(&cfg.OAuthPrincipalClaim, "oauth-principal-claim", "", e("oauth-principal-claim", "COUNTERSIGN_OAUTH_PRINCIPAL_CLAIM", "the access-token claim that names the agent (default sub; client_id or azp for client-credentials tokens)"))
+	fs.Func("oauth-required-scopes", e("oauth-required-scopes", "COUNTERSIGN_OAUTH_REQUIRED_SCOPES", "comma-separated scopes every access token must grant (403 insufficient_scope otherwise)"), func(v string) error {
+		cfg.OAuthRequiredScopes = splitList(v)
+		return nil
+	})
+	fs.StringVar(&cfg.OAuthJWKSURL, "oauth-jwks-url", "", e("oauth-jwks-url", "COUNTERSIGN_OAUTH_JWKS_URL", "the issuer's JWKS URL (default: found by OpenID Connect / RFC 8414 discovery)"))
 	fs.BoolVar(&cfg.AuditRedact, "audit-redact", false, e("audit-redact", "COUNTERSIGN_AUDIT_REDACT", "record a digest of tool arguments in audit records instead of the arguments"))
 	if cmd == "dev" {
 		fs.BoolVar(&cfg.Conformance, "conformance", false, "serve /mcp WITHOUT authentication for conformance suites (loopback only); lifts the defaults of --rate-per-minute, --requests-per-second, --request-burst and --max-in-flight")

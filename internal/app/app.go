@@ -31,6 +31,7 @@ import (
 	"github.com/countersign/countersign/internal/devstack"
 	"github.com/countersign/countersign/internal/httplimit"
 	"github.com/countersign/countersign/internal/natsrv"
+	"github.com/countersign/countersign/internal/oauth"
 	"github.com/countersign/countersign/internal/telemetry"
 	"github.com/countersign/countersign/mcpserver"
 	"github.com/countersign/countersign/notify"
@@ -84,6 +85,7 @@ type App struct {
 	worker   worker.Worker
 	httpSrv  *http.Server
 	listener net.Listener
+	oauth    *oauth.Verifier // nil without --oauth-issuer
 	// ln is the listen address taken at the start of New, until
 	// startHTTP wraps it into listener.
 	ln net.Listener
@@ -492,7 +494,23 @@ func (a *App) startHTTP(ctx context.Context) error {
 			return err
 		}
 	}
+	var oauthOpt mcpserver.OAuth
+	if a.cfg.OAuthIssuer != "" {
+		if a.oauth, err = oauth.New(ctx, oauth.Options{
+			Issuer:         a.cfg.OAuthIssuer,
+			Resource:       strings.TrimRight(a.cfg.PublicURL, "/") + "/mcp",
+			Audiences:      a.cfg.OAuthAudiences,
+			PrincipalClaim: a.cfg.OAuthPrincipalClaim,
+			RequiredScopes: a.cfg.OAuthRequiredScopes,
+			JWKSURL:        a.cfg.OAuthJWKSURL,
+			Logger:         a.log,
+		}); err != nil {
+			return fmt.Errorf("--oauth-issuer: %w", err)
+		}
+		oauthOpt = oauthAgents{a.oauth}
+	}
 	mcp, err := mcpserver.New(mcpserver.Options{
+		OAuth:        oauthOpt,
 		ServerID:     serverID,
 		PublicURL:    a.cfg.PublicURL,
 		Approvals:    a.Approvals,
@@ -532,6 +550,11 @@ func (a *App) startHTTP(ctx context.Context) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", a.tel.ExtractHTTP(mcp.Handler()))
+	if a.oauth != nil {
+		for _, path := range a.oauth.MetadataPaths() {
+			mux.Handle("GET "+path, a.oauth.MetadataHandler())
+		}
+	}
 	mux.HandleFunc("GET /readyz", a.readyz)
 	mux.HandleFunc("GET /healthz", a.healthz)
 	if err := a.mountNotify(ctx, mux); err != nil {
@@ -869,4 +892,24 @@ func writeSecretFile(path, content string) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// oauthAgents adapts the OAuth verifier to mcpserver.OAuth: the principal
+// is "oauth:" and the token's principal claim (oauth.Identity), which no
+// static agent name can be.
+type oauthAgents struct{ v *oauth.Verifier }
+
+func (o oauthAgents) Claims(token string) bool { return o.v.Claims(token) }
+
+func (o oauthAgents) Challenge(err error) (int, string) { return o.v.Challenge(err) }
+
+func (o oauthAgents) Authenticate(ctx context.Context, token string) (string, error) {
+	id, err := o.v.Verify(ctx, token, time.Now())
+	if errors.Is(err, oauth.ErrUnavailable) {
+		return "", fmt.Errorf("%w: %w", mcpserver.ErrAuthUnavailable, err)
+	}
+	if err != nil {
+		return "", err
+	}
+	return id.Principal, nil
 }

@@ -150,6 +150,18 @@ type Config struct {
 	// idempotent across replicas; a new token rotates the old one out.
 	AdminTokenFile string
 
+	// OAuth 2.1 for agents (internal/oauth): when OAuthIssuer is set, /mcp
+	// also accepts JWT access tokens of that issuer whose audience is the
+	// public MCP URL (PublicURL + "/mcp") or one of OAuthAudiences, and
+	// serves the protected-resource metadata (RFC 9728). OAuthPrincipalClaim
+	// names the caller (default sub); OAuthRequiredScopes must all be
+	// granted; OAuthJWKSURL skips discovery.
+	OAuthIssuer         string
+	OAuthAudiences      []string
+	OAuthPrincipalClaim string
+	OAuthRequiredScopes []string
+	OAuthJWKSURL        string
+
 	// Conformance serves the MCP endpoint without auth (loopback only).
 	Conformance bool
 

@@ -1,0 +1,217 @@
+package e2e
+
+import (
+	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+
+	"github.com/countersign/countersign/internal/app"
+	"github.com/countersign/countersign/tasks"
+)
+
+// oidcProvider is the certified oidc-provider (npm, scripts/oidc/provider.mjs)
+// as a child process: a real OpenID provider issuing client-credentials JWT
+// access tokens for the resource a client names (RFC 8707).
+type oidcProvider struct {
+	t        *testing.T
+	node     string
+	modules  string
+	port     int
+	resource string
+	cmd      *exec.Cmd
+}
+
+func (p *oidcProvider) issuer() string { return fmt.Sprintf("http://127.0.0.1:%d", p.port) }
+
+// start runs the provider signing with a new ES256 key named kid.
+func (p *oidcProvider) start(kid string) {
+	p.t.Helper()
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	jwk := jose.JSONWebKey{Key: priv, KeyID: kid, Algorithm: "ES256", Use: "sig"}
+	b, err := json.Marshal(map[string]any{"keys": []jose.JSONWebKey{jwk}})
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	keyFile := filepath.Join(p.t.TempDir(), kid+".json")
+	if err := os.WriteFile(keyFile, b, 0o600); err != nil {
+		p.t.Fatal(err)
+	}
+	cmd := exec.Command(p.node, "../../scripts/oidc/provider.mjs", p.modules, fmt.Sprint(p.port), p.resource, keyFile)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		p.t.Fatal(err)
+	}
+	ready := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if sc.Text() == "ready" {
+				ready <- true
+			}
+		}
+	}()
+	select {
+	case <-ready:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		p.t.Fatal("oidc-provider did not start")
+	}
+	p.cmd = cmd
+}
+
+func (p *oidcProvider) stop() {
+	if p.cmd != nil {
+		p.cmd.Process.Kill()
+		p.cmd.Wait()
+		p.cmd = nil
+	}
+}
+
+// token runs a real client-credentials grant (client_secret_basic) for
+// resource and scope.
+func (p *oidcProvider) token(client, secret, resource, scope string) string {
+	p.t.Helper()
+	form := url.Values{"grant_type": {"client_credentials"}, "scope": {scope}, "resource": {resource}}
+	req, _ := http.NewRequest("POST", p.issuer()+"/token", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.SetBasicAuth(client, secret)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		AccessToken string `json:"access_token"`
+		Error       string `json:"error"`
+		Description string `json:"error_description"`
+	}
+	json.NewDecoder(resp.Body).Decode(&body)
+	if resp.StatusCode != 200 || body.AccessToken == "" {
+		p.t.Fatalf("token for %s: HTTP %d %s: %s", client, resp.StatusCode, body.Error, body.Description)
+	}
+	return body.AccessToken
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestOAuthAgentsWithARealProvider: /mcp as an OAuth 2.1 resource server in
+// front of a real OpenID provider: a client-credentials token creates a
+// task owned by "oauth:<client>", the static agent token still works, the
+// protected-resource metadata names the provider, a token for another
+// resource is 401 invalid_token, one without the scope 403
+// insufficient_scope, and after the provider rotates its signing key the
+// new tokens validate (the key set is fetched again for the unknown kid).
+func TestOAuthAgentsWithARealProvider(t *testing.T) {
+	node, modules := upstreamServers(t)
+	port := freePort(t)
+	resource := fmt.Sprintf("http://localhost:%d/mcp", port)
+	p := &oidcProvider{t: t, node: node, modules: modules, port: freePort(t), resource: resource}
+	p.start("key-1")
+	t.Cleanup(p.stop)
+
+	s := startStackConfig(t, app.Config{
+		OAuthIssuer:         p.issuer(),
+		OAuthPrincipalClaim: "client_id",
+		OAuthRequiredScopes: []string{"mcp:tools"},
+	}, port)
+
+	// The protected-resource metadata (RFC 9728).
+	var prm struct {
+		Resource             string   `json:"resource"`
+		AuthorizationServers []string `json:"authorization_servers"`
+		ScopesSupported      []string `json:"scopes_supported"`
+	}
+	if code := s.HTTPJSON("GET", "/.well-known/oauth-protected-resource/mcp", "", nil, &prm); code != 200 ||
+		prm.Resource != resource || len(prm.AuthorizationServers) != 1 || prm.AuthorizationServers[0] != p.issuer() {
+		t.Fatalf("metadata: HTTP %d %+v", code, prm)
+	}
+
+	// No token: 401 naming the metadata.
+	code, www := s.MCPAuth("")
+	if code != 401 || !strings.Contains(www, `resource_metadata="http://localhost:`) || strings.Contains(www, "error=") {
+		t.Fatalf("no token: %d %q", code, www)
+	}
+
+	// A real client-credentials token creates a task owned by the client.
+	tok := p.token("agent-a", "secret-a", resource, "mcp:tools")
+	task := s.CreateTask(tok, "transfer_funds", transferArgs)
+	if task.Status != tasks.StatusWorking {
+		t.Fatalf("task %+v", task)
+	}
+	rec, err := s.App.Store.Get(t.Context(), task.TaskID)
+	if err != nil || rec.Owner != "oauth:agent-a" {
+		t.Fatalf("task owner %q (%v)", rec.Owner, err)
+	}
+	// The static agent token still works, and cannot read the OAuth
+	// agent's task.
+	if code, _ := s.MCPAuth(s.AgentToken); code != 200 {
+		t.Fatalf("static token: HTTP %d", code)
+	}
+
+	// A token for another resource: 401 invalid_token.
+	other := p.token("agent-a", "secret-a", "https://other.example.com/mcp", "mcp:tools")
+	if code, www := s.MCPAuth(other); code != 401 || !strings.Contains(www, `error="invalid_token"`) {
+		t.Fatalf("other audience: %d %q", code, www)
+	}
+	// Without the required scope: 403 insufficient_scope.
+	noScope := p.token("agent-noscope", "secret-n", resource, "other")
+	if code, www := s.MCPAuth(noScope); code != 403 || !strings.Contains(www, `error="insufficient_scope"`) || !strings.Contains(www, `scope="mcp:tools"`) {
+		t.Fatalf("no scope: %d %q", code, www)
+	}
+	// A forged token (the real one with its signature cut): 401.
+	if code, _ := s.MCPAuth(tok[:strings.LastIndexByte(tok, '.')+1] + "AAAA"); code != 401 {
+		t.Fatalf("forged: HTTP %d", code)
+	}
+
+	// Key rotation: the provider restarts with a new key. Its tokens name
+	// a kid the server has not seen; the server fetches the key set again
+	// (at most once per 10 s) and accepts them.
+	p.stop()
+	p.start("key-2")
+	rotated := p.token("agent-a", "secret-a", resource, "mcp:tools")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, www := s.MCPAuth(rotated)
+		if code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("token of the rotated key still refused: %d %q", code, www)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	// The old key is gone from the provider's set: a token it signed fails
+	// once the set has been fetched again.
+	if code, _ := s.MCPAuth(tok); code != 401 {
+		t.Fatalf("token of the retired key: HTTP %d", code)
+	}
+}
