@@ -36,7 +36,7 @@ type decisionEnv struct {
 	site     *web.Handler
 }
 
-func newDecisionEnv(t *testing.T) *decisionEnv {
+func newDecisionEnv(t testing.TB) *decisionEnv {
 	t.Helper()
 	js, nc := startNATS(t)
 	ctx := testCtx(t)
@@ -108,7 +108,7 @@ func (e *decisionEnv) overHTTP(t *testing.T, method, path string, body []byte) (
 	return w.Code, out
 }
 
-func (e *decisionEnv) addTask(t *testing.T, edit func(*tasks.Record)) tasks.Record {
+func (e *decisionEnv) addTask(t testing.TB, edit func(*tasks.Record)) tasks.Record {
 	t.Helper()
 	r := pendingRecord()
 	r.ExpiresAt = time.Now().Add(time.Hour)
@@ -273,7 +273,7 @@ func TestDecisionServiceFinishedTask(t *testing.T) {
 
 // enroll adds an approver with one software passkey, enrolled through the
 // passkey service as the site's enrollment page would.
-func (e *decisionEnv) enroll(t *testing.T, name string) (virtualwebauthn.Authenticator, virtualwebauthn.Credential) {
+func (e *decisionEnv) enroll(t testing.TB, name string) (virtualwebauthn.Authenticator, virtualwebauthn.Credential) {
 	t.Helper()
 	ctx := testCtx(t)
 	a, token, err := e.passkeys.AddApprover(ctx, name, []string{"approvers"})

@@ -38,7 +38,7 @@ type fakeSlack struct {
 	nextTS   int
 }
 
-func newFakeSlack(t *testing.T) *fakeSlack {
+func newFakeSlack(t testing.TB) *fakeSlack {
 	t.Helper()
 	f := &fakeSlack{}
 	h := func(method string) http.HandlerFunc {
@@ -105,12 +105,12 @@ func (f *fakeSlack) failFor(n int) {
 	f.mu.Unlock()
 }
 
-func startNATS(t *testing.T) (jetstream.JetStream, *nats.Conn) {
+func startNATS(t testing.TB) (jetstream.JetStream, *nats.Conn) {
 	t.Helper()
 	return testnats.Start(t)
 }
 
-func testCtx(t *testing.T) context.Context {
+func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx

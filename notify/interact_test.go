@@ -108,11 +108,11 @@ func newInteractEnv(t *testing.T) *interactEnv {
 
 // newInteractEnvWith is the Slack endpoint over d instead of the approvals
 // service (no engine: e.engine is nil), with the clock now.
-func newInteractEnvWith(t *testing.T, d notify.UnsignedDenier, now func() time.Time) *interactEnv {
+func newInteractEnvWith(t testing.TB, d notify.UnsignedDenier, now func() time.Time) *interactEnv {
 	return buildInteractEnv(t, d, now)
 }
 
-func buildInteractEnv(t *testing.T, d notify.UnsignedDenier, now func() time.Time) *interactEnv {
+func buildInteractEnv(t testing.TB, d notify.UnsignedDenier, now func() time.Time) *interactEnv {
 	t.Helper()
 	js, _ := startNATS(t)
 	ctx := testCtx(t)
@@ -226,7 +226,7 @@ func sign(secret string, ts int64, body []byte) string {
 	return "v0=" + hex.EncodeToString(mac.Sum(nil))
 }
 
-func (e *interactEnv) post(t *testing.T, body []byte, ts int64, sig string) *httptest.ResponseRecorder {
+func (e *interactEnv) post(t testing.TB, body []byte, ts int64, sig string) *httptest.ResponseRecorder {
 	t.Helper()
 	req := httptest.NewRequest(http.MethodPost, "/slack/interactivity", bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")

@@ -68,7 +68,12 @@ for target in \
   "FuzzVerify ./audit" \
   "FuzzVerifyResponse ./passkey" \
   "FuzzEvidence ./mcpserver" \
-  "FuzzJSONRPC ./mcpserver"; do
+  "FuzzJSONRPC ./mcpserver" \
+  "FuzzVerify ./internal/oauth" \
+  "FuzzDecisionMessage ./notify" \
+  "FuzzSlackInteraction ./notify" \
+  "FuzzUpstreamResult ./gateway/upstream" \
+  "FuzzUpstreamToolList ./gateway/upstream"; do
   set -- $target
   go test -run '^$' -fuzz "^$1\$" -fuzztime "${FUZZTIME:-5s}" -parallel 1 "$2"
 done
