@@ -9,8 +9,10 @@ import (
 	"maps"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
+	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/countersign/countersign/audit"
@@ -322,12 +324,14 @@ func (a *Activities) ExecuteTool(ctx context.Context, in ExecuteToolInput) (Exec
 		return ExecuteToolOutput{}, temporal.NewNonRetryableApplicationError(
 			"activities: envelope does not match its action hash", ErrTypeEnvelopeMismatch, err)
 	}
+	stop := heartbeat(ctx)
 	res, err := a.Tools.Execute(ctx, env.Tool, gateway.Call{
 		IdempotencyKey: env.TaskID,
 		Principal:      env.Principal,
 		Arguments:      env.Arguments,
 		Inputs:         env.InputResponses,
 	})
+	stop()
 	if err != nil {
 		if errors.Is(err, gateway.ErrUnknownTool) || errors.Is(err, gateway.ErrNotSent) {
 			// The tool is gone (its upstream is down) or could not be
@@ -345,6 +349,41 @@ func (a *Activities) ExecuteTool(ctx context.Context, in ExecuteToolInput) (Exec
 	}
 	a.log().Info("activities: tool executed", "task_id", env.TaskID, "tool", env.Tool, "is_error", res.IsError)
 	return ExecuteToolOutput{Version: Version, Result: res}, nil
+}
+
+// heartbeat tells Temporal that this activity's worker is alive, now and
+// every fifth of the activity's heartbeat timeout until stop is called, so
+// a tool that runs long is never cut off while a worker that dies mid-call
+// fails the attempt within that timeout (workflows.Options). The worker
+// sends at most one heartbeat per throttle interval (internal/app sets it
+// to a third of the timeout), the latest one recorded. Without a heartbeat
+// timeout (an attempt scheduled before it existed, a direct call in a
+// test) it does nothing.
+func heartbeat(ctx context.Context) (stop func()) {
+	if !activity.IsActivity(ctx) {
+		return func() {}
+	}
+	every := activity.GetInfo(ctx).HeartbeatTimeout / 5
+	if every <= 0 {
+		return func() {}
+	}
+	activity.RecordHeartbeat(ctx)
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				activity.RecordHeartbeat(ctx)
+			}
+		}
+	}()
+	return sync.OnceFunc(func() { close(done) })
 }
 
 // Complete writes the task's terminal state: status, disposition, result

@@ -72,6 +72,41 @@ const MaxReasonLen = 128
 // When it passes, the outcome is unknown.
 const ExecuteTimeout = 5 * time.Minute
 
+// DefaultExecuteHeartbeatTimeout is the ExecuteTool attempt's heartbeat
+// timeout unless [Options] say otherwise. The attempt heartbeats while the
+// tool runs (activities.Activities.ExecuteTool), so a slow tool on a live
+// worker is never cut off by it; when no heartbeat arrives for this long,
+// the worker running the call is gone (killed, its host lost, cut off from
+// Temporal), the attempt fails and the task ends outcome-unknown, without
+// waiting out ExecuteTimeout.
+const DefaultExecuteHeartbeatTimeout = 30 * time.Second
+
+// Options are a worker's settings of the approval workflow. They shape only
+// activity options, which the history records when an activity is
+// scheduled and a replay does not compare, so workers with different
+// Options can share a task queue and replay each other's histories.
+type Options struct {
+	// ExecuteHeartbeatTimeout is ExecuteTool's heartbeat timeout; zero is
+	// DefaultExecuteHeartbeatTimeout. It must be below ExecuteTimeout.
+	ExecuteHeartbeatTimeout time.Duration
+}
+
+// Validate reports Options a worker must not run with.
+func (o Options) Validate() error {
+	if o.ExecuteHeartbeatTimeout < 0 || o.ExecuteHeartbeatTimeout >= ExecuteTimeout {
+		return fmt.Errorf("workflows: execute heartbeat timeout %s must be from 0 (the default, %s) to below %s",
+			o.ExecuteHeartbeatTimeout, DefaultExecuteHeartbeatTimeout, ExecuteTimeout)
+	}
+	return nil
+}
+
+func (o Options) executeHeartbeatTimeout() time.Duration {
+	if o.ExecuteHeartbeatTimeout <= 0 {
+		return DefaultExecuteHeartbeatTimeout
+	}
+	return o.ExecuteHeartbeatTimeout
+}
+
 // changeFirstTask names the change, recorded with workflow.GetVersion,
 // after which the first workflow task does its work before the outbox takes
 // a batch: the approvers' request notice runs inside it as a local activity
@@ -118,6 +153,7 @@ type ending struct {
 // approval is the state of one Approval workflow.
 type approval struct {
 	in        tasks.ApprovalInput
+	opts      Options
 	taskID    string
 	phase     phase
 	approvals []tasks.ApprovalEntry // accepted decisions, in order
@@ -134,14 +170,22 @@ type approval struct {
 	log log.Logger
 }
 
-// Approval is the approval workflow of one held tool call. See the package
-// documentation for the state machine.
+// Approval is the approval workflow of one held tool call, with the default
+// [Options]. See the package documentation for the state machine.
 func Approval(ctx workflow.Context, in tasks.ApprovalInput) (tasks.ApprovalOutcome, error) {
+	return Options{}.Approval(ctx, in)
+}
+
+// Approval is the approval workflow with these Options; a worker registers
+// the method value (workflows.Options{…}.Approval) under
+// tasks.WorkflowName.
+func (o Options) Approval(ctx workflow.Context, in tasks.ApprovalInput) (tasks.ApprovalOutcome, error) {
 	// An input from before tasks.Mode existed reads as it always did.
 	in = in.Normalized()
 	taskID := workflow.GetInfo(ctx).WorkflowExecution.ID
 	w := &approval{
 		in:     in,
+		opts:   o,
 		taskID: taskID,
 		mu:     workflow.NewMutex(ctx),
 		log:    log.With(workflow.GetLogger(ctx), "task_id", taskID),
@@ -324,9 +368,13 @@ func reevaluateCtx(ctx workflow.Context) workflow.Context {
 	return withLocalRetry(ctx, 30*time.Second, 30*time.Second, 5)
 }
 
-func executeCtx(ctx workflow.Context) workflow.Context {
+// executeCtx runs the one ExecuteTool attempt: never retried (after the
+// claim, a second attempt could run the tool twice), failed when its
+// worker stops heartbeating.
+func (w *approval) executeCtx(ctx workflow.Context) workflow.Context {
 	return workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		StartToCloseTimeout: ExecuteTimeout,
+		HeartbeatTimeout:    w.opts.executeHeartbeatTimeout(),
 		RetryPolicy:         &temporal.RetryPolicy{MaximumAttempts: 1},
 	})
 }
@@ -396,7 +444,7 @@ func (w *approval) reevaluateAndExecute(ctx workflow.Context) {
 
 	w.out.hold = false // the first task's facts (a verified call's) go out with the tool
 	var out activities.ExecuteToolOutput
-	err = workflow.ExecuteActivity(executeCtx(ctx), a.ExecuteTool, activities.ExecuteToolInput{
+	err = workflow.ExecuteActivity(w.executeCtx(ctx), a.ExecuteTool, activities.ExecuteToolInput{
 		Version:  activities.Version,
 		Envelope: w.in.Envelope,
 	}).Get(ctx, &out)

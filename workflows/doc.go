@@ -4,9 +4,10 @@
 // message types), the Temporal workflow and temporal packages, and nothing
 // that does I/O.
 //
-// The worker registers [Approval] under [tasks.WorkflowName]:
+// The worker registers [Approval], or [Options.Approval] for other
+// settings, under [tasks.WorkflowName]:
 //
-//	w.RegisterWorkflowWithOptions(workflows.Approval, workflow.RegisterOptions{Name: tasks.WorkflowName})
+//	w.RegisterWorkflowWithOptions(workflows.Options{…}.Approval, workflow.RegisterOptions{Name: tasks.WorkflowName})
 //	w.RegisterActivity(&activities.Activities{…})
 //
 // # State machine
@@ -49,6 +50,23 @@
 //	    the activity's own refusals before running anything (envelope mismatch,
 //	    unknown tool), which are denied-not-executed. The tool is never called
 //	    a second time.
+//	  - A dead worker: the attempt heartbeats while the tool runs (every
+//	    fifth of its heartbeat timeout, sent at least every third), so a
+//	    slow tool on a live worker runs to its end, up to [ExecuteTimeout].
+//	    When the worker running it dies (killed, its host lost, cut off from
+//	    Temporal), no heartbeat comes, and after the heartbeat timeout
+//	    ([DefaultExecuteHeartbeatTimeout], 30 s; [Options]) the attempt
+//	    fails and the task ends outcome-unknown, as a restarted worker sees
+//	    it, instead of waiting out ExecuteTimeout (5 min). The attempt is not
+//	    retried: the dead worker may have sent the call, so the honest end
+//	    is outcome-unknown even when the death came before the tool was
+//	    called. A worker cut off longer than the heartbeat timeout but still
+//	    alive learns on its next heartbeat that the attempt is over, and the
+//	    tool call's context is cancelled; its late result is refused by
+//	    Temporal and the task keeps its outcome-unknown. An attempt that no
+//	    worker started yet (scheduled, waiting in the task queue when the
+//	    worker died) is not affected: the next worker starts it and the call
+//	    runs once.
 //	  - The end: the outbox's terminal entry (Publish → Complete) writes the
 //	    terminal read model and seals the audit chain, then the workflow
 //	    waits for every update handler to finish and returns

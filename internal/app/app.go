@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -432,12 +433,17 @@ func (a *App) startTemporal(ctx context.Context) error {
 }
 
 func (a *App) startWorker() error {
+	wo := a.cfg.workflowOptions()
 	w := worker.New(a.tc, tasks.TaskQueue, worker.Options{
 		// Finish in-flight activities and workflow tasks on a clean stop,
 		// so a restart does not wait out their timeouts.
 		WorkerStopTimeout: 15 * time.Second,
+		// ExecuteTool heartbeats while the tool runs; send one at least
+		// every third of its heartbeat timeout (the SDK's own throttle,
+		// 80 % of it, leaves a loaded machine little margin).
+		MaxHeartbeatThrottleInterval: cmp.Or(wo.ExecuteHeartbeatTimeout, workflows.DefaultExecuteHeartbeatTimeout) / 3,
 	})
-	w.RegisterWorkflowWithOptions(workflows.Approval, workflow.RegisterOptions{Name: tasks.WorkflowName})
+	w.RegisterWorkflowWithOptions(wo.Approval, workflow.RegisterOptions{Name: tasks.WorkflowName})
 	w.RegisterActivity(&activities.Activities{
 		Tasks:     a.Store,
 		PDP:       a.PDP,

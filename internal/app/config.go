@@ -22,6 +22,7 @@ import (
 	"github.com/countersign/countersign/mcpserver"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
+	"github.com/countersign/countersign/workflows"
 )
 
 // Config is every setting of a Countersign process, from flags and env.
@@ -179,6 +180,11 @@ type Config struct {
 	// TraceExporter replaces the OTLP exporter and turns tracing on (tests;
 	// not a flag).
 	TraceExporter sdktrace.SpanExporter
+	// ExecuteHeartbeatTimeout is the worker's workflows.Options
+	// .ExecuteHeartbeatTimeout: how soon a claimed call whose worker died
+	// ends outcome-unknown. Zero is the default (30 s). Not a flag: tests
+	// lower it to see a dead worker's call end in seconds.
+	ExecuteHeartbeatTimeout time.Duration
 }
 
 // Defaults of the settings whose default no constructor owns.
@@ -300,6 +306,9 @@ func (c *Config) Validate() error {
 	if c.ResultRetention < 0 {
 		errs = append(errs, fmt.Errorf("--result-retention %s must not be negative", c.ResultRetention))
 	}
+	if err := c.workflowOptions().Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.BodyReadTimeout < 0 || c.MaxSlowBodies < 0 || c.MaxConnections < 0 ||
 		c.RequestsPerSecond < 0 || c.RequestBurst < 0 || c.MaxInFlightPerPrincipal < 0 {
 		errs = append(errs, errors.New("--body-read-timeout, --max-slow-bodies, --max-connections, --requests-per-second, --request-burst and --max-in-flight must not be negative"))
@@ -327,6 +336,11 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// workflowOptions are the worker's settings of the approval workflow.
+func (c *Config) workflowOptions() workflows.Options {
+	return workflows.Options{ExecuteHeartbeatTimeout: c.ExecuteHeartbeatTimeout}
 }
 
 // DevVerifiedOrigin is the SEP-2672 reference client's page, accepted for

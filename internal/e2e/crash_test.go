@@ -26,6 +26,10 @@ import (
 // "DIR|PORT" or "DIR|PORT|CONFIG_FILE".
 const crashChildEnv = "COUNTERSIGN_CRASH_CHILD"
 
+// crashChildHeartbeatEnv sets the child's app.Config.ExecuteHeartbeatTimeout
+// (a duration; empty for the default).
+const crashChildHeartbeatEnv = "COUNTERSIGN_CRASH_CHILD_HEARTBEAT"
+
 // TestCrashChildProcess is not a test: TestCrashDecision runs this test
 // binary again with crashChildEnv set, and this function then runs
 // `countersign dev` (app.New in ModeDev, as devtest starts it, with SQLite
@@ -42,7 +46,13 @@ func TestCrashChildProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	devtest.Start(t, devtest.Options{Config: app.Config{DataDir: dir, SQLiteSync: "FULL", ConfigFile: configFile}, Port: port, ClientName: "e2e-crash"})
+	cfg := app.Config{DataDir: dir, SQLiteSync: "FULL", ConfigFile: configFile}
+	if v := os.Getenv(crashChildHeartbeatEnv); v != "" {
+		if cfg.ExecuteHeartbeatTimeout, err = time.ParseDuration(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	devtest.Start(t, devtest.Options{Config: cfg, Port: port, ClientName: "e2e-crash"})
 	io.Copy(io.Discard, os.Stdin) // until the parent hangs up
 }
 
@@ -336,30 +346,66 @@ func startCrashChild(t *testing.T, dir string, port int) *crashChild {
 // (--config; "" for none).
 func startCrashChildConfig(t *testing.T, dir string, port int, configFile string) *crashChild {
 	t.Helper()
+	c, err := launchCrashChild(t, crashChildOptions{dir: dir, port: port, configFile: configFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// crashChildOptions say how to run a `countersign dev` child.
+type crashChildOptions struct {
+	dir        string
+	port       int
+	configFile string // --config; "" for none
+	// heartbeat is the child's ExecuteTool heartbeat timeout (the
+	// default when zero). Only the re-executed test binary takes it.
+	heartbeat time.Duration
+}
+
+// launchCrashChild starts countersign dev and waits until it answers HTTP.
+func launchCrashChild(t *testing.T, o crashChildOptions) (*crashChild, error) {
+	t.Helper()
 	var cmd *exec.Cmd
 	if bin := os.Getenv("COUNTERSIGN_BIN"); bin != "" {
-		cmd = exec.Command(bin, "dev", "--data-dir", dir, "--addr", fmt.Sprintf("127.0.0.1:%d", port),
-			"--rate-per-minute", "1000000", "--rate-burst", "1000000", "--max-pending", "1000000", "--config", configFile)
+		if o.heartbeat != 0 {
+			return nil, fmt.Errorf("a heartbeat timeout needs the test binary as the child; unset COUNTERSIGN_BIN")
+		}
+		cmd = exec.Command(bin, "dev", "--data-dir", o.dir, "--addr", fmt.Sprintf("127.0.0.1:%d", o.port),
+			"--rate-per-minute", "1000000", "--rate-burst", "1000000", "--max-pending", "1000000", "--config", o.configFile)
 	} else {
 		cmd = exec.Command(os.Args[0], "-test.run=^TestCrashChildProcess$", "-test.count=1", "-test.timeout=0")
-		spec := fmt.Sprintf("%s|%d", dir, port)
-		if configFile != "" {
-			spec += "|" + configFile
+		spec := fmt.Sprintf("%s|%d", o.dir, o.port)
+		if o.configFile != "" {
+			spec += "|" + o.configFile
 		}
-		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s", crashChildEnv, spec))
+		hb := ""
+		if o.heartbeat != 0 {
+			hb = o.heartbeat.String()
+		}
+		// Set even when empty, so that a value in the parent's
+		// environment never reaches another test's child.
+		cmd.Env = append(os.Environ(), crashChildEnv+"="+spec, crashChildHeartbeatEnv+"="+hb)
 	}
+	return runCrashChild(t, cmd, o.dir, o.port)
+}
+
+// runCrashChild starts cmd, a `countersign dev` on dir and port, and waits
+// until it answers HTTP and has written its tokens. A child that exits
+// while starting is an error.
+func runCrashChild(t *testing.T, cmd *exec.Cmd, dir string, port int) (*crashChild, error) {
 	logPath := filepath.Join(t.TempDir(), "child.log")
 	lf, err := os.Create(logPath)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = lf, lf
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	c := &crashChild{t: t, cmd: cmd, stdin: stdin, done: make(chan struct{}), log: logPath}
 	go func() { cmd.Wait(); lf.Close(); close(c.done) }()
@@ -368,22 +414,30 @@ func startCrashChildConfig(t *testing.T, dir string, port int, configFile string
 		select {
 		case <-c.done:
 			b, _ := os.ReadFile(logPath)
-			t.Fatalf("countersign dev exited during start:\n%s", b)
+			return nil, fmt.Errorf("countersign dev exited during start (%s):\n%s", cmd.ProcessState, tail(b, 4000))
 		default:
 		}
 		if resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", port)); err == nil {
 			resp.Body.Close()
 			if _, err := os.Stat(filepath.Join(dir, app.AdminTokenFile)); err == nil {
-				return c
+				return c, nil
 			}
 		}
 		if time.Now().After(deadline) {
 			c.kill()
 			b, _ := os.ReadFile(logPath)
-			t.Fatalf("countersign dev not up after 90s:\n%s", b)
+			return nil, fmt.Errorf("countersign dev not up after 90s:\n%s", tail(b, 4000))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// tail is the last n bytes of b.
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
 }
 
 // kill sends SIGKILL to this child only and waits until it is gone.

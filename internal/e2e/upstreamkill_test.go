@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -19,7 +20,8 @@ import (
 
 // TestHoldingUpstreamProcess is not a test: run by TestUpstreamKilledMidCall
 // as its upstream (the test binary over stdio), it serves one tool, "hold",
-// that writes the process ID to $HOLD_PID_FILE and never answers.
+// that writes the process ID to $HOLD_PID_FILE and never answers, and one,
+// "work", that answers after the seconds it is given.
 func TestHoldingUpstreamProcess(t *testing.T) {
 	pidFile := os.Getenv("HOLD_PID_FILE")
 	if pidFile == "" {
@@ -31,6 +33,17 @@ func TestHoldingUpstreamProcess(t *testing.T) {
 			_ = os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())), 0o600)
 			<-ctx.Done()
 			select {} // killed before it ever answers
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "work", Description: "Works for the given seconds, then reports"},
+		func(ctx context.Context, _ *mcp.CallToolRequest, in struct {
+			Seconds float64 `json:"seconds"`
+		}) (*mcp.CallToolResult, any, error) {
+			select {
+			case <-time.After(time.Duration(in.Seconds * float64(time.Second))):
+			case <-ctx.Done():
+				return nil, nil, ctx.Err()
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("worked %gs", in.Seconds)}}}, nil, nil
 		})
 	_ = s.Run(context.Background(), &mcp.StdioTransport{})
 	os.Exit(0)
