@@ -41,6 +41,9 @@ Usage:
   countersign upstreams list [--config FILE] [--policy DIR]   each upstream, its state, its tools and their policy decision
   countersign healthcheck [--timeout D] URL   exit 0 when GET URL answers 200 (a container probe: the image has no shell)
   countersign config check FILE [--mode dev|server|worker] [flags]   check a configuration file; print the effective configuration, secrets redacted
+  countersign bench [--dev | --server URL] [--baseline] [--concurrency 1,8] [--duration D | --requests N] [--json FILE]
+  countersign bench compare A.json B.json
+  countersign bench plot REPORT.json -o FILE.svg
 
 Admin commands read the admin token from COUNTERSIGN_ADMIN_TOKEN, else the file
 COUNTERSIGN_ADMIN_TOKEN_FILE names, else DATA_DIR/admin-token (written by dev).
@@ -75,6 +78,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runHealthcheck(ctx, args[1:], stdout, stderr)
 	case "config":
 		err = runConfig(args[1:], stdout, stderr)
+	case "bench":
+		err = runBench(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

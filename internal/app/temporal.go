@@ -1,14 +1,17 @@
 package app
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 
 	"go.temporal.io/sdk/client"
+	tlog "go.temporal.io/sdk/log"
 )
 
 // temporalTLSOn reports whether the connection to an external Temporal uses
@@ -119,4 +122,31 @@ func checkReadable(path string) error {
 		return err
 	}
 	return fh.Close()
+}
+
+// DialTemporal connects to the external Temporal that c's Temporal settings
+// name (address, namespace, TLS, API key) as the server does: `countersign
+// bench --baseline` starts its baseline workflows on the server's Temporal.
+func DialTemporal(ctx context.Context, c *Config) (client.Client, error) {
+	if c.TemporalAddress == "" {
+		return nil, errors.New("no Temporal address (--temporal-address)")
+	}
+	if c.TemporalNamespace == "" {
+		c.TemporalNamespace = DefaultTemporalNamespace
+	}
+	if errs := c.validateTemporal(); len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	conn, creds, err := c.temporalConnection()
+	if err != nil {
+		return nil, err
+	}
+	tc, err := client.DialContext(ctx, client.Options{
+		HostPort: c.TemporalAddress, Namespace: c.TemporalNamespace, ConnectionOptions: conn, Credentials: creds,
+		Logger: tlog.NewStructuredLogger(slog.New(slog.DiscardHandler)),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connect to Temporal at %s: %w%s", c.TemporalAddress, err, c.temporalDialHint(err))
+	}
+	return tc, nil
 }

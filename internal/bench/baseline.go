@@ -1,0 +1,89 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
+)
+
+// BaselineWorkflow is the baseline's workflow type: it waits for the
+// BaselineSignal, or at most BaselineWait, and ends.
+const (
+	BaselineWorkflow = "countersign-bench-wait"
+	BaselineSignal   = "done"
+	BaselineWait     = 10 * time.Minute
+)
+
+// WaitWorkflow is the baseline's trivial workflow: it only waits, as an
+// approval workflow waits for its approvers.
+func WaitWorkflow(ctx workflow.Context) error {
+	workflow.GetSignalChannel(ctx, BaselineSignal).ReceiveWithTimeout(ctx, BaselineWait, nil)
+	return nil
+}
+
+// baseline measures raw StartWorkflow calls of WaitWorkflow against the same
+// Temporal, with what a gated call's start has: eager start with a worker
+// in this process, a reject-duplicate ID policy, and an answer once the
+// start is durable. The workflows are terminated after each phase (not
+// timed).
+func (b *bencher) baseline(ctx context.Context) error {
+	queue := b.o.TaskQueue
+	if queue == "" {
+		queue = "countersign-bench-" + b.runID
+	}
+	w := worker.New(b.o.Temporal, queue, worker.Options{})
+	w.RegisterWorkflowWithOptions(WaitWorkflow, workflow.RegisterOptions{Name: BaselineWorkflow})
+	if err := w.Start(); err != nil {
+		return fmt.Errorf("start the baseline worker: %w", err)
+	}
+	defer w.Stop()
+	for _, conc := range b.o.Concurrency {
+		var mu sync.Mutex
+		var started []string
+		var n atomic.Int64
+		err := b.measure(ctx, ScenarioBaseline, conc, func(ctx context.Context, p *phase, _ int) error {
+			id := fmt.Sprintf("bench-%s-wait-%d", b.runID, n.Add(1))
+			if timed(p, "temporal-start", func() error {
+				_, err := b.o.Temporal.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
+					ID:                       id,
+					TaskQueue:                queue,
+					WorkflowIDReusePolicy:    enumspb.WORKFLOW_ID_REUSE_POLICY_REJECT_DUPLICATE,
+					WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_FAIL,
+					EnableEagerStart:         true,
+				}, BaselineWorkflow)
+				return err
+			}) == nil {
+				mu.Lock()
+				started = append(started, id)
+				mu.Unlock()
+			}
+			return nil
+		}, "temporal-start")
+		b.terminate(context.WithoutCancel(ctx), started)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *bencher) terminate(ctx context.Context, ids []string) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(8, len(ids)) {
+		wg.Go(func() {
+			for i := next.Add(1) - 1; i < int64(len(ids)); i = next.Add(1) - 1 {
+				_ = b.o.Temporal.TerminateWorkflow(ctx, ids[i], "", "countersign bench: baseline phase over")
+			}
+		})
+	}
+	wg.Wait()
+	b.settle()
+}
