@@ -275,7 +275,7 @@ func (a *Activities) Reevaluate(ctx context.Context, in ReevaluateInput) (Reeval
 		})
 	}
 	d, err := a.PDP.Evaluate(ctx, pdp.Input{
-		Subject:  pdp.Entity{Type: "agent", ID: env.Principal},
+		Subject:  pdp.Entity{Type: "agent", ID: env.Principal, Properties: env.Subject},
 		Action:   pdp.Action{Name: "tools/call"},
 		Resource: a.policyResource(env.Tool),
 		Context: pdp.Context{

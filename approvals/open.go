@@ -29,7 +29,13 @@ const (
 // and what policy decided. The action hash, arguments and display text are
 // the edge's (the MCP endpoint computes them from the bytes it received).
 type Call struct {
-	Principal   string
+	Principal string
+	// Subject is the principal's policy subject properties (an OAuth
+	// caller's scopes and claims, as authenticated for this call; nil for
+	// a static agent token). The envelope carries them, so the
+	// re-evaluation after approval sees the subject the first evaluation
+	// saw.
+	Subject     map[string]any
 	Era         tasks.Era
 	Tool        string
 	Arguments   json.RawMessage
@@ -239,6 +245,7 @@ func (s *Service) newTask(c Call, taskID, dedupKey string) (tasks.Record, tasks.
 			Arguments:      c.Arguments,
 			ActionHash:     c.ActionHash,
 			Principal:      c.Principal,
+			Subject:        c.Subject,
 			Resource:       "tool:" + c.Tool,
 			ServerID:       c.ServerID,
 			PolicyVersion:  d.PolicyVersion,

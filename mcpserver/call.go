@@ -226,6 +226,7 @@ func (s *Server) answerNow(ctx context.Context, c *gatedCall, wait func(context.
 func (s *Server) approvalCall(c *gatedCall) approvals.Call {
 	return approvals.Call{
 		Principal:   c.info.principal,
+		Subject:     c.info.subject,
 		Era:         c.info.era,
 		Tool:        c.tool.Name,
 		Arguments:   c.args,

@@ -39,6 +39,9 @@ type factsKey struct{}
 // request: who is calling, and the one wire detail the SDK drops.
 type requestFacts struct {
 	principal string
+	// subject is the caller's policy subject properties (OAuth callers'
+	// scopes and claims); nil for a static agent token.
+	subject map[string]any
 	// httpCtx is the HTTP request's context. The SDK detaches handler
 	// contexts from it; long waits (tasks/result) re-attach to it so a
 	// client that hangs up frees its goroutine.
@@ -91,7 +94,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, sdk, sse http
 	if s.refuseKnownOverBudget(w, r, &body) {
 		return
 	}
-	principal, ok := s.authenticate(w, r)
+	principal, subject, ok := s.authenticate(w, r)
 	if !ok {
 		return
 	}
@@ -113,7 +116,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, sdk, sse http
 			return
 		}
 	}
-	facts := &requestFacts{principal: principal, httpCtx: r.Context()}
+	facts := &requestFacts{principal: principal, subject: subject, httpCtx: r.Context()}
 	id, rerr, status := inspect(body, r.Header, facts)
 	// Every message counts against the budget, malformed ones included.
 	if id == nil {
@@ -325,44 +328,50 @@ func WriteHTTPError(w http.ResponseWriter, status int, message string) {
 	writeRPCError(w, status, nil, &rpcError{code: code, msg: message})
 }
 
-// authenticate returns the caller's principal, or answers 401 with a
+// authenticate returns the caller's principal and, for an OAuth access
+// token, its policy subject properties; or it answers 401 with a
 // WWW-Authenticate challenge (RFC 6750) and returns false.
-func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, bool) {
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, map[string]any, bool) {
 	if s.opts.NoAuth {
-		return AnonymousPrincipal, true
+		return AnonymousPrincipal, nil, true
 	}
 	token := bearerToken(r)
 	oauth := s.opts.OAuth
 	if token == "" {
 		if oauth != nil {
 			s.oauthChallenge(w, oauth, nil)
-			return "", false
+			return "", nil, false
 		}
 		s.challenge(w, "")
-		return "", false
+		return "", nil, false
 	}
-	authenticate := s.opts.Authenticate
+	var (
+		principal string
+		subject   map[string]any
+		err       error
+	)
 	if oauth != nil && oauth.Claims(token) {
-		authenticate = oauth.Authenticate
+		principal, subject, err = oauth.Authenticate(r.Context(), token)
+	} else {
+		principal, err = s.opts.Authenticate(r.Context(), token)
 	}
-	principal, err := authenticate(r.Context(), token)
 	if errors.Is(err, ErrAuthUnavailable) {
 		s.log.WarnContext(r.Context(), "mcpserver: access token cannot be verified now", "err", err)
 		w.Header().Set("Retry-After", "5")
 		http.Error(w, "Service Unavailable: the authorization server's keys cannot be fetched; retry later", http.StatusServiceUnavailable)
-		return "", false
+		return "", nil, false
 	}
 	if err != nil || principal == "" {
 		s.log.InfoContext(r.Context(), "mcpserver: bearer token rejected", "err", err)
 		if oauth != nil {
 			s.oauthChallenge(w, oauth, err)
-			return "", false
+			return "", nil, false
 		}
 		s.challenge(w, "invalid_token")
-		return "", false
+		return "", nil, false
 	}
 	s.recent.put(token, principal)
-	return principal, true
+	return principal, subject, true
 }
 
 // ErrAuthUnavailable is what OAuth.Authenticate returns when it cannot
@@ -375,8 +384,11 @@ type OAuth interface {
 	// Claims reports whether token is an access token of the configured
 	// issuer; only those go to Authenticate, any other to the static table.
 	Claims(token string) bool
-	// Authenticate verifies an access token and returns its principal.
-	Authenticate(ctx context.Context, token string) (principal string, err error)
+	// Authenticate verifies an access token and returns its principal
+	// and the subject properties policy sees for it
+	// (input.subject.properties: its scopes and claims), which the call
+	// carries to the re-evaluation after approval.
+	Authenticate(ctx context.Context, token string) (principal string, subject map[string]any, err error)
 	// Challenge is the 401/403 answer to a missing (err nil) or rejected
 	// token: the status and the WWW-Authenticate value (RFC 6750, RFC 9728).
 	Challenge(err error) (status int, header string)

@@ -17,7 +17,10 @@ import (
 // callInfo is what every handler needs to know about the request.
 type callInfo struct {
 	principal string
-	era       tasks.Era
+	// subject is the principal's policy subject properties (see
+	// OAuth.Authenticate); nil for a static agent token.
+	subject map[string]any
+	era     tasks.Era
 	// tasksDeclared: a 2026-07-28 client declared the tasks extension in
 	// this request's _meta.
 	tasksDeclared bool
@@ -62,7 +65,7 @@ func (s *Server) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		if facts == nil {
 			return nil, s.wireError(ctx, method, internal(errors.New("mcpserver: request did not pass through Server.Handler")))
 		}
-		info := &callInfo{principal: facts.principal, era: eraOf(req), httpCtx: facts.httpCtx, streamed: facts.stream}
+		info := &callInfo{principal: facts.principal, subject: facts.subject, era: eraOf(req), httpCtx: facts.httpCtx, streamed: facts.stream}
 		if info.era == tasks.Era2026 {
 			info.tasksDeclared = declaresTasks(req)
 		} else {

@@ -263,7 +263,7 @@ func (s *Server) evaluate(ctx context.Context, info *callInfo, action string, to
 		return hash, pdp.Decision{}, invalidParams("Invalid arguments: not valid JSON")
 	}
 	d, err := s.opts.PDP.Evaluate(ctx, pdp.Input{
-		Subject:  pdp.Entity{Type: "agent", ID: info.principal},
+		Subject:  pdp.Entity{Type: "agent", ID: info.principal, Properties: info.subject},
 		Action:   pdp.Action{Name: action},
 		Resource: tool.PolicyResource(),
 		Context:  pdp.Context{Arguments: args, ActionHash: hash.String(), Time: now},

@@ -89,7 +89,11 @@ type Context struct {
 
 // Input is an AuthZEN-shaped evaluation request. For a tool call the subject is
 // {type: "agent", id: principal}, the action {name: "tools/call"} and the
-// resource {type: "tool", id: tool name}.
+// resource {type: "tool", id: tool name}. An OAuth agent's subject also has
+// properties: {auth: "oauth", issuer, sub, client_id, scopes: [...],
+// claims: {...}} (internal/oauth, Verifier.Properties), the same on the
+// re-evaluation after approval (tasks.Envelope.Subject); a static-token
+// agent's has none.
 type Input struct {
 	Subject  Entity   `json:"subject"`
 	Action   Action   `json:"action"`

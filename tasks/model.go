@@ -75,16 +75,22 @@ const (
 // Envelope is the immutable binding of a held call: what was asked, by whom,
 // under which policy. The workflow executes exactly this and nothing else.
 type Envelope struct {
-	Version       int             `json:"version"`
-	TaskID        string          `json:"taskId"`
-	Tool          string          `json:"tool"`
-	Arguments     json.RawMessage `json:"arguments"`
-	ActionHash    string          `json:"actionHash"` // hex, SEP-2672 §4.6
-	Principal     string          `json:"principal"`
-	Resource      string          `json:"resource"` // "tool:<name>"
-	ServerID      string          `json:"serverId"`
-	PolicyVersion string          `json:"policyVersion"`
-	CreatedAt     time.Time       `json:"createdAt"`
+	Version    int             `json:"version"`
+	TaskID     string          `json:"taskId"`
+	Tool       string          `json:"tool"`
+	Arguments  json.RawMessage `json:"arguments"`
+	ActionHash string          `json:"actionHash"` // hex, SEP-2672 §4.6
+	Principal  string          `json:"principal"`
+	// Subject is the principal's policy subject properties when the call
+	// was made (pdp input.subject.properties: an OAuth caller's auth,
+	// issuer, sub, client_id, scopes and configured claims); absent for a
+	// static agent token. The re-evaluation after approval gives policy
+	// these, not the token's state at that later time.
+	Subject       map[string]any `json:"subject,omitempty"`
+	Resource      string         `json:"resource"` // "tool:<name>"
+	ServerID      string         `json:"serverId"`
+	PolicyVersion string         `json:"policyVersion"`
+	CreatedAt     time.Time      `json:"createdAt"`
 	// InputResponses are the client's answers to the tool's input requests
 	// (SEP-2322 MRTR), gathered before the task was created. Only an
 	// unattended task (allowed by policy, no approvers) carries them: they

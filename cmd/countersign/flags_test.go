@@ -81,6 +81,7 @@ func TestFlagDefaultsAreConfigDefaults(t *testing.T) {
 		{"oauth-principal-claim", "COUNTERSIGN_OAUTH_PRINCIPAL_CLAIM", def.OAuthPrincipalClaim},
 		{"oauth-required-scopes", "COUNTERSIGN_OAUTH_REQUIRED_SCOPES", ""},
 		{"oauth-jwks-url", "COUNTERSIGN_OAUTH_JWKS_URL", def.OAuthJWKSURL},
+		{"oauth-claims", "COUNTERSIGN_OAUTH_CLAIMS", ""},
 		{"conformance", "", def.Conformance},
 		{"metrics-addr", "COUNTERSIGN_METRICS_ADDR", def.MetricsAddr},
 		{"otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", def.OTLPEndpoint},

@@ -117,6 +117,10 @@ func serviceFlags(cmd string, cfg *app.Config, conformance bool) (fs *flag.FlagS
 		cfg.OAuthRequiredScopes = splitList(v)
 		return nil
 	})
+	fs.Func("oauth-claims", e("oauth-claims", "COUNTERSIGN_OAUTH_CLAIMS", "comma-separated access-token claims policy sees in input.subject.properties.claims (at most 16; sub, client_id and the scopes are always there)"), func(v string) error {
+		cfg.OAuthClaims = splitList(v)
+		return nil
+	})
 	fs.StringVar(&cfg.OAuthJWKSURL, "oauth-jwks-url", "", e("oauth-jwks-url", "COUNTERSIGN_OAUTH_JWKS_URL", "the issuer's JWKS URL (default: found by OpenID Connect / RFC 8414 discovery)"))
 	fs.BoolVar(&cfg.AuditRedact, "audit-redact", false, e("audit-redact", "COUNTERSIGN_AUDIT_REDACT", "record a digest of tool arguments in audit records instead of the arguments"))
 	if cmd == "dev" {

@@ -509,6 +509,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 			PrincipalClaim: a.cfg.OAuthPrincipalClaim,
 			RequiredScopes: a.cfg.OAuthRequiredScopes,
 			JWKSURL:        a.cfg.OAuthJWKSURL,
+			Claims:         a.cfg.OAuthClaims,
 			Logger:         a.log,
 		}); err != nil {
 			return fmt.Errorf("--oauth-issuer: %w", err)
@@ -902,20 +903,21 @@ func writeSecretFile(path, content string) error {
 
 // oauthAgents adapts the OAuth verifier to mcpserver.OAuth: the principal
 // is "oauth:" and the token's principal claim (oauth.Identity), which no
-// static agent name can be.
+// static agent name can be; the subject properties are what policy sees of
+// the token (oauth.Verifier.Properties).
 type oauthAgents struct{ v *oauth.Verifier }
 
 func (o oauthAgents) Claims(token string) bool { return o.v.Claims(token) }
 
 func (o oauthAgents) Challenge(err error) (int, string) { return o.v.Challenge(err) }
 
-func (o oauthAgents) Authenticate(ctx context.Context, token string) (string, error) {
+func (o oauthAgents) Authenticate(ctx context.Context, token string) (string, map[string]any, error) {
 	id, err := o.v.Verify(ctx, token, time.Now())
 	if errors.Is(err, oauth.ErrUnavailable) {
-		return "", fmt.Errorf("%w: %w", mcpserver.ErrAuthUnavailable, err)
+		return "", nil, fmt.Errorf("%w: %w", mcpserver.ErrAuthUnavailable, err)
 	}
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	return id.Principal, nil
+	return id.Principal, o.v.Properties(id), nil
 }

@@ -156,12 +156,15 @@ type Config struct {
 	// public MCP URL (PublicURL + "/mcp") or one of OAuthAudiences, and
 	// serves the protected-resource metadata (RFC 9728). OAuthPrincipalClaim
 	// names the caller (default sub); OAuthRequiredScopes must all be
-	// granted; OAuthJWKSURL skips discovery.
+	// granted; OAuthJWKSURL skips discovery. OAuthClaims are the further
+	// token claims policy sees in input.subject.properties.claims (at
+	// most oauth.MaxPolicyClaims), besides sub, client_id and the scopes.
 	OAuthIssuer         string
 	OAuthAudiences      []string
 	OAuthPrincipalClaim string
 	OAuthRequiredScopes []string
 	OAuthJWKSURL        string
+	OAuthClaims         []string
 
 	// Conformance serves the MCP endpoint without auth (loopback only).
 	Conformance bool

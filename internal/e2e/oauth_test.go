@@ -215,3 +215,89 @@ func TestOAuthAgentsWithARealProvider(t *testing.T) {
 		t.Fatalf("token of the retired key: HTTP %d", code)
 	}
 }
+
+// readmePolicyWith returns a policy directory holding the README's worked
+// rego block that contains marker, with the approvals helper it imports.
+func readmePolicyWith(t *testing.T, marker string) string {
+	t.Helper()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var policy string
+	for _, block := range strings.Split(string(readme), "```rego\n")[1:] {
+		if body, _, _ := strings.Cut(block, "```"); strings.Contains(body, marker) {
+			policy = body
+		}
+	}
+	if policy == "" {
+		t.Fatalf("README: no rego block with %q", marker)
+	}
+	helper, err := os.ReadFile("../../pdp/policy/approvals.rego")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for name, content := range map[string]string{"authz.rego": policy, "approvals.rego": string(helper)} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// TestOAuthScopesInPolicy: the README's policy on an OAuth agent's scopes
+// and claims, with tokens of a real provider. A token with the payments
+// scope gets a task that, approved, runs (so the re-evaluation after
+// approval saw the scope too: the workflow input carries it); one without
+// is denied by policy (a tool result, not the 403 of
+// --oauth-required-scopes); the provider's tenant claim, passed with
+// --oauth-claims, lets agent-a list transfers and no one else; a static
+// token has no scopes.
+func TestOAuthScopesInPolicy(t *testing.T) {
+	node, modules := upstreamServers(t)
+	port := freePort(t)
+	resource := fmt.Sprintf("http://localhost:%d/mcp", port)
+	p := &oidcProvider{t: t, node: node, modules: modules, port: freePort(t), resource: resource}
+	p.start("key-1")
+	t.Cleanup(p.stop)
+	s := startStackConfig(t, app.Config{
+		OAuthIssuer:         p.issuer(),
+		OAuthPrincipalClaim: "client_id",
+		OAuthClaims:         []string{"tenant"},
+		PolicyDir:           readmePolicyWith(t, `"payments" in scopes`),
+	}, port)
+	ann := s.Enroll("ann", "approvers")
+
+	paying := p.token("agent-a", "secret-a", resource, "mcp:tools payments")
+	task := s.CreateTask(paying, "transfer_funds", transferArgs)
+	if r := s.Approve(ann, s.RefOf(task.TaskID), "approve"); !r.Accepted {
+		t.Fatalf("approve: %+v", r)
+	}
+	if d := s.WaitTerminal(paying, task.TaskID); disposition(d) != tasks.ApprovedExecuted {
+		t.Fatalf("approved transfer with the payments scope: %s %s", disposition(d), resultText(t, d.Result))
+	}
+
+	denied := func(who, token, tool, reason string) {
+		t.Helper()
+		args := map[string]any{}
+		if tool == "transfer_funds" {
+			args = transferArgs
+		}
+		r := s.Call2026(token, "tools/call", tool, map[string]any{"name": tool, "arguments": args}, true)
+		if r.Error != nil || !strings.Contains(resultText(t, r.Result), "Denied by policy: "+reason) {
+			t.Fatalf("%s %s: want a denial by policy (%s), got %s %+v", who, tool, reason, r.Result, r.Error)
+		}
+	}
+	mcpOnly := p.token("agent-a", "secret-a", resource, "mcp:tools")
+	denied("agent-a without payments", mcpOnly, "transfer_funds", "transfers need the payments scope")
+	denied("static agent", s.AgentToken, "transfer_funds", "transfers need the payments scope")
+
+	// The tenant claim: agent-a's tokens carry tenant "acme", agent-short's
+	// none.
+	r := s.Call2026(mcpOnly, "tools/call", "list_transfers", map[string]any{"name": "list_transfers", "arguments": map[string]any{}}, true)
+	if r.Error != nil || strings.Contains(resultText(t, r.Result), "Denied") {
+		t.Fatalf("agent-a (tenant acme) list_transfers: %s %+v", r.Result, r.Error)
+	}
+	denied("agent-short (no tenant)", p.token("agent-short", "secret-s", resource, "mcp:tools"), "list_transfers", "not allowed")
+}

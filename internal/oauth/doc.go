@@ -51,6 +51,8 @@
 // The principal that owns an OAuth caller's tasks, budgets and limits is
 // "oauth:" followed by the principal claim. Static agent names cannot hold
 // ":" (internal/authn), so no OAuth caller can become a static agent or
-// read its tasks. [Identity.Properties] is what policy sees as
-// input.subject.properties.
+// read its tasks. [Verifier.Properties] is what policy sees as
+// input.subject.properties: auth "oauth", the issuer, sub, client_id,
+// scopes (always a list) and claims (those of Options.Claims the token has,
+// at most MaxPolicyClaims names of at most MaxClaimBytes of JSON each).
 package oauth

@@ -33,6 +33,10 @@ const (
 	DefaultJWKSMinRefresh = 10 * time.Second
 	// MaxPrincipalBytes bounds the principal claim's value.
 	MaxPrincipalBytes = 256
+	// MaxPolicyClaims bounds Options.Claims, and MaxClaimBytes the JSON of
+	// one claim's value passed to policy: a larger value is left out.
+	MaxPolicyClaims = 16
+	MaxClaimBytes   = 1024
 	// maxDocumentBytes bounds a discovery document or a JWKS.
 	maxDocumentBytes = 1 << 20
 	// maxTokenBytes bounds an access token.
@@ -68,7 +72,11 @@ type Options struct {
 	// (default RequiredScopes).
 	ScopesSupported []string
 	// Claims are further claims passed to policy, under
-	// subject.properties.claims, when the token has them.
+	// subject.properties.claims, when the token has them: at most
+	// MaxPolicyClaims names, each value at most MaxClaimBytes of JSON (a
+	// larger one is left out and logged). The registered claims policy
+	// already sees (sub, client_id, azp, scope, scp, iss) and those it
+	// must not rely on (aud, exp, nbf, iat, jti) are refused.
 	Claims []string
 	// ClockSkew is the tolerance of exp, nbf and iat (default 60s, at most
 	// 10m).
@@ -167,6 +175,19 @@ func (o *Options) validate() error {
 	if o.ScopesSupported == nil {
 		o.ScopesSupported = o.RequiredScopes
 	}
+	if len(o.Claims) > MaxPolicyClaims {
+		errs = append(errs, fmt.Errorf("oauth: at most %d claims may be passed to policy (%d given)", MaxPolicyClaims, len(o.Claims)))
+	}
+	for i, c := range o.Claims {
+		switch {
+		case c == "" || len(c) > 64 || strings.ContainsFunc(c, unicode.IsControl):
+			errs = append(errs, fmt.Errorf("oauth: the claim name %q must be 1 to 64 characters without control characters", c))
+		case slices.Contains(reservedClaims, c):
+			errs = append(errs, fmt.Errorf("oauth: claim %q cannot be passed to policy (policy already sees sub, client_id and scopes; aud, exp, nbf, iat and jti are checked here)", c))
+		case slices.Contains(o.Claims[:i], c):
+			errs = append(errs, fmt.Errorf("oauth: claim %q is listed twice", c))
+		}
+	}
 	for _, a := range o.Audiences {
 		if a == "" {
 			errs = append(errs, errors.New("oauth: an audience must not be empty"))
@@ -186,6 +207,9 @@ func (o *Options) validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// reservedClaims cannot be among Options.Claims.
+var reservedClaims = []string{"iss", "sub", "aud", "exp", "nbf", "iat", "jti", "client_id", "azp", "scope", "scp"}
 
 // validScope reports whether s is a scope-token of RFC 6749 §3.3 (and so
 // safe inside a quoted WWW-Authenticate parameter).
@@ -239,8 +263,9 @@ type Identity struct {
 }
 
 // Properties is the identity as policy sees it, in
-// input.subject.properties: auth "oauth", the issuer, sub, client_id,
-// scopes (always a list) and the configured claims.
+// input.subject.properties: auth "oauth", the issuer, sub and client_id
+// (when the token has them), scopes (always a list, possibly empty) and,
+// when the token has any of Options.Claims, claims (an object of those).
 func (v *Verifier) Properties(id Identity) map[string]any {
 	p := map[string]any{"auth": "oauth", "issuer": v.opts.Issuer, "scopes": scopesOrEmpty(id.Scopes)}
 	if id.Subject != "" {
@@ -383,6 +408,10 @@ func (v *Verifier) Verify(ctx context.Context, token string, now time.Time) (Ide
 	for _, c := range v.opts.Claims {
 		raw, ok := all[c]
 		if !ok {
+			continue
+		}
+		if len(raw) > MaxClaimBytes {
+			v.log.InfoContext(ctx, "oauth: a claim is too large to pass to policy; left out", "claim", c, "bytes", len(raw))
 			continue
 		}
 		var val any

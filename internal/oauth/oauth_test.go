@@ -9,6 +9,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -257,6 +258,44 @@ func TestProperties(t *testing.T) {
 	}
 	if got := v.Properties(id); !cmp.Equal(got["scopes"], []any{}) || id.Principal != "oauth:web-app" || got["client_id"] != "web-app" {
 		t.Fatalf("principal %q, properties %v", id.Principal, got)
+	}
+}
+
+// TestPolicyClaimsBounds: the claims passed to policy are a bounded,
+// checked list, and a claim value too large for policy is left out
+// rather than passed on.
+func TestPolicyClaimsBounds(t *testing.T) {
+	p := newIdP(t)
+	many := make([]string, MaxPolicyClaims+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("c%d", i)
+	}
+	for _, tc := range []struct {
+		name   string
+		claims []string
+		want   string
+	}{
+		{"too many", many, "at most 16 claims"},
+		{"reserved", []string{"scope"}, `claim "scope" cannot be passed to policy`},
+		{"aud", []string{"aud"}, `claim "aud" cannot be passed to policy`},
+		{"twice", []string{"groups", "groups"}, `claim "groups" is listed twice`},
+		{"empty", []string{""}, "must be 1 to 64 characters"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := New(context.Background(), Options{Issuer: p.issuer, Resource: testResource, HTTPClient: p.client(), Claims: tc.claims})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New = %v, want %q", err, tc.want)
+			}
+		})
+	}
+	v := newVerifier(t, p, Options{Claims: []string{"groups", "tenant"}})
+	now := time.Now()
+	id, err := v.Verify(context.Background(), p.sign("k1", claims(now, map[string]any{"groups": strings.Repeat("g", MaxClaimBytes), "tenant": "acme"})), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]any{"tenant": "acme"}; !cmp.Equal(id.Claims, want) {
+		t.Fatalf("claims %v, want %v", id.Claims, want)
 	}
 }
 

@@ -1,7 +1,12 @@
 // A real OpenID provider for the OAuth tests: the certified oidc-provider
-// (npm, pinned in scripts/upstreams.sh), with one client-credentials client
+// (npm, pinned in scripts/upstreams.sh), with client-credentials clients
 // and resource indicators (RFC 8707) issuing JWT access tokens for the
-// resource the client asks for.
+// resource the client asks for:
+//
+//   agent-a        scopes mcp:tools and payments; its tokens carry the
+//                  claim tenant: "acme"
+//   agent-noscope  scope other only
+//   agent-short    scope mcp:tools; its tokens live 2 seconds
 //
 //   node provider.mjs MODULES PORT RESOURCE KEYFILE
 //
@@ -19,6 +24,8 @@ const jwks = JSON.parse(readFileSync(keyFile, 'utf8'));
 
 const clients = [
   { client_id: 'agent-a', client_secret: 'secret-a', grant_types: ['client_credentials'],
+    redirect_uris: [], response_types: [], scope: 'mcp:tools payments', id_token_signed_response_alg: 'ES256' },
+  { client_id: 'agent-short', client_secret: 'secret-s', grant_types: ['client_credentials'],
     redirect_uris: [], response_types: [], scope: 'mcp:tools', id_token_signed_response_alg: 'ES256' },
   { client_id: 'agent-noscope', client_secret: 'secret-n', grant_types: ['client_credentials'],
     redirect_uris: [], response_types: [], scope: 'other', id_token_signed_response_alg: 'ES256' },
@@ -27,7 +34,8 @@ const clients = [
 const provider = new Provider(issuer, {
   clients,
   jwks,
-  scopes: ['mcp:tools', 'other'],
+  scopes: ['mcp:tools', 'payments', 'other'],
+  extraTokenClaims: (ctx, token) => (token.clientId === 'agent-a' ? { tenant: 'acme' } : undefined),
   features: {
     devInteractions: { enabled: false },
     clientCredentials: { enabled: true },
@@ -35,12 +43,11 @@ const provider = new Provider(issuer, {
       enabled: true,
       defaultResource: () => resource,
       useGrantedResource: () => true,
-      getResourceServerInfo: (ctx, indicator) => ({
-        scope: 'mcp:tools other',
+      getResourceServerInfo: (ctx, indicator, client) => ({
+        scope: 'mcp:tools payments other',
         audience: indicator,
         accessTokenFormat: 'jwt',
-        // Short-lived on request: the test asks for the short resource.
-        accessTokenTTL: indicator.endsWith('#short') ? 2 : 300,
+        accessTokenTTL: client.clientId === 'agent-short' ? 2 : 300,
         jwt: { sign: { alg: 'ES256' } },
       }),
     },
