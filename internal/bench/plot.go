@@ -13,7 +13,7 @@ var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#
 
 // Plot draws the report as an SVG image: each series' latency distribution
 // at each concurrency (whiskers p5–p99, box p25–p75, a bar at p50, on a log
-// scale), and each series' throughput against concurrency.
+// scale), and each scenario's throughput against concurrency.
 func Plot(w io.Writer, r *Report) error {
 	var rows []Result
 	for _, x := range r.Results {
@@ -84,10 +84,14 @@ func Plot(w io.Writer, r *Report) error {
 			left+i*120, top1+len(rows)*rowH+24, concColor(c), left+i*120+14, top1+len(rows)*rowH+33, c)
 	}
 
-	// Panel 2: throughput against concurrency, one line per series.
+	// Panel 2: throughput against concurrency, one line per scenario (its
+	// first series: the others are timed inside the same operations and
+	// share its rate).
 	series := []string{}
+	var seen []string
 	for _, x := range rows {
-		if !slices.Contains(series, x.Series) && x.Throughput > 0 {
+		if !slices.Contains(seen, x.Scenario) && x.Throughput > 0 {
+			seen = append(seen, x.Scenario)
 			series = append(series, x.Series)
 		}
 	}
