@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	enumspb "go.temporal.io/api/enums/v1"
 
 	"github.com/countersign/countersign/internal/app"
 	"github.com/countersign/countersign/internal/bench"
@@ -123,6 +126,15 @@ func TestBenchEndToEnd(t *testing.T) {
 	}
 	if added != 4 { // 2 approvers (one per worker), flood's agents A and B
 		t.Errorf("%d approvers and agents of the run, want 4: %+v %+v", added, approvers, agents)
+	}
+
+	// The baseline's waiting workflows were terminated.
+	for _, c := range []int{1, 2} {
+		id := fmt.Sprintf("bench-%s-wait-c%d-1", r.RunID, c)
+		d, err := s.App.Temporal().DescribeWorkflowExecution(context.Background(), id, "")
+		if err != nil || d.WorkflowExecutionInfo.Status != enumspb.WORKFLOW_EXECUTION_STATUS_TERMINATED {
+			t.Errorf("baseline workflow %s: %v %v", id, err, d.GetWorkflowExecutionInfo().GetStatus())
+		}
 	}
 
 	// compare and plot read the report.

@@ -206,9 +206,20 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := b.c.check(ctx, b.tools()); err != nil {
 		return nil, err
 	}
+	defer b.finish() // before the cleanup: a revoked agent cannot cancel
 	if o.Temporal != nil {
-		if err := b.baseline(ctx); err != nil {
-			return nil, fmt.Errorf("baseline: %w", err)
+		stop, err := b.startBaseline()
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+		// Without gated calls to interleave with, the baseline runs first.
+		if !slices.Contains(b.o.Scenarios, ScenarioGatedCall) {
+			for _, conc := range b.o.Concurrency {
+				if err := b.baseline(ctx, conc); err != nil {
+					return nil, err
+				}
+			}
 		}
 	}
 	for _, s := range o.Scenarios {
@@ -325,6 +336,12 @@ type bencher struct {
 	approvers []*approver
 	// completed are tasks the run saw approved-executed.
 	completed []string
+	// leftover are tasks to cancel, waiting the baseline's workflows to
+	// terminate, at the end of the run (finish).
+	leftover []leftover
+	waiting  []string
+	// queue is the baseline's task queue.
+	queue string
 }
 
 type skipError struct{ reason string }

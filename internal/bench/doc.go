@@ -28,6 +28,11 @@
 // trivial workflow that waits, on its own task queue, with eager start and
 // a worker in this process: what a gated call's durable start costs at the
 // least, since the gated call also answers once its workflow has started.
+// Its phase at each concurrency runs right before the gated calls' at the
+// same concurrency, so that a shared machine's drift weighs on both alike.
+// What a phase leaves behind (pending tasks, waiting workflows) is
+// cancelled and terminated at the end of the run, not between phases,
+// where that work would land in the next phase's numbers.
 //
 // # What a run needs and leaves on the server
 //

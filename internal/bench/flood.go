@@ -32,8 +32,8 @@ func (b *bencher) flood(ctx context.Context) error {
 	b.onCleanup(func() { b.revoke("agents", nameB) })
 	var tasksA, tasksB taskSet
 	defer func() {
-		b.cancelAll(context.WithoutCancel(ctx), tokA, tasksA.take())
-		b.cancelAll(context.WithoutCancel(ctx), tokB, tasksB.take())
+		b.later(tokA, tasksA.take())
+		b.later(tokB, tasksB.take())
 	}()
 	p := newPhase(ScenarioFlood, b.o.FloodWorkers, "flood-b-alone", "flood-b-under-flood", "flood-a")
 	call := func(ctx context.Context, series, token string, set *taskSet) {

@@ -41,8 +41,40 @@ func (b *bencher) transferArgs() map[string]any {
 	return map[string]any{"to": fmt.Sprintf("bench-%s-%d", b.runID, b.seq.Add(1)), "amount": 5000, "currency": "USD"}
 }
 
-// cancelAll cancels the tasks (not timed), retrying refusals for load, and
-// lets the server settle before the next phase.
+// later has the tasks cancelled at the end of the run: cancelling them
+// between phases would load the next phase.
+func (b *bencher) later(token string, ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.leftover = append(b.leftover, leftover{token, ids})
+}
+
+type leftover struct {
+	token string
+	ids   []string
+}
+
+// finish cancels the tasks the run left pending and terminates the
+// baseline's workflows, before the run's agents are revoked.
+func (b *bencher) finish() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	b.mu.Lock()
+	left, waiting := b.leftover, b.waiting
+	b.leftover, b.waiting = nil, nil
+	b.mu.Unlock()
+	for _, l := range left {
+		b.cancelAll(ctx, l.token, l.ids)
+	}
+	if len(waiting) > 0 {
+		b.terminate(ctx, waiting)
+	}
+}
+
+// cancelAll cancels the tasks (not timed), retrying refusals for load.
 func (b *bencher) cancelAll(ctx context.Context, token string, ids []string) {
 	if len(ids) == 0 {
 		return
@@ -69,15 +101,22 @@ func (b *bencher) cancelAll(ctx context.Context, token string, ids []string) {
 		})
 	}
 	wg.Wait()
-	b.settle()
 }
 
 // settle pauses between phases, so that one phase's trailing work (workflow
 // tasks, cancellations) does not land in the next one's numbers.
 func (b *bencher) settle() { time.Sleep(500 * time.Millisecond) }
 
+// gatedCall measures gated calls at each concurrency, each phase right
+// after the baseline's at the same concurrency when there is one, so that
+// the machine's drift weighs on both alike.
 func (b *bencher) gatedCall(ctx context.Context) error {
 	for _, conc := range b.o.Concurrency {
+		if b.o.Temporal != nil {
+			if err := b.baseline(ctx, conc); err != nil {
+				return err
+			}
+		}
 		var created taskSet
 		err := b.measure(ctx, ScenarioGatedCall, conc, func(ctx context.Context, p *phase, _ int) error {
 			args := b.transferArgs()
@@ -90,17 +129,18 @@ func (b *bencher) gatedCall(ctx context.Context) error {
 			}
 			return nil
 		}, "gated-call")
-		b.cancelAll(context.WithoutCancel(ctx), b.o.AgentToken, created.take())
+		b.later(b.o.AgentToken, created.take())
 		if err != nil {
 			return err
 		}
+		b.settle()
 	}
 	return nil
 }
 
 func (b *bencher) tasksGetPending(ctx context.Context) error {
 	var ids []string
-	defer func() { b.cancelAll(context.WithoutCancel(ctx), b.o.AgentToken, ids) }()
+	defer func() { b.later(b.o.AgentToken, ids) }()
 	for range 32 {
 		id, err := b.c.createTask(ctx, b.o.AgentToken, b.transferArgs())
 		if err != nil {
