@@ -154,3 +154,61 @@ limits:
 		}
 	}
 }
+
+// TestOAuthConfigSection: the oauth section of the file under the same
+// precedence (flag > environment > file > default), and printed by
+// config check.
+func TestOAuthConfigSection(t *testing.T) {
+	unsetEnv(t, "COUNTERSIGN_CONFIG", "TEMPORAL_ADDRESS", "NATS_URL", "COUNTERSIGN_OAUTH_ISSUER", "COUNTERSIGN_OAUTH_AUDIENCES",
+		"COUNTERSIGN_OAUTH_PRINCIPAL_CLAIM", "COUNTERSIGN_OAUTH_REQUIRED_SCOPES", "COUNTERSIGN_OAUTH_CLAIMS",
+		"COUNTERSIGN_OAUTH_JWKS_URL", "COUNTERSIGN_OAUTH_CLOCK_SKEW", "COUNTERSIGN_OAUTH_JWKS_MAX_AGE")
+	path := writeConfig(t, `temporal:
+  address: temporal:7233
+nats:
+  url: nats://nats:4222
+oauth:
+  issuer: https://idp.example.com/realms/agents
+  principal_claim: client_id
+  required_scopes: [mcp:tools]
+  claims: [tenant]
+  clock_skew: 30s
+  jwks_max_age: 15m
+`)
+	cfg, err := serviceConfig("server", []string{"--config", path}, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.OAuthIssuer != "https://idp.example.com/realms/agents" || cfg.OAuthPrincipalClaim != "client_id" ||
+		strings.Join(cfg.OAuthRequiredScopes, ",") != "mcp:tools" || strings.Join(cfg.OAuthClaims, ",") != "tenant" ||
+		cfg.OAuthClockSkew != 30*time.Second || cfg.OAuthJWKSMaxAge != 15*time.Minute {
+		t.Fatalf("file over defaults: %+v", cfg)
+	}
+	t.Setenv("COUNTERSIGN_OAUTH_REQUIRED_SCOPES", "mcp:tools,payments")
+	t.Setenv("COUNTERSIGN_OAUTH_CLOCK_SKEW", "5s")
+	cfg, err = serviceConfig("server", []string{"--config", path, "--oauth-clock-skew", "2s", "--oauth-claims", "groups,tenant"}, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(cfg.OAuthRequiredScopes, ",") != "mcp:tools,payments" || cfg.OAuthClockSkew != 2*time.Second ||
+		strings.Join(cfg.OAuthClaims, ",") != "groups,tenant" || cfg.OAuthJWKSMaxAge != 15*time.Minute {
+		t.Fatalf("flag > env > file: %+v", cfg)
+	}
+	code, out, stderr := runCLI("config", "check", path, "--oauth-clock-skew", "45s")
+	if code != 0 {
+		t.Fatalf("config check: exit %d, err %s", code, stderr)
+	}
+	for _, want := range []string{"oauth:\n", "issuer: https://idp.example.com/realms/agents", "principal_claim: client_id",
+		"required_scopes: ['mcp:tools', payments]", "claims: [tenant]", "clock_skew: 45s", "jwks_max_age: 15m0s"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("config check output lacks %q:\n%s", want, out)
+		}
+	}
+	code, _, stderr = runCLI("config", "check", path, "--oauth-clock-skew", "1h")
+	if code != 1 || !strings.Contains(stderr, "--oauth-clock-skew 1h0m0s must be from 1s to 10m0s (0s: the default, 1m0s)") {
+		t.Errorf("skew out of range: exit %d, err %s", code, stderr)
+	}
+	// Without an issuer nothing of OAuth is printed (it is off).
+	if code, out, _ := runCLI("config", "check", writeConfig(t, "temporal:\n  address: t:7233\nnats:\n  url: nats://n:4222\n")); code != 0 || strings.Contains(out, "oauth") {
+		t.Errorf("no oauth: exit %d, out %s", code, out)
+	}
+}

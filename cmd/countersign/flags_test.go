@@ -82,6 +82,8 @@ func TestFlagDefaultsAreConfigDefaults(t *testing.T) {
 		{"oauth-required-scopes", "COUNTERSIGN_OAUTH_REQUIRED_SCOPES", ""},
 		{"oauth-jwks-url", "COUNTERSIGN_OAUTH_JWKS_URL", def.OAuthJWKSURL},
 		{"oauth-claims", "COUNTERSIGN_OAUTH_CLAIMS", ""},
+		{"oauth-clock-skew", "COUNTERSIGN_OAUTH_CLOCK_SKEW", def.OAuthClockSkew},
+		{"oauth-jwks-max-age", "COUNTERSIGN_OAUTH_JWKS_MAX_AGE", def.OAuthJWKSMaxAge},
 		{"conformance", "", def.Conformance},
 		{"metrics-addr", "COUNTERSIGN_METRICS_ADDR", def.MetricsAddr},
 		{"otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", def.OTLPEndpoint},

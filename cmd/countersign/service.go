@@ -121,6 +121,8 @@ func serviceFlags(cmd string, cfg *app.Config, conformance bool) (fs *flag.FlagS
 		cfg.OAuthClaims = splitList(v)
 		return nil
 	})
+	fs.DurationVar(&cfg.OAuthClockSkew, "oauth-clock-skew", def.OAuthClockSkew, e("oauth-clock-skew", "COUNTERSIGN_OAUTH_CLOCK_SKEW", "tolerance of an access token's exp, nbf and iat (at most 10m)"))
+	fs.DurationVar(&cfg.OAuthJWKSMaxAge, "oauth-jwks-max-age", def.OAuthJWKSMaxAge, e("oauth-jwks-max-age", "COUNTERSIGN_OAUTH_JWKS_MAX_AGE", "how long the issuer's fetched key set is used before it is fetched again (a token naming an unknown kid fetches it sooner, at most every 10s)"))
 	fs.StringVar(&cfg.OAuthJWKSURL, "oauth-jwks-url", "", e("oauth-jwks-url", "COUNTERSIGN_OAUTH_JWKS_URL", "the issuer's JWKS URL (default: found by OpenID Connect / RFC 8414 discovery)"))
 	fs.BoolVar(&cfg.AuditRedact, "audit-redact", false, e("audit-redact", "COUNTERSIGN_AUDIT_REDACT", "record a digest of tool arguments in audit records instead of the arguments"))
 	if cmd == "dev" {

@@ -510,6 +510,8 @@ func (a *App) startHTTP(ctx context.Context) error {
 			RequiredScopes: a.cfg.OAuthRequiredScopes,
 			JWKSURL:        a.cfg.OAuthJWKSURL,
 			Claims:         a.cfg.OAuthClaims,
+			ClockSkew:      a.cfg.OAuthClockSkew,
+			JWKSMaxAge:     a.cfg.OAuthJWKSMaxAge,
 			Logger:         a.log,
 		}); err != nil {
 			return fmt.Errorf("--oauth-issuer: %w", err)

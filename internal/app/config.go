@@ -18,6 +18,7 @@ import (
 	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/internal/config"
 	"github.com/countersign/countersign/internal/httplimit"
+	"github.com/countersign/countersign/internal/oauth"
 	"github.com/countersign/countersign/internal/telemetry"
 	"github.com/countersign/countersign/mcpserver"
 	"github.com/countersign/countersign/passkey"
@@ -159,12 +160,16 @@ type Config struct {
 	// granted; OAuthJWKSURL skips discovery. OAuthClaims are the further
 	// token claims policy sees in input.subject.properties.claims (at
 	// most oauth.MaxPolicyClaims), besides sub, client_id and the scopes.
+	// OAuthClockSkew is the tolerance of exp, nbf and iat; OAuthJWKSMaxAge
+	// how long a fetched key set is used before it is fetched again.
 	OAuthIssuer         string
 	OAuthAudiences      []string
 	OAuthPrincipalClaim string
 	OAuthRequiredScopes []string
 	OAuthJWKSURL        string
 	OAuthClaims         []string
+	OAuthClockSkew      time.Duration
+	OAuthJWKSMaxAge     time.Duration
 
 	// Conformance serves the MCP endpoint without auth (loopback only).
 	Conformance bool
@@ -231,6 +236,8 @@ func (c *Config) Defaults() {
 	setDefault(&c.BodyReadTimeout, httplimit.DefaultBodyTimeout)
 	setDefault(&c.MaxSlowBodies, httplimit.DefaultMaxSlowBodies)
 	setDefault(&c.MaxConnections, httplimit.DefaultMaxConns)
+	setDefault(&c.OAuthClockSkew, oauth.DefaultClockSkew)
+	setDefault(&c.OAuthJWKSMaxAge, oauth.DefaultJWKSMaxAge)
 	if c.PublicURL == "" {
 		_, port, err := net.SplitHostPort(c.Addr)
 		if err != nil || port == "" || port == "0" {
@@ -315,6 +322,13 @@ func (c *Config) Validate() error {
 	if c.BodyReadTimeout < 0 || c.MaxSlowBodies < 0 || c.MaxConnections < 0 ||
 		c.RequestsPerSecond < 0 || c.RequestBurst < 0 || c.MaxInFlightPerPrincipal < 0 {
 		errs = append(errs, errors.New("--body-read-timeout, --max-slow-bodies, --max-connections, --requests-per-second, --request-burst and --max-in-flight must not be negative"))
+	}
+	// The file's bounds (internal/config); 0 is the default, set above.
+	if c.OAuthClockSkew < config.MinOAuthClockSkew || c.OAuthClockSkew > config.MaxOAuthClockSkew {
+		errs = append(errs, fmt.Errorf("--oauth-clock-skew %s must be from %s to %s (0s: the default, %s)", c.OAuthClockSkew, config.MinOAuthClockSkew, config.MaxOAuthClockSkew, oauth.DefaultClockSkew))
+	}
+	if c.OAuthJWKSMaxAge < config.MinOAuthJWKSMaxAge || c.OAuthJWKSMaxAge > config.MaxOAuthJWKSMaxAge {
+		errs = append(errs, fmt.Errorf("--oauth-jwks-max-age %s must be from %s to %s (0s: the default, %s)", c.OAuthJWKSMaxAge, config.MinOAuthJWKSMaxAge, config.MaxOAuthJWKSMaxAge, oauth.DefaultJWKSMaxAge))
 	}
 	if c.MetricsAddr != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {

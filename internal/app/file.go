@@ -3,6 +3,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/countersign/countersign/internal/config"
@@ -77,6 +78,23 @@ func (c *Config) ApplyFile(f *config.File, explicit func(flag string) bool) {
 	num("body-read-timeout", set, &c.BodyReadTimeout, l.BodyReadTimeout)
 	num("max-slow-bodies", set, &c.MaxSlowBodies, l.MaxSlowBodies)
 	num("max-connections", set, &c.MaxConnections, l.MaxConnections)
+
+	o := f.OAuth
+	str("oauth-issuer", &c.OAuthIssuer, o.Issuer)
+	list("oauth-audiences", set, &c.OAuthAudiences, o.Audiences)
+	str("oauth-principal-claim", &c.OAuthPrincipalClaim, o.PrincipalClaim)
+	list("oauth-required-scopes", set, &c.OAuthRequiredScopes, o.RequiredScopes)
+	list("oauth-claims", set, &c.OAuthClaims, o.Claims)
+	str("oauth-jwks-url", &c.OAuthJWKSURL, o.JWKSURL)
+	num("oauth-clock-skew", set, &c.OAuthClockSkew, o.ClockSkew)
+	num("oauth-jwks-max-age", set, &c.OAuthJWKSMaxAge, o.JWKSMaxAge)
+}
+
+// list sets *dst to v when the file gives v (non-empty) and set allows it.
+func list(flag string, set func(string, bool) bool, dst *[]string, v []string) {
+	if len(v) > 0 && set(flag, len(*dst) == 0) {
+		*dst = slices.Clone(v)
+	}
 }
 
 // num sets *dst to v when the file gives v (not zero) and set allows it.
@@ -97,6 +115,8 @@ var FileFlags = []string{
 	"slack-token", "slack-channel", "slack-signing-secret",
 	"rate-per-minute", "rate-burst", "max-pending", "poll-interval", "result-retention",
 	"requests-per-second", "request-burst", "max-in-flight", "body-read-timeout", "max-slow-bodies", "max-connections",
+	"oauth-issuer", "oauth-audiences", "oauth-principal-claim", "oauth-required-scopes", "oauth-claims",
+	"oauth-jwks-url", "oauth-clock-skew", "oauth-jwks-max-age",
 }
 
 // Effective is the configuration c runs with, in the file's syntax: every
@@ -118,6 +138,11 @@ func (c *Config) Effective(mode Mode) *config.File {
 			PollInterval: c.PollInterval, ResultRetention: c.ResultRetention, RequestsPerSecond: c.RequestsPerSecond,
 			RequestBurst: c.RequestBurst, MaxInFlight: c.MaxInFlightPerPrincipal, BodyReadTimeout: c.BodyReadTimeout,
 			MaxSlowBodies: c.MaxSlowBodies, MaxConnections: c.MaxConnections},
+	}
+	if c.OAuthIssuer != "" {
+		f.OAuth = config.OAuth{Issuer: c.OAuthIssuer, Audiences: c.OAuthAudiences, PrincipalClaim: c.OAuthPrincipalClaim,
+			RequiredScopes: c.OAuthRequiredScopes, Claims: c.OAuthClaims, JWKSURL: c.OAuthJWKSURL,
+			ClockSkew: c.OAuthClockSkew, JWKSMaxAge: c.OAuthJWKSMaxAge}
 	}
 	wait := c.InlineWait
 	f.InlineWait = &wait

@@ -67,6 +67,8 @@ type File struct {
 	Slack Slack
 	// Limits is the limits section (limits.go).
 	Limits Limits
+	// OAuth is the oauth section (oauth.go).
+	OAuth OAuth
 }
 
 // MaxInlineWait bounds inline_wait.
@@ -207,6 +209,7 @@ var sections = []section{
 	{"nats", (*decoder).nats},
 	{"slack", (*decoder).slack},
 	{"limits", (*decoder).limits},
+	{"oauth", (*decoder).oauth},
 }
 
 var upstreamFields = []string{"name", "command", "url", "env", "headers", "prefix", "timeout", "approval"}

@@ -5,8 +5,8 @@
 // The file is one YAML mapping. Every top-level key is a section: upstreams,
 // demo_tools and inline_wait below; the process settings addr, data_dir,
 // public_url, server_id, log_level and policy (settings.go); and the
-// sections temporal (temporal.go), nats (nats.go), slack (slack.go) and
-// limits (limits.go), each documented on its type. Every setting but
+// sections temporal (temporal.go), nats (nats.go), slack (slack.go),
+// limits (limits.go) and oauth (oauth.go), each documented on its type. Every setting but
 // upstreams and demo_tools is the file's form of a command-line flag;
 // internal/app applies the file under the rule flag > environment variable >
 // file > default (app.Config.ApplyFile). Relative paths are relative to the

@@ -28,6 +28,9 @@ func (f *File) Redacted() *File {
 		out.Upstreams[i] = u.redacted()
 	}
 	out.NATS.URLs = slices.Clone(f.NATS.URLs)
+	out.OAuth.Audiences = slices.Clone(f.OAuth.Audiences)
+	out.OAuth.RequiredScopes = slices.Clone(f.OAuth.RequiredScopes)
+	out.OAuth.Claims = slices.Clone(f.OAuth.Claims)
 	redact(&out.Temporal.APIKey)
 	redact(&out.Slack.Token)
 	redact(&out.Slack.SigningSecret)
@@ -75,6 +78,7 @@ type fileView struct {
 	NATS       *natsView      `yaml:"nats,omitempty"`
 	Slack      *slackView     `yaml:"slack,omitempty"`
 	Limits     *limitsView    `yaml:"limits,omitempty"`
+	OAuth      *oauthView     `yaml:"oauth,omitempty"`
 }
 
 type upstreamView struct {
@@ -102,7 +106,8 @@ func (f File) String() string {
 	r := f.Redacted()
 	v := fileView{DemoTools: r.DemoTools, Addr: r.Addr, DataDir: r.DataDir, PublicURL: r.PublicURL,
 		ServerID: r.ServerID, LogLevel: r.LogLevel, Policy: r.Policy,
-		Temporal: r.Temporal.view(), NATS: r.NATS.view(), Slack: r.Slack.view(), Limits: r.Limits.view()}
+		Temporal: r.Temporal.view(), NATS: r.NATS.view(), Slack: r.Slack.view(), Limits: r.Limits.view(),
+		OAuth: r.OAuth.view()}
 	if r.InlineWait != nil {
 		v.InlineWait = r.InlineWait.String()
 	}

@@ -50,6 +50,15 @@ limits:
   body_read_timeout: 5s
   max_slow_bodies: 64
   max_connections: 1000
+oauth:
+  issuer: https://idp.example.com/realms/agents
+  audiences: api://countersign
+  principal_claim: client_id
+  required_scopes: [mcp:tools]
+  claims: [tenant, groups]
+  jwks_url: https://idp.example.com/jwks
+  clock_skew: 30s
+  jwks_max_age: 15m
 `
 
 // The secrets of the example, each set by reference.
@@ -88,6 +97,9 @@ func TestLoadSections(t *testing.T) {
 		Limits: Limits{RatePerMinute: 60, RateBurst: 20, MaxPending: 50, PollInterval: 2 * time.Second,
 			ResultRetention: 24 * time.Hour, RequestsPerSecond: 12.5, RequestBurst: 40, MaxInFlight: 8,
 			BodyReadTimeout: 5 * time.Second, MaxSlowBodies: 64, MaxConnections: 1000},
+		OAuth: OAuth{Issuer: "https://idp.example.com/realms/agents", Audiences: []string{"api://countersign"},
+			PrincipalClaim: "client_id", RequiredScopes: []string{"mcp:tools"}, Claims: []string{"tenant", "groups"},
+			JWKSURL: "https://idp.example.com/jwks", ClockSkew: 30 * time.Second, JWKSMaxAge: 15 * time.Minute},
 	}
 	// Compare with the secrets visible: cmp does not call String.
 	if diff := cmp.Diff(want, *f); diff != "" {
@@ -173,6 +185,15 @@ limits:
   body_read_timeout: 5s
   max_slow_bodies: 64
   max_connections: 1000
+oauth:
+  issuer: https://idp.example.com/realms/agents
+  audiences: ['api://countersign']
+  principal_claim: client_id
+  required_scopes: ['mcp:tools']
+  claims: [tenant, groups]
+  jwks_url: https://idp.example.com/jwks
+  clock_skew: 30s
+  jwks_max_age: 15m0s
 `
 	if diff := cmp.Diff(want, f.String()); diff != "" {
 		t.Errorf("String (-want +got):\n%s", diff)
@@ -231,6 +252,13 @@ func TestSectionProblems(t *testing.T) {
 		{"limits duration range", "limits:\n  body_read_timeout: 2h\n", []string{"c.yaml:2: limits.body_read_timeout: must be from 100ms to 1h0m0s, not 2h0m0s"}},
 		{"limits unknown", "limits:\n  max_pendings: 3\n", []string{"c.yaml:2: limits.max_pendings: unknown field (known: rate_per_minute, "}},
 		{"limits not a mapping", "limits: 5\n", []string{"c.yaml:1: limits: must be a mapping (rate_per_minute, "}},
+		{"oauth issuer relative", "oauth:\n  issuer: idp.example.com\n", []string{`c.yaml:2: oauth.issuer: must be an absolute https URL without user:password, not "idp.example.com"`}},
+		{"oauth issuer password", "oauth:\n  issuer: https://u:hunter2@idp.example.com\n", []string{"c.yaml:2: oauth.issuer: must be an absolute https URL without user:password"}},
+		{"oauth without issuer", "oauth:\n  required_scopes: mcp:tools\n  clock_skew: 5s\n", []string{"c.yaml:2: oauth.required_scopes: needs oauth.issuer", "c.yaml:3: oauth.clock_skew: needs oauth.issuer"}},
+		{"oauth clock_skew range", "oauth:\n  issuer: https://idp.example.com\n  clock_skew: 1h\n", []string{"c.yaml:3: oauth.clock_skew: must be from 1s to 10m0s, not 1h0m0s"}},
+		{"oauth jwks_max_age range", "oauth:\n  issuer: https://idp.example.com\n  jwks_max_age: 10s\n", []string{"c.yaml:3: oauth.jwks_max_age: must be from 1m0s to 24h0m0s, not 10s"}},
+		{"oauth empty scope", "oauth:\n  issuer: https://idp.example.com\n  required_scopes: ['']\n", []string{"c.yaml:3: oauth.required_scopes: must not hold an empty string"}},
+		{"oauth unknown", "oauth:\n  issuer: https://idp.example.com\n  client_secret: x\n", []string{"c.yaml:3: oauth.client_secret: unknown field (known: issuer, audiences, principal_claim, "}},
 		{"all at once", "log_level: loud\ntemporal:\n  address: x\nnats:\n  replicas: 0\nlimits:\n  max_in_flight: 1.5\n", []string{
 			`c.yaml:1: log_level: "loud"`, `c.yaml:3: temporal.address: "x" must be host:port`,
 			"c.yaml:5: nats.replicas: must be a whole number from 1 to 5, not 0", "c.yaml:7: limits.max_in_flight: must be a whole number"}},

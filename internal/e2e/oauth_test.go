@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -113,6 +114,23 @@ func (p *oidcProvider) token(client, secret, resource, scope string) string {
 	return body.AccessToken
 }
 
+// tokenExpiry is a JWT's exp, read without verifying it.
+func tokenExpiry(t *testing.T, token string) time.Time {
+	t.Helper()
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		t.Fatalf("not a JWT: %q", token)
+	}
+	b, err := base64.RawURLEncoding.DecodeString(parts[1])
+	var c struct {
+		Exp int64 `json:"exp"`
+	}
+	if err != nil || json.Unmarshal(b, &c) != nil || c.Exp == 0 {
+		t.Fatalf("no exp in the token's claims (%v)", err)
+	}
+	return time.Unix(c.Exp, 0)
+}
+
 func freePort(t *testing.T) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -128,8 +146,10 @@ func freePort(t *testing.T) int {
 // task owned by "oauth:<client>", the static agent token still works, the
 // protected-resource metadata names the provider, a token for another
 // resource is 401 invalid_token, one without the scope 403
-// insufficient_scope, and after the provider rotates its signing key the
-// new tokens validate (the key set is fetched again for the unknown kid).
+// insufficient_scope, a real token past its expiry (and the skew, set to
+// 1 s) 401 invalid_token saying it expired, and after the provider rotates
+// its signing key the new tokens validate (the key set is fetched again for
+// the unknown kid).
 func TestOAuthAgentsWithARealProvider(t *testing.T) {
 	node, modules := upstreamServers(t)
 	port := freePort(t)
@@ -142,7 +162,11 @@ func TestOAuthAgentsWithARealProvider(t *testing.T) {
 		OAuthIssuer:         p.issuer(),
 		OAuthPrincipalClaim: "client_id",
 		OAuthRequiredScopes: []string{"mcp:tools"},
+		OAuthClockSkew:      time.Second,
 	}, port)
+	// agent-short's tokens live 2 s (scripts/oidc/provider.mjs); taken
+	// now, checked once past its exp and the skew, below.
+	short := p.token("agent-short", "secret-s", resource, "mcp:tools")
 
 	// The protected-resource metadata (RFC 9728).
 	var prm struct {
@@ -190,6 +214,15 @@ func TestOAuthAgentsWithARealProvider(t *testing.T) {
 	// A forged token (the real one with its signature cut): 401.
 	if code, _ := s.MCPAuth(tok[:strings.LastIndexByte(tok, '.')+1] + "AAAA"); code != 401 {
 		t.Fatalf("forged: HTTP %d", code)
+	}
+
+	// The expired token: a real one, refused for its expiry.
+	if wait := time.Until(tokenExpiry(t, short).Add(2 * time.Second)); wait > 0 {
+		time.Sleep(wait)
+	}
+	if code, www := s.MCPAuth(short); code != 401 || !strings.Contains(www, `error="invalid_token"`) ||
+		!strings.Contains(www, `error_description="the access token expired"`) {
+		t.Fatalf("expired token: %d %q", code, www)
 	}
 
 	// Key rotation: the provider restarts with a new key. Its tokens name
