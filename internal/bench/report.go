@@ -41,7 +41,11 @@ func (r *Report) Find(series string, conc int) (Result, bool) {
 func WriteText(w io.Writer, r *Report) error {
 	fmt.Fprintf(w, "countersign bench %s against %s (%d cores, %s, load %s)\n", r.RunID, r.Server, r.Machine.Cores, r.Machine.CPU, r.Machine.LoadAvg)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "series\tc\tcount\terrors\tp50 ms\tp95 ms\tp99 ms\tops/s\tp50 ×raw\tops/s ×raw\t")
+	header := "series\tc\tcount\terrors\tp50 ms\tp95 ms\tp99 ms\tops/s\t"
+	if r.Settings.Baseline {
+		header += "p50 ×raw\tops/s ×raw\t"
+	}
+	fmt.Fprintln(tw, header)
 	for _, x := range r.Results {
 		ratio50, ratioT := "", ""
 		if base, ok := r.Find("temporal-start", x.Concurrency); ok && x.Series != base.Series && base.LatencyMs.P50 > 0 && x.Count > 0 {
@@ -52,8 +56,12 @@ func WriteText(w io.Writer, r *Report) error {
 		if x.Errors > 0 {
 			errs = fmt.Sprintf("%d %v", x.Errors, x.ErrorKinds)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%.2f\t%.2f\t%.2f\t%.0f\t%s\t%s\t\n", x.Series, x.Concurrency, x.Count, errs,
-			x.LatencyMs.P50, x.LatencyMs.P95, x.LatencyMs.P99, x.Throughput, ratio50, ratioT)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%.2f\t%.2f\t%.2f\t%.0f\t", x.Series, x.Concurrency, x.Count, errs,
+			x.LatencyMs.P50, x.LatencyMs.P95, x.LatencyMs.P99, x.Throughput)
+		if r.Settings.Baseline {
+			fmt.Fprintf(tw, "%s\t%s\t", ratio50, ratioT)
+		}
+		fmt.Fprintln(tw)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

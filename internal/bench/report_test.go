@@ -196,6 +196,17 @@ func TestWriteTextRatios(t *testing.T) {
 	if !strings.Contains(out, "Issue 14 targets:") || !strings.Contains(out, "missed") {
 		t.Errorf("no targets:\n%s", out)
 	}
+	// Without a baseline, no ratio columns.
+	r := fixedReport()
+	r.Settings.Baseline = false
+	r.Results = r.Results[2:]
+	b.Reset()
+	if err := WriteText(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "×raw") {
+		t.Errorf("ratio columns without a baseline:\n%s", b.String())
+	}
 }
 
 func TestCompare(t *testing.T) {
