@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,12 +19,14 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"github.com/slack-go/slack/slacktest"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/countersign/countersign/internal/app"
 	"github.com/countersign/countersign/internal/devtest"
 	"github.com/countersign/countersign/internal/telemetry"
 	"github.com/countersign/countersign/tasks"
+	"github.com/countersign/countersign/txtoken"
 )
 
 // syncBuffer is a log sink shared by the process's goroutines.
@@ -48,7 +52,10 @@ func (s *syncBuffer) String() string {
 // operations listener. Then: /metrics has moved with the right labels; one
 // trace links tools/call → workflow → activity → the upstream call, whose
 // traceparent reached the upstream; the task's log lines carry task_id and
-// trace_id; no line holds a token.
+// trace_id; no line holds a secret the process held: the agent and admin
+// tokens, an enrollment invitation, the passkey challenge and assertion,
+// the Slack token and signing secret, OAuth access tokens (accepted and
+// forged), a transaction token and the embedded NATS's credentials.
 func TestTelemetryGatedCall(t *testing.T) {
 	var mu sync.Mutex
 	var traceparents []string
@@ -73,6 +80,23 @@ func TestTelemetryGatedCall(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Slack on (a slacktest server), and agents with OAuth tokens of the
+	// real provider: both put secrets in the process.
+	calls := &slackCalls{}
+	fake := slacktest.NewTestServer(func(c slacktest.Customize) {
+		c.Handle("/chat.postMessage", calls.handler("chat.postMessage"))
+		c.Handle("/chat.update", calls.handler("chat.update"))
+	})
+	fake.Start()
+	t.Cleanup(fake.Stop)
+	const slackToken, slackSecret = "xoxb-telemetry-secret-7f3a", "telemetry-signing-secret-9c1d"
+	node, modules := upstreamServers(t)
+	port := freePort(t)
+	resource := fmt.Sprintf("http://localhost:%d/mcp", port)
+	idp := &oidcProvider{t: t, node: node, modules: modules, port: freePort(t), resource: resource}
+	idp.start("key-1")
+	t.Cleanup(idp.stop)
+
 	spans := tracetest.NewInMemoryExporter()
 	logs := &syncBuffer{}
 	log, err := telemetry.NewLogger(logs, telemetry.LogJSON, -4) // debug
@@ -80,15 +104,78 @@ func TestTelemetryGatedCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &stack{devtest.Start(t, devtest.Options{
-		Config: app.Config{ConfigFile: path, MetricsAddr: "127.0.0.1:0", TraceExporter: spans},
+		Config: app.Config{ConfigFile: path, MetricsAddr: "127.0.0.1:0", TraceExporter: spans,
+			SlackToken: slackToken, SlackChannel: "#approvals", SlackSigningSecret: slackSecret, SlackAPIURL: fake.GetAPIURL(),
+			OAuthIssuer: idp.issuer(), OAuthPrincipalClaim: "client_id"},
 		Logger: log,
+		Port:   port,
 	})}
 	s.waitTool(t, "obs__echo")
 	alice := s.Enroll("alice", "approvers")
 
 	task := s.CreateTask(s.AgentToken, "obs__echo", map[string]any{"n": 1})
-	if res := s.Approve(alice, s.RefOf(task.TaskID), "approve"); !res.Accepted {
+	ref := s.RefOf(task.TaskID)
+	calls.waitFor(t, "chat.postMessage", ref)
+	// The ceremony step by step, to keep its challenge and assertion.
+	challenge := s.Challenge(ref, "approve")
+	assertion := alice.Sign(t, challenge)
+	if res := s.Decide(ref, challenge, "approve", assertion); !res.Accepted {
 		t.Fatalf("approval rejected: %+v", res)
+	}
+	secrets := map[string]string{"agent token": s.AgentToken, "admin token": s.AdminToken,
+		"Slack token": slackToken, "Slack signing secret": slackSecret}
+	var opts struct {
+		Challenge string `json:"challenge"`
+	}
+	var signed struct {
+		Response struct {
+			Signature string `json:"signature"`
+		} `json:"response"`
+	}
+	if json.Unmarshal(challenge.RequestOptions, &opts) != nil || opts.Challenge == "" ||
+		json.Unmarshal(assertion, &signed) != nil || signed.Response.Signature == "" {
+		t.Fatalf("no challenge or signature in %s / %s", challenge.RequestOptions, assertion)
+	}
+	secrets["passkey challenge"], secrets["passkey assertion signature"] = opts.Challenge, signed.Response.Signature
+	// An enrollment invitation that is never used.
+	var invite struct {
+		EnrollURL string `json:"enrollUrl"`
+	}
+	if code := s.HTTPJSON("POST", "/admin/v1/approvers", s.AdminToken, map[string]any{"name": "bob", "groups": []string{"approvers"}}, &invite); code != 201 && code != 200 {
+		t.Fatalf("add approver: HTTP %d", code)
+	}
+	secrets["enrollment invitation"] = invite.EnrollURL[strings.LastIndexByte(invite.EnrollURL, '/')+1:]
+	// OAuth: an accepted access token and a forged one (the rejection is
+	// logged).
+	oauthToken := idp.token("agent-a", "secret-a", resource, "mcp:tools")
+	if code, www := s.MCPAuth(oauthToken); code != 200 {
+		t.Fatalf("OAuth token: %d %q", code, www)
+	}
+	forged := oauthToken[:strings.LastIndexByte(oauthToken, '.')+1] + "AAAA"
+	if code, _ := s.MCPAuth(forged); code != 401 {
+		t.Fatalf("forged OAuth token: HTTP %d", code)
+	}
+	secrets["OAuth access token"] = oauthToken
+	secrets["OAuth access token's signature"] = oauthToken[strings.LastIndexByte(oauthToken, '.')+1:]
+	// A transaction token, issued by the operator and presented on a call.
+	var issued struct {
+		Token string `json:"token"`
+	}
+	txArgs := map[string]any{"to": "acct-telemetry", "amount": 5, "currency": "EUR"}
+	if code := s.HTTPJSON("POST", "/admin/v1/transaction-tokens", s.AdminToken, map[string]any{"principal": "dev-agent", "tool": "transfer_funds", "arguments": txArgs}, &issued); code != 201 || issued.Token == "" {
+		t.Fatalf("issue a transaction token: HTTP %d", code)
+	}
+	s.Call2026(s.AgentToken, "tools/call", "transfer_funds", map[string]any{"name": "transfer_funds", "arguments": txArgs,
+		"_meta": map[string]any{txtoken.MetaKey: issued.Token}}, false)
+	secrets["transaction token"] = issued.Token
+	// The embedded NATS's client credentials.
+	if u, err := url.Parse(s.App.NATSURL()); err == nil && u.User != nil {
+		if pw, ok := u.User.Password(); ok && pw != "" {
+			secrets["NATS password"] = pw
+		}
+	}
+	if secrets["NATS password"] == "" {
+		t.Fatalf("the embedded NATS URL %q carries no password to look for", s.App.NATSURL())
 	}
 	d := s.WaitTerminal(s.AgentToken, task.TaskID)
 	if d.Status != tasks.StatusCompleted || disposition(d) != tasks.ApprovedExecuted {
@@ -242,7 +329,10 @@ func TestTelemetryGatedCall(t *testing.T) {
 
 	t.Run("logs", func(t *testing.T) {
 		out := logs.String()
-		for name, secret := range map[string]string{"agent token": s.AgentToken, "admin token": s.AdminToken} {
+		for name, secret := range secrets {
+			if len(secret) < 8 {
+				t.Fatalf("%s %q is too short to look for", name, secret)
+			}
 			if strings.Contains(out, secret) {
 				t.Errorf("the logs hold the %s", name)
 			}
