@@ -26,6 +26,7 @@ import (
 	"github.com/countersign/countersign/approvals/approvalstest"
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/gateway/conformance"
+	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/internal/natsrv"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/pdp"
@@ -152,10 +153,17 @@ func (e *testEnv) close() {
 // text that must never reach the client.
 const errToken = "tok-broken"
 
+// unavailableToken is a bearer token Authenticate cannot check: the token
+// store did not answer (authn.ErrUnavailable).
+const unavailableToken = "tok-store-down"
+
 // testAuth accepts "tok:<principal>".
 func testAuth(_ context.Context, bearer string) (string, error) {
 	if bearer == errToken {
 		return "", errors.New("identity provider exploded: secret detail")
+	}
+	if bearer == unavailableToken {
+		return "", fmt.Errorf("%w: nats: timeout (secret detail)", authn.ErrUnavailable)
 	}
 	p, ok := strings.CutPrefix(bearer, "tok:")
 	if !ok || p == "" {

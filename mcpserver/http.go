@@ -94,7 +94,17 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, sdk, sse http
 	if s.refuseKnownOverBudget(w, r, &body) {
 		return
 	}
+	// The token lookup holds a working slot (counted against the
+	// principal's share when the token is a recent one); the body is read
+	// outside one (internal/httplimit bounds slow bodies), and a quick
+	// method takes one again once admitted by its budget.
+	hint, _ := s.recent.get(bearerToken(r))
+	leave, ok := s.enter(w, r, hint, nil)
+	if !ok {
+		return
+	}
 	principal, subject, ok := s.authenticate(w, r)
+	leave()
 	if !ok {
 		return
 	}
@@ -137,6 +147,16 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, sdk, sse http
 		writeRPCError(w, status, id, rerr)
 		return
 	}
+	if quickMethod(facts.method) {
+		// Its store work is short. A method that may wait (for a task,
+		// an upstream, an approval window) holds no working slot: its
+		// budget's in-flight slot bounds it.
+		leave, ok := s.enter(w, r, "", id)
+		if !ok {
+			return
+		}
+		defer leave()
+	}
 	facts.stream = s.answersAsStream(r, facts)
 	r = r.WithContext(context.WithValue(r.Context(), factsKey{}, facts))
 	r.Body = io.NopCloser(bytes.NewReader(body))
@@ -150,6 +170,99 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, sdk, sse http
 		return
 	}
 	sdk.ServeHTTP(w, r)
+}
+
+// maxWorking bounds the requests that do store work at once, across
+// principals: a token lookup, and a quick method's reads and writes of the
+// task store (each takes a slot of its own; the body is read between);
+// workingWait is how long a request waits for a slot before it is refused
+// with 503 and Retry-After. Without the bound, thousands of concurrent
+// pollers each started a token lookup and a record read at once: the
+// store's answers took longer than its 5 s timeout, every request failed
+// and was retried, and throughput collapsed (measured in
+// internal/abusetest TestTenThousandPollers: 3,000 pollers, hardly any
+// answered). Bounded, the store answers at its own pace and the excess
+// waits or is told when to come back. Requests that wait by design
+// (tools/call, tasks/result, notification streams) take no second slot.
+const (
+	maxWorking  = 128
+	workingWait = time.Second
+)
+
+// enter takes a working slot, waiting up to workingWait; leave gives it
+// back and may be called more than once. Refused, enter answers 503 with
+// Retry-After and a JSON-RPC error for id. principal, when the bearer token
+// is a recently seen one, is counted against its share (see shareFull), so
+// that one agent's flood cannot hold every slot while another agent waits.
+func (s *Server) enter(w http.ResponseWriter, r *http.Request, principal string, id json.RawMessage) (leave func(), ok bool) {
+	busy := func() {
+		w.Header().Set("Retry-After", "1")
+		writeRPCError(w, http.StatusServiceUnavailable, id, &rpcError{code: CodeTooManyRequests, msg: "Server busy; retry after the Retry-After delay"})
+	}
+	if principal != "" {
+		s.sharesMu.Lock()
+		if s.shares[principal] >= s.opts.MaxInFlightPerPrincipal {
+			// Checked before, in refuseKnownOverBudget; this is the rare
+			// request that raced past it.
+			s.sharesMu.Unlock()
+			busy()
+			return nil, false
+		}
+		s.shares[principal]++
+		s.sharesMu.Unlock()
+	}
+	unshare := func() {
+		if principal != "" {
+			s.sharesMu.Lock()
+			if s.shares[principal]--; s.shares[principal] <= 0 {
+				delete(s.shares, principal)
+			}
+			s.sharesMu.Unlock()
+		}
+	}
+	select {
+	case s.working <- struct{}{}:
+	default:
+		t := time.NewTimer(workingWait)
+		defer t.Stop()
+		select {
+		case s.working <- struct{}{}:
+		case <-t.C:
+			unshare()
+			busy()
+			return nil, false
+		case <-r.Context().Done():
+			unshare()
+			return nil, false
+		}
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			unshare()
+			<-s.working
+		})
+	}, true
+}
+
+// shareFull reports whether principal holds as many working slots (token
+// lookups under way) as it may have requests in flight: one more would
+// most likely be refused by its budget anyway, after a lookup that another
+// agent's request needs the slot for.
+func (s *Server) shareFull(principal string) bool {
+	s.sharesMu.Lock()
+	defer s.sharesMu.Unlock()
+	return s.shares[principal] >= s.opts.MaxInFlightPerPrincipal
+}
+
+// quickMethod reports whether a method's work is short (reads and small
+// writes of the task store), so that it keeps its working slot to the end.
+func quickMethod(method string) bool {
+	switch method {
+	case "tools/call", "tasks/result", methodListen:
+		return false
+	}
+	return true
 }
 
 // answersAsStream reports whether a request is answered as text/event-stream
@@ -172,6 +285,16 @@ func (s *Server) answersAsStream(r *http.Request, facts *requestFacts) bool {
 // readBody reads the request body under MaxBodyBytes, or answers the
 // failure and returns false.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if r.ContentLength > s.opts.MaxBodyBytes {
+		// Declared too large: refused before a byte is read, and the
+		// connection closed rather than drained.
+		w.Header().Set("Connection", "close")
+		writeRPCError(w, http.StatusRequestEntityTooLarge, nil, &rpcError{
+			code: codeInvalidRequest,
+			msg:  fmt.Sprintf("Request body exceeds %d bytes", s.opts.MaxBodyBytes),
+		})
+		return nil, false
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
 	if err == nil {
 		return body, true
@@ -204,7 +327,11 @@ func (s *Server) refuseKnownOverBudget(w http.ResponseWriter, r *http.Request, b
 		return false
 	}
 	principal, ok := s.recent.get(bearerToken(r))
-	if !ok || !s.budget.Exhausted(principal, s.now()) {
+	if !ok {
+		return false
+	}
+	full := s.shareFull(principal)
+	if !full && !s.budget.Exhausted(principal, s.now()) {
 		return false
 	}
 	var method string
@@ -223,6 +350,9 @@ func (s *Server) refuseKnownOverBudget(w http.ResponseWriter, r *http.Request, b
 	// Long-lived requests hold no in-flight slot (see admit).
 	slot := method != "tasks/result" && method != methodListen && r.Method != http.MethodGet
 	retry, refused := s.budget.Refuses(principal, slot, s.now())
+	if full {
+		retry, refused = max(retry, time.Second), true
+	}
 	if !refused {
 		return false
 	}
@@ -355,10 +485,18 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, m
 	} else {
 		principal, err = s.opts.Authenticate(r.Context(), token)
 	}
-	if errors.Is(err, ErrAuthUnavailable) {
+	switch {
+	case errors.Is(err, ErrAuthUnavailable):
 		s.log.WarnContext(r.Context(), "mcpserver: access token cannot be verified now", "err", err)
 		w.Header().Set("Retry-After", "5")
 		http.Error(w, "Service Unavailable: the authorization server's keys cannot be fetched; retry later", http.StatusServiceUnavailable)
+		return "", nil, false
+	case errors.Is(err, authn.ErrUnavailable):
+		// The token store did not answer: no verdict on the token, so not
+		// 401 (an agent told 401 may give up a good token).
+		s.log.WarnContext(r.Context(), "mcpserver: bearer token cannot be checked now", "err", err)
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "Service Unavailable: the token cannot be checked now; retry later", http.StatusServiceUnavailable)
 		return "", nil, false
 	}
 	if err != nil || principal == "" {

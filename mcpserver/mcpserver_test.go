@@ -1,11 +1,13 @@
 package mcpserver
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -392,6 +394,22 @@ func TestOversizeBody(t *testing.T) {
 	body = append(body[:len(body)-1], []byte(strings.Repeat(" ", 600)+"}")...)
 	r := h.do(t, call{token: tok(p), era: tasks.Era2025, method: "tools/call", raw: body})
 	r.fails(t, http.StatusRequestEntityTooLarge, codeInvalidRequest)
+	// The same body without a declared length (chunked): refused at the
+	// cap while it is read.
+	req, _ := http.NewRequest(http.MethodPost, h.ts.URL, io.MultiReader(bytes.NewReader(body)))
+	req.Header.Set("Authorization", "Bearer "+tok(p))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", string(tasks.Era2025))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(b), "exceeds 512 bytes") {
+		t.Errorf("chunked oversize body: HTTP %d %s", resp.StatusCode, b)
+	}
 	if n := h.transfersTo(t, to); n != 0 {
 		t.Errorf("%d transfers", n)
 	}
@@ -537,6 +555,15 @@ func TestAuthentication(t *testing.T) {
 			}
 		})
 	}
+	t.Run("token store unavailable", func(t *testing.T) {
+		r := h.do(t, call{era: tasks.Era2026, method: "tools/list", headers: map[string]string{"Authorization": "Bearer " + unavailableToken}})
+		if r.Status != http.StatusServiceUnavailable || r.Header.Get("Retry-After") == "" || r.Header.Get("WWW-Authenticate") != "" {
+			t.Errorf("HTTP %d, headers %v: want 503 with Retry-After and no challenge", r.Status, r.Header)
+		}
+		if strings.Contains(string(r.Body), "secret") || strings.Contains(string(r.Body), "nats") {
+			t.Errorf("cause leaked: %s", r.Body)
+		}
+	})
 	t.Run("NoAuth", func(t *testing.T) {
 		h := newHarness(t, func(o *Options) { o.NoAuth, o.Authenticate = true, nil })
 		r := h.do(t, call{era: tasks.Era2026, tasks: true, method: "tools/call", params: gatedArgs(acct(t, "anon"), 5000)})
@@ -841,5 +868,30 @@ func TestNewValidatesOptions(t *testing.T) {
 	}
 	if _, err := New(base); err != nil {
 		t.Errorf("valid options: %v", err)
+	}
+}
+
+// A tool whose input schema is not exactly {"type":"object", …} is left out
+// of tools/list: strict clients refuse a whole listing over one such tool.
+// Keys are matched exactly (encoding/json would take "tYpe" for "type").
+func TestCheckObjectSchema(t *testing.T) {
+	for _, tc := range []struct {
+		schema string
+		ok     bool
+	}{
+		{`{"type":"object"}`, true},
+		{`{"type":"object","properties":{"a":{"type":"string"}}}`, true},
+		{`{"tYpe":"object"}`, false},
+		{`{"TYPE":"object"}`, false},
+		{`{"type":"string"}`, false},
+		{`{"type":["object"]}`, false},
+		{`{}`, false},
+		{`null`, false},
+		{`[]`, false},
+		{`"object"`, false},
+	} {
+		if err := checkObjectSchema(json.RawMessage(tc.schema)); (err == nil) != tc.ok {
+			t.Errorf("%s: %v, want ok=%v", tc.schema, err, tc.ok)
+		}
 	}
 }

@@ -93,8 +93,10 @@ type Options struct {
 	Fixtures *conformance.Set
 
 	// Authenticate maps a bearer token to the principal that owns the tasks
-	// it creates. Any error (or an empty principal) is answered with 401;
-	// the error itself is logged, never sent.
+	// it creates. An error wrapping authn.ErrUnavailable (the token store
+	// did not answer) or ErrAuthUnavailable is answered 503 with
+	// Retry-After; any other error (or an empty principal) 401. The error
+	// itself is logged, never sent.
 	Authenticate func(ctx context.Context, bearer string) (principal string, err error)
 	// OAuth, when set, also accepts OAuth 2.1 access tokens of one
 	// issuer, and answers a missing or rejected token with its challenge.
@@ -169,6 +171,11 @@ type Server struct {
 	now    func() time.Time
 	budget *ratelimit.Budget
 	recent recentPrincipals
+	// working holds a slot for each request doing its store work (see
+	// enter).
+	working  chan struct{}
+	sharesMu sync.Mutex
+	shares   map[string]int // working slots held, by principal
 	// pageSize is the tasks/list page size (tests shrink it).
 	pageSize int
 	mcp      *mcp.Server
@@ -235,6 +242,8 @@ func New(opts Options) (*Server, error) {
 		log:      log,
 		now:      time.Now,
 		budget:   ratelimit.NewBudget(opts.RequestsPerSecond, opts.RequestBurst, opts.MaxInFlightPerPrincipal),
+		working:  make(chan struct{}, maxWorking),
+		shares:   map[string]int{},
 		pageSize: listPageSize,
 		stateKey: make([]byte, 32),
 	}
@@ -407,13 +416,14 @@ func unreachableTool(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult
 // checkObjectSchema reports whether schema is a JSON object with "type":
 // "object", which the SDK requires (it would panic otherwise).
 func checkObjectSchema(schema json.RawMessage) error {
-	var m struct {
-		Type json.RawMessage `json:"type"`
+	// A map, not a struct: encoding/json matches struct fields without
+	// regard to case, and "tYpe" is not "type" to a client.
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(schema, &m); err != nil || m == nil {
+		return fmt.Errorf("input schema is not a JSON object: %v", err)
 	}
-	if err := json.Unmarshal(schema, &m); err != nil {
-		return fmt.Errorf("input schema is not a JSON object: %w", err)
-	}
-	if !bytes.Equal(bytes.TrimSpace(m.Type), []byte(`"object"`)) {
+	var typ string
+	if json.Unmarshal(m["type"], &typ) != nil || typ != "object" {
 		return errors.New(`input schema must have "type": "object"`)
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -170,6 +171,11 @@ func FuzzSlackInteraction(f *testing.F) {
 	// back a second at a time (Slack's window is five minutes).
 	sent := map[string]bool{}
 	f.Fuzz(func(t *testing.T, body []byte) {
+		hung := time.AfterFunc(10*time.Second, func() {
+			buf := make([]byte, 1<<20)
+			panic("hung:\n" + string(buf[:runtime.Stack(buf, true)]))
+		})
+		defer hung.Stop()
 		body = bytes.ReplaceAll(body, []byte(refMark), []byte(e.rec.ApprovalRef))
 		d.mu.Lock()
 		before := len(d.calls)

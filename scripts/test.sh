@@ -52,6 +52,11 @@ go test -race -count=1 "${light[@]}"
 
 # internal/browsertest (the approver site in headless Chromium) is among them;
 # it fails with install instructions when Chromium is missing.
+# Load tests cannot run under -race (its goroutine limit, and its cost on
+# the clients' bulk writes); internal/abusetest builds them only without it.
+echo "== load tests (internal/abusetest, without -race)"
+go test -count=1 -run 'TestTenThousandPollers|TestOversizeBodiesInBulk' ./internal/abusetest
+
 echo "== go test, packages linking the Temporal server (${#heavy[@]} packages)"
 go test -count=1 -timeout 20m "${heavy[@]}"
 

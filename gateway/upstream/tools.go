@@ -147,12 +147,17 @@ func inputSchema(s any) (json.RawMessage, error) {
 	if json.Unmarshal(b, &obj) != nil || obj == nil {
 		return nil, errors.New("not a JSON object")
 	}
+	// The key exactly: encoding/json matches struct fields without regard
+	// to case, so {"tYpe":"object"} decodes as a Schema of type object,
+	// yet clients that check the listing see no "type" and may refuse the
+	// whole tools/list.
+	var typ string
+	if json.Unmarshal(obj["type"], &typ) != nil || typ != "object" {
+		return nil, errors.New(`type is not "object"`)
+	}
 	var js jsonschema.Schema
 	if err := json.Unmarshal(b, &js); err != nil {
 		return nil, err
-	}
-	if js.Type != "object" {
-		return nil, errors.New(`type is not "object"`)
 	}
 	if _, err := js.Resolve(nil); err != nil {
 		return nil, err

@@ -626,7 +626,7 @@ func TestStdioMalformedJSON(t *testing.T) {
 	var logs logBuf
 	junk := Start(context.Background(), Options{
 		Name: "junk", Command: []string{os.Args[0]}, Env: map[string]string{helperEnv: "junk"},
-		ListTimeout: time.Second, Logger: logs.logger(),
+		ListTimeout: 5 * time.Second, Logger: logs.logger(),
 	})
 	t.Cleanup(func() { junk.Close() })
 	ch := make(changes, 100)
@@ -684,5 +684,24 @@ func TestLineLogger(t *testing.T) {
 	want := []string{"one", "two", "three" + strings.Repeat("x", maxStderrLine-5), strings.Repeat("x", 15)}
 	if !reflect.DeepEqual(lines, want) {
 		t.Fatalf("lines %q", lines)
+	}
+}
+
+// Found by FuzzUpstreamToolList: keys of an input schema are matched
+// exactly, as clients read them, not as encoding/json decodes structs.
+func TestInputSchemaKeysExact(t *testing.T) {
+	for _, tc := range []struct {
+		schema any
+		ok     bool
+	}{
+		{map[string]any{"type": "object"}, true},
+		{map[string]any{"tYpe": "object"}, false},
+		{map[string]any{"Type": "object", "properties": map[string]any{}}, false},
+		{map[string]any{"type": "string"}, false},
+		{nil, false},
+	} {
+		if _, err := inputSchema(tc.schema); (err == nil) != tc.ok {
+			t.Errorf("%v: %v, want ok=%v", tc.schema, err, tc.ok)
+		}
 	}
 }

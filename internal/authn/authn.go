@@ -39,8 +39,12 @@ var (
 	// ErrInvalidToken, so callers that answer both with 401 need test only
 	// for that; it tells them apart for the message.
 	ErrMissingToken = fmt.Errorf("%w: no bearer token", ErrInvalidToken)
-	ErrInvalidName  = errors.New("authn: name must be 1-64 characters of letters, digits, '.', '_', '-' or '@'")
-	ErrNameTaken    = errors.New("authn: an agent with that name already exists")
+	// ErrUnavailable is wrapped by lookups that failed because the token
+	// store could not answer (NATS down or slow): not a verdict on the
+	// token, so callers answer 503, never 401.
+	ErrUnavailable = errors.New("authn: token store unavailable")
+	ErrInvalidName = errors.New("authn: name must be 1-64 characters of letters, digits, '.', '_', '-' or '@'")
+	ErrNameTaken   = errors.New("authn: an agent with that name already exists")
 )
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9._@-]{1,64}$`)
@@ -142,7 +146,7 @@ func (t *Tokens) Lookup(ctx context.Context, token string) (Principal, error) {
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return Principal{}, ErrInvalidToken
 		}
-		return Principal{}, fmt.Errorf("authn: lookup: %w", err)
+		return Principal{}, fmt.Errorf("%w: lookup: %w", ErrUnavailable, err)
 	}
 	var p Principal
 	if err := json.Unmarshal(e.Value(), &p); err != nil {
