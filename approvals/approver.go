@@ -8,6 +8,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/countersign/countersign/internal/canon"
 	"github.com/countersign/countersign/internal/telemetry"
 	"github.com/countersign/countersign/passkey"
@@ -129,6 +131,12 @@ func (s *Service) Decide(ctx context.Context, ref string, d tasks.DecisionUpdate
 	if d.Decision != tasks.DecisionApprove && d.Decision != tasks.DecisionDeny {
 		return Verdict{}, ErrInvalidDecision
 	}
+	// The decision is a request of its own (an approver's, maybe hours
+	// later): its span starts its own trace, linked to the tools/call that
+	// created the task.
+	ctx, span := s.opts.Telemetry.StartLinkedSpan(ctx, "approval decision", rec.TraceParent,
+		attribute.String(telemetry.AttrTaskID, rec.TaskID), attribute.String("countersign.approval_decision", string(d.Decision)))
+	defer span.End()
 	ctx = telemetry.WithTaskID(ctx, rec.TaskID)
 	reason, err := s.checkEvidence(ctx, rec, d)
 	if err != nil {

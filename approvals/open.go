@@ -152,6 +152,7 @@ func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 	}
 	rec, in := s.newTask(c, taskID, dedupKey)
 	ctx = telemetry.ForTask(ctx, taskID)
+	rec.TraceParent = telemetry.TraceParent(ctx)
 	if err := s.store.Create(ctx, rec); err != nil {
 		s.releasePending(ctx, c.Principal, taskID)
 		if dedupKey != "" {

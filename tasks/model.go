@@ -139,6 +139,10 @@ type Record struct {
 	// (activities.Publish): a write with a sequence at or below it is a
 	// retry or a late duplicate and changes nothing.
 	Seq int64 `json:"seq,omitempty"`
+	// TraceParent is the W3C traceparent of the request that created the
+	// task (its tools/call span), when tracing was on: an approver's
+	// decision, a request of its own, links its span to it.
+	TraceParent string `json:"traceParent,omitempty"`
 	// TTL is the task's lifetime from creation; it covers the approval
 	// window plus result retention (DefaultResultRetention unless
 	// configured) and is extended when the task ends.

@@ -315,6 +315,26 @@ func TestTelemetryGatedCall(t *testing.T) {
 				t.Errorf("span chain %q lacks %q", joined, want)
 			}
 		}
+		// The approver's decision: a trace of its own, whose span links
+		// to the tools/call that created the task, and holds the
+		// workflow update.
+		var decision tracetest.SpanStub
+		for _, sp := range spans.GetSpans() {
+			if sp.Name == "approval decision" {
+				decision = sp
+			}
+		}
+		if !decision.SpanContext.IsValid() || len(decision.Links) != 1 ||
+			decision.Links[0].SpanContext.TraceID() != root.SpanContext.TraceID() || decision.Links[0].SpanContext.SpanID() != root.SpanContext.SpanID() {
+			t.Fatalf("the approval decision span %q does not link to tools/call %s: %+v", decision.Name, root.SpanContext.SpanID(), decision.Links)
+		}
+		update := false
+		for _, sp := range spans.GetSpans() {
+			update = update || (strings.HasPrefix(sp.Name, "UpdateWorkflow") && sp.Parent.SpanID() == decision.SpanContext.SpanID())
+		}
+		if !update {
+			t.Error("no UpdateWorkflow span under the approval decision")
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		want := root.SpanContext.TraceID().String()

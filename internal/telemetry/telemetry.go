@@ -53,6 +53,37 @@ func (t *Telemetry) StartSpan(ctx context.Context, name string, kind trace.SpanK
 	return t.Tracer().Start(ctx, name, trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
 }
 
+// TraceParent is ctx's span context as a W3C traceparent, "" when ctx has
+// no valid one (tracing off, or no span).
+func TraceParent(ctx context.Context) string {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return ""
+	}
+	c := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, c)
+	return c.Get("traceparent")
+}
+
+// StartLinkedSpan starts a span as a child of ctx's, linked to the span a
+// traceparent names (TraceParent's form; "" or a malformed one: no link).
+// It joins a later request (an approver's decision) to the trace of the
+// request it concerns (the tools/call that created the task) without
+// making it part of that trace. With tracing off it returns ctx and a
+// no-op span.
+func (t *Telemetry) StartLinkedSpan(ctx context.Context, name, traceparent string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	if !t.TracingOn() {
+		return ctx, noSpan
+	}
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...)}
+	if traceparent != "" {
+		linked := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": traceparent})
+		if sc := trace.SpanContextFromContext(linked); sc.IsValid() {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+		}
+	}
+	return t.Tracer().Start(ctx, name, opts...)
+}
+
 // instrumentationName names Countersign's tracer and meter.
 const instrumentationName = "github.com/countersign/countersign"
 
