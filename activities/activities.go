@@ -48,6 +48,47 @@ type Activities struct {
 	// Telemetry counts the transitions and ends the read model records and
 	// times approval decisions; nil records nothing.
 	Telemetry *telemetry.Telemetry
+	// Crash, when set, is called at each [CrashPoint] with the task's ID,
+	// and may kill the process there. Only a crash-trial build sets it
+	// (internal/app, `go build -tags crashpoints`, for internal/e2e
+	// TestCrashTrials); a release binary has no code that sets it, and no
+	// flag, variable or file reaches it.
+	Crash func(point CrashPoint, taskID string)
+}
+
+// CrashPoint names a step of a task where [Activities.Crash] is called.
+type CrashPoint string
+
+// The crash points, in the order a task passes them.
+const (
+	// CrashDecide: VerifyDecision has consumed the approver's challenge;
+	// the workflow task that counts the decision has not committed.
+	CrashDecide CrashPoint = "decide"
+	// CrashClaim: before the claim. Reevaluate runs inside the workflow
+	// task that takes the execution claim; that task has not committed.
+	CrashClaim CrashPoint = "claim"
+	// CrashExecute: between the claim and the execution. ExecuteTool has
+	// started (the claim committed) and has not called the tool.
+	CrashExecute CrashPoint = "execute"
+	// CrashTool: during the tool. The tool has acted (the effect is made)
+	// and its result is not reported.
+	CrashTool CrashPoint = "tool"
+	// CrashPublish: the outbox's Publish has written the first entry of a
+	// batch of several and not the rest.
+	CrashPublish CrashPoint = "publish"
+	// CrashRecord: while the result is recorded. Complete has sealed the
+	// audit chain and not written the terminal read model.
+	CrashRecord CrashPoint = "record"
+)
+
+// CrashPoints lists every CrashPoint.
+var CrashPoints = []CrashPoint{CrashDecide, CrashClaim, CrashExecute, CrashTool, CrashPublish, CrashRecord}
+
+// crash calls the Crash hook, if any.
+func (a *Activities) crash(point CrashPoint, taskID string) {
+	if a.Crash != nil {
+		a.Crash(point, taskID)
+	}
 }
 
 func (a *Activities) resultRetention() time.Duration {
@@ -227,6 +268,7 @@ func (a *Activities) VerifyDecision(ctx context.Context, in VerifyDecisionInput)
 		}
 		return VerifyDecisionOutput{}, fmt.Errorf("activities: verify decision for %s: %w", env.TaskID, err)
 	}
+	a.crash(CrashDecide, env.TaskID)
 	return VerifyDecisionOutput{
 		Version:      Version,
 		Accepted:     true,
@@ -250,6 +292,7 @@ func (a *Activities) Reevaluate(ctx context.Context, in ReevaluateInput) (Reeval
 		return ReevaluateOutput{}, err
 	}
 	env := in.Envelope
+	a.crash(CrashClaim, env.TaskID)
 	approvals := make([]pdp.Approval, 0, len(in.Approvals))
 	for _, e := range in.Approvals {
 		if e.Decision != tasks.DecisionApprove {
@@ -325,6 +368,7 @@ func (a *Activities) ExecuteTool(ctx context.Context, in ExecuteToolInput) (Exec
 			"activities: envelope does not match its action hash", ErrTypeEnvelopeMismatch, err)
 	}
 	stop := heartbeat(ctx)
+	a.crash(CrashExecute, env.TaskID)
 	res, err := a.Tools.Execute(ctx, env.Tool, gateway.Call{
 		IdempotencyKey: env.TaskID,
 		Principal:      env.Principal,
@@ -332,6 +376,7 @@ func (a *Activities) ExecuteTool(ctx context.Context, in ExecuteToolInput) (Exec
 		Inputs:         env.InputResponses,
 	})
 	stop()
+	a.crash(CrashTool, env.TaskID)
 	if err != nil {
 		if errors.Is(err, gateway.ErrUnknownTool) || errors.Is(err, gateway.ErrNotSent) {
 			// The tool is gone (its upstream is down) or could not be
@@ -403,6 +448,7 @@ func (a *Activities) Complete(ctx context.Context, in CompleteInput) error {
 	if err != nil {
 		return err
 	}
+	a.crash(CrashRecord, in.TaskID)
 	var result json.RawMessage
 	if in.Status == tasks.StatusCompleted {
 		out := tasks.Outcome(in.Disposition, in.Tool, in.Detail, in.ToolResult)

@@ -33,7 +33,10 @@ func (a *Activities) Publish(ctx context.Context, in PublishInput) error {
 		return temporal.NewNonRetryableApplicationError(
 			fmt.Sprintf("activities: publish batch of %d entries, at most %d", len(in.Entries), MaxPublishBatch), ErrTypeInvalidInput, nil)
 	}
-	for _, e := range in.Entries {
+	for i, e := range in.Entries {
+		if i == 1 {
+			a.crash(CrashPublish, in.TaskID)
+		}
 		err := a.publishOne(ctx, in.TaskID, e)
 		if err == nil {
 			continue

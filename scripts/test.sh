@@ -17,6 +17,9 @@ fi
 
 echo "== go vet"
 go vet ./...
+# The crash-trial build (internal/app/crashpoints.go, which TestCrashTrials
+# builds and runs) has code of its own.
+go vet -tags crashpoints ./internal/app
 
 echo "== staticcheck"
 go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...

@@ -100,6 +100,9 @@ type App struct {
 	decide      *notify.DecisionService
 	// upstreams are the configured upstream MCP servers (upstreams.go).
 	upstreams []namedUpstream
+	// crash is the worker's activities.Activities.Crash: set only in a
+	// crash-trial build (crashpoints.go).
+	crash func(activities.CrashPoint, string)
 
 	Store        *tasks.Store
 	Orchestrator *tasks.Orchestrator
@@ -127,6 +130,10 @@ type App struct {
 // ready; the HTTP listener is bound but not yet serving (see Run). On error,
 // whatever was started is stopped again.
 func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Writer) (_ *App, err error) {
+	crash, err := armCrashPoints(&cfg) // a crash-trial build only; see crashpoints.go
+	if err != nil {
+		return nil, err
+	}
 	if err := cfg.Resolve(mode); err != nil {
 		return nil, err
 	}
@@ -138,7 +145,10 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	if out == nil {
 		out = io.Discard
 	}
-	a := &App{cfg: cfg, mode: mode, log: log, out: out}
+	a := &App{cfg: cfg, mode: mode, log: log, out: out, crash: crash}
+	if crash != nil {
+		log.Warn("crash-trial build (-tags crashpoints): crash points are logged, and the armed ones kill the process")
+	}
 	file := cfg.File
 	defer func() {
 		if err != nil {
@@ -456,6 +466,7 @@ func (a *App) startWorker() error {
 		Telemetry: a.tel,
 
 		ResultRetention: a.cfg.ResultRetention,
+		Crash:           a.crash,
 	})
 	if err := w.Start(); err != nil {
 		return fmt.Errorf("start worker: %w", err)
