@@ -60,8 +60,10 @@ go test -race -count=1 "${light[@]}"
 echo "== load tests (internal/abusetest, without -race)"
 go test -count=1 -run 'TestTenThousandPollers|TestOversizeBodiesInBulk' ./internal/abusetest
 
+# internal/e2e holds the crash trials (TestCrashTrials: 30 restarts of
+# countersign dev, several minutes on a loaded 2-core machine).
 echo "== go test, packages linking the Temporal server (${#heavy[@]} packages)"
-go test -count=1 -timeout 20m "${heavy[@]}"
+go test -count=1 -timeout 45m "${heavy[@]}"
 
 # Short fuzz runs of the parsers of untrusted input (their seed corpora ran
 # above with the unit tests); docs/benchmarks.md "Fuzzing" has longer runs.

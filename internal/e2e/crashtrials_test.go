@@ -161,7 +161,20 @@ func TestCrashTrials(t *testing.T) {
 	// its timeout, a claimed call whose worker died ends outcome-unknown
 	// after the heartbeat timeout, a Publish that died is retried after its
 	// 30 s timeout).
-	h.settleAll(3 * time.Minute)
+	h.settleAll(45*time.Second, false)
+	if h.unsettled() > 0 {
+		// What is left is, normally, orphans: calls whose record was
+		// created but whose workflow was never started (the process died
+		// between the two). The client's repeated call joins such a record,
+		// and no approver can decide it; the reconciler fails it (tasks
+		// .Reconcile) at the next start once it is a minute old, or within
+		// 5 minutes. Restart once it is.
+		wait := time.Until(h.deaths[len(h.deaths)-1].at.Add(65 * time.Second))
+		t.Logf("%d calls could not be approved; restarting in %v so that the reconciler ends the orphans among them", h.unsettled(), wait.Round(time.Second))
+		time.Sleep(wait)
+		h.restart("")
+		h.settleAll(90*time.Second, true)
+	}
 	h.adoptPending()
 	ended := h.waitEnded(4 * time.Minute)
 	h.judge()
@@ -236,10 +249,6 @@ type trialHarness struct {
 // randomKillWindow bounds a random kill's moment.
 const randomKillWindow = 6 * time.Second
 
-// crashTrialHeartbeat is the children's ExecuteTool heartbeat timeout: a
-// call whose worker died ends outcome-unknown this soon after the restart.
-const crashTrialHeartbeat = 3 * time.Second
-
 func newTrialHarness(t *testing.T, bin string) *trialHarness {
 	tmp := t.TempDir()
 	h := &trialHarness{t: t, bin: bin, dir: filepath.Join(tmp, "data"), port: devtest.FreePort(t),
@@ -271,8 +280,12 @@ func (h *trialHarness) restart(point activities.CrashPoint) {
 		cmd := exec.Command(h.bin, "dev", "--data-dir", h.dir, "--addr", fmt.Sprintf("127.0.0.1:%d", h.port),
 			"--rate-per-minute", "1000000", "--rate-burst", "1000000", "--max-pending", "1000000",
 			"--requests-per-second", "1000000", "--request-burst", "1000000", "--max-in-flight", "1000000")
+		// The default ExecuteTool heartbeat timeout (30 s): a lower one
+		// (COUNTERSIGN_CRASHPOINTS_HEARTBEAT) cut live calls short on a
+		// heavily loaded machine (3 s: 3 of 90 calls ended outcome-unknown
+		// with no death), which this test rightly counts as a failure.
 		cmd.Env = append(os.Environ(), "COUNTERSIGN_CRASHPOINTS="+spec, "COUNTERSIGN_CRASHPOINTS_LOG="+h.pointLog,
-			"COUNTERSIGN_CRASHPOINTS_HEARTBEAT="+crashTrialHeartbeat.String())
+			"COUNTERSIGN_CRASHPOINTS_HEARTBEAT=")
 		c, err := runCrashChild(h.t, cmd, h.dir, h.port)
 		if err == nil {
 			h.child = c
@@ -380,6 +393,9 @@ func (h *trialHarness) drive(tk *trialTask, stop <-chan struct{}) {
 		default:
 		}
 		if err := h.step(tk); err != nil {
+			if n := len(tk.answers); n == 0 || tk.answers[n-1] != err.Error() {
+				tk.answers = append(tk.answers, err.Error())
+			}
 			return
 		}
 	}
@@ -454,7 +470,14 @@ func (h *trialHarness) step(tk *trialTask) error {
 			return e.Kind == "requested"
 		})
 		if a.code != 200 || !requested {
-			time.Sleep(50 * time.Millisecond)
+			// Not shown yet, or never (an orphan the reconciler has
+			// failed: its page may not exist).
+			if d, err := h.getTask(tk.taskID); err == nil && d.Status.Terminal() {
+				tk.answers = append(tk.answers, "task: "+string(d.Status))
+				tk.set(func() { tk.settled = true })
+				return nil
+			}
+			time.Sleep(100 * time.Millisecond)
 			return nil
 		}
 		a = send(h.hc, h.request("POST", "/approver/v1/approvals/"+tk.ref+"/challenge", "", map[string]any{"decision": "approve"}))
@@ -546,8 +569,9 @@ func (h *trialHarness) plainCall(tool string, args map[string]any) *http.Request
 	return req
 }
 
-// settleAll drives every unsettled task on a child without crash points.
-func (h *trialHarness) settleAll(within time.Duration) {
+// settleAll drives every unsettled task on a child without crash points;
+// last reports those that are still not settled.
+func (h *trialHarness) settleAll(within time.Duration, last bool) {
 	deadline := time.Now().Add(within)
 	for h.unsettled() > 0 && time.Now().Before(deadline) {
 		var wg sync.WaitGroup
@@ -569,8 +593,8 @@ func (h *trialHarness) settleAll(within time.Duration) {
 		}
 	}
 	for _, tk := range h.tasks {
-		if !tk.settled {
-			h.t.Errorf("task %s (%v): the approver could not get a decision through in %v: %v", tk.taskID, tk.args["to"], within, tk.answers)
+		if !tk.settled && last {
+			h.t.Errorf("task %s (%v): the approver could not get a decision through: %v", tk.taskID, tk.args["to"], tk.answers)
 		}
 	}
 }
@@ -781,9 +805,17 @@ func (h *trialHarness) judge() {
 			fail("%v", err)
 		}
 		view := viewOf(d.Status, disposition(d))
-		h.histogram[view]++
 		cf := readChain(chains[tk.taskID])
 		tv, ok := verdicts[tk.taskID]
+		if view == string(tasks.StatusFailed) && len(chains[tk.taskID]) == 0 && !tk.accepted &&
+			effects[tk.taskID] == 0 && toolCalls[tk.taskID] == 0 {
+			// An orphan (see the end of TestCrashTrials): a record without
+			// a workflow, failed by the reconciler. Nothing was decided or
+			// run, so there is nothing in the audit log.
+			h.histogram["failed (orphan: no workflow)"]++
+			continue
+		}
+		h.histogram[view]++
 		switch {
 		case !d.Status.Terminal():
 			fail("not terminal: %s (%s)", d.Status, d.StatusMessage)
