@@ -169,8 +169,8 @@ func judgeCrashTrial(t *testing.T, hc *http.Client, s *devtest.Stack, keys []ed2
 
 	// A task that counted the decision runs at once, or within the workflow
 	// task timeout (10 s) when its workflow task died with the process. If
-	// the process died while the tool ran, the activity's result is lost with
-	// it and the task stays working until ExecuteTimeout (then
+	// the process died after the claim, the attempt is lost with it and the
+	// task stays working until the attempt's heartbeat runs out (then
 	// outcome-unknown). One that did not count it stays pending. Give each
 	// 12 s.
 	var d devtest.DetailedTask
@@ -235,6 +235,14 @@ func judgeCrashTrial(t *testing.T, hc *http.Client, s *devtest.Stack, keys []ed2
 	verdict := viewOf(d.Status, disposition(d))
 	sealWait := 10 * time.Second
 	switch {
+	case d.Status.Terminal() && verdict == string(tasks.OutcomeUnknown):
+		// The kill fell after the claim, during or just before the tool,
+		// and the attempt's heartbeat ran out (workflows.Options): an
+		// honest outcome-unknown, whose tool ran at most once. The chain
+		// must show the claim (checked below).
+		if effects > 1 {
+			fail("%d ledger effects, want at most 1", effects)
+		}
 	case d.Status.Terminal():
 		if verdict != string(tasks.ApprovedExecuted) {
 			fail("the task ended %s (%s), want approved-executed", verdict, d.StatusMessage)
@@ -243,8 +251,9 @@ func judgeCrashTrial(t *testing.T, hc *http.Client, s *devtest.Stack, keys []ed2
 			fail("%d ledger effects, want 1", effects)
 		}
 	default:
-		// The kill fell while the tool ran; it ends outcome-unknown after
-		// ExecuteTimeout. The decision counted, which is what this test is about.
+		// The kill fell while the tool ran; it ends outcome-unknown when
+		// the attempt's heartbeat runs out. The decision counted, which is
+		// what this test is about.
 		verdict = fmt.Sprintf("executing (%s, %d ledger effects: its ExecuteTool attempt died with the process)", view.Status, effects)
 		sealWait = 0
 		if effects > 1 {
@@ -263,6 +272,9 @@ func judgeCrashTrial(t *testing.T, hc *http.Client, s *devtest.Stack, keys []ed2
 	cf := readChain(lines)
 	if rep := audit.Verify(lines, keys, audit.VerifyOptions{AllowIncomplete: sealWait == 0}); !rep.OK {
 		fail("the chain does not verify: %s", verifyProblems(rep))
+	}
+	if verdict == string(tasks.OutcomeUnknown) && !cf.claimed {
+		fail("the task ended outcome-unknown but its chain has no claim: outcome-unknown only after the claim")
 	}
 	if n := cf.acceptedApprovals(); n != 1 || len(cf.accepted) != 1 {
 		fail("the audit chain holds %d accepted decisions (%d distinct approvals), want 1", len(cf.accepted), n)
