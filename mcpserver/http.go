@@ -91,14 +91,14 @@ func (s *Server) httpHandler(sdk, sse http.Handler) http.Handler {
 
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, sdk, sse http.Handler) {
 	var body []byte
-	if s.refuseKnownOverBudget(w, r, &body) {
+	hint, refused := s.refuseKnownOverBudget(w, r, &body)
+	if refused {
 		return
 	}
 	// The token lookup holds a working slot (counted against the
 	// principal's share when the token is a recent one); the body is read
 	// outside one (internal/httplimit bounds slow bodies), and a quick
 	// method takes one again once admitted by its budget.
-	hint, _ := s.recent.get(bearerToken(r))
 	leave, ok := s.enter(w, r, hint, nil)
 	if !ok {
 		return
@@ -321,25 +321,26 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 // token up again: a flooding agent's refusals must stay cheap, or they
 // slow everyone down just the same. The token cache only ever refuses;
 // admission always authenticates. A POST body it had to read (for the
-// method and id) is left in *body.
-func (s *Server) refuseKnownOverBudget(w http.ResponseWriter, r *http.Request, body *[]byte) bool {
+// method and id) is left in *body. principal is the token's recently seen
+// principal ("" when unknown), for the working-slot share (enter).
+func (s *Server) refuseKnownOverBudget(w http.ResponseWriter, r *http.Request, body *[]byte) (principal string, refused bool) {
 	if s.opts.NoAuth {
-		return false
+		return "", false
 	}
 	principal, ok := s.recent.get(bearerToken(r))
 	if !ok {
-		return false
+		return "", false
 	}
 	full := s.shareFull(principal)
 	if !full && !s.budget.Exhausted(principal, s.now()) {
-		return false
+		return principal, false
 	}
 	var method string
 	var id json.RawMessage
 	if r.Method == http.MethodPost {
 		b, ok := s.readBody(w, r)
 		if !ok {
-			return true
+			return principal, true
 		}
 		*body = b
 		var msg envelope
@@ -354,10 +355,10 @@ func (s *Server) refuseKnownOverBudget(w http.ResponseWriter, r *http.Request, b
 		retry, refused = max(retry, time.Second), true
 	}
 	if !refused {
-		return false
+		return principal, false
 	}
 	s.refuse(w, r, principal, method, id, retry)
-	return true
+	return principal, true
 }
 
 // admit charges one request to principal's budget. Admitted, the request
