@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/descope/virtualwebauthn"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/countersign/countersign/activities"
 	"github.com/countersign/countersign/approvals"
@@ -35,6 +36,7 @@ const (
 // the demo ledger), the default policy and the demo tools, with one of the
 // engines: the Temporal workflow (contract_test.go) or the in-memory one.
 type fixture struct {
+	js       jetstream.JetStream
 	store    *tasks.Store
 	passkeys *passkey.Service
 	ledger   *gateway.Ledger
@@ -55,7 +57,7 @@ func newFixture(t *testing.T, start func(t *testing.T, act *activities.Activitie
 	t.Helper()
 	ctx := context.Background()
 	js, _ := testnats.Start(t)
-	f := &fixture{rp: virtualwebauthn.RelyingParty{ID: "localhost", Name: "Countersign", Origin: testOrigin}}
+	f := &fixture{js: js, rp: virtualwebauthn.RelyingParty{ID: "localhost", Name: "Countersign", Origin: testOrigin}}
 	var err error
 	if f.store, err = tasks.NewStore(ctx, js, tasks.StoreOptions{}); err != nil {
 		t.Fatal(err)

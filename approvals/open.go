@@ -69,10 +69,11 @@ type Call struct {
 	At time.Time
 }
 
-// resumeAfter is how old a verified task's record must be, without a
-// workflow, before a retry of its call resumes it (resumeVerified): an Open
-// writes the record and starts the workflow within milliseconds, so an
-// older record without one is a crash's leftover. Even a slower start is
+// resumeAfter is how old a task's last start attempt must be, with no
+// workflow having written to its record, before a call that finds the
+// record asks Temporal about it and resumes it (resume): an Open writes the
+// record and starts the workflow within milliseconds, so an older record
+// without one is most likely a crash's leftover. Even a slower start is
 // safe: the workflow ID admits one workflow.
 const resumeAfter = 2 * time.Second
 
@@ -139,6 +140,12 @@ func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 			rec, err := s.store.GetOwned(ctx, existing, c.Principal)
 			if err != nil {
 				return Opened{}, fmt.Errorf("approvals: dedup slot names task %s: %w", existing, err)
+			}
+			// A task joined before its workflow has written to it may be
+			// the orphan of a crash (its server died between the record
+			// and the start): this identical call starts it.
+			if rec, _, err = s.resume(ctx, c, rec); err != nil {
+				return Opened{}, err
 			}
 			s.log.InfoContext(ctx, "approvals: identical call joined pending task", "task_id", rec.TaskID, "tool", c.Tool)
 			return Opened{Task: rec, Joined: true}, nil
@@ -371,39 +378,111 @@ func (s *Service) startOutcome(ctx context.Context, taskID string, startErr erro
 }
 
 // resumeVerified answers an Open of a verified task whose record exists:
-// tasks.ErrTaskExists, unless the task is still working and its workflow
-// does not exist, which only a crash between the record and the start
-// leaves behind. Then the workflow is started from the record (same
-// approval reference, creation time and expiry) and the task returned: the
-// caller, the same signed call sent again, gets the call it signed run once.
-// Should the original start land meanwhile, the workflow ID admits one.
-// A record younger than resumeAfter is never resumed.
+// tasks.ErrTaskExists (SEP-2672 answers challenge_consumed), unless the
+// task is an orphan that this call, the same signed call sent again, has
+// just started (resume).
 func (s *Service) resumeVerified(ctx context.Context, c Call, existing tasks.Record) (Opened, error) {
-	if existing.Status.Terminal() || existing.Owner != c.Principal || s.now().Sub(existing.CreatedAt) < resumeAfter {
-		// Ended, not the caller's, or young enough that its own Open may
-		// still be starting it (a concurrent second submission, which
-		// SEP-2672 answers challenge_consumed).
+	if existing.Owner != c.Principal {
 		return Opened{}, tasks.ErrTaskExists
 	}
-	running, err := s.engine.Running(ctx, existing.TaskID)
+	rec, resumed, err := s.resume(ctx, c, existing)
 	if err != nil {
 		return Opened{}, err
 	}
-	if running {
+	if !resumed {
 		return Opened{}, tasks.ErrTaskExists
 	}
-	c.At = existing.CreatedAt
-	_, in := s.newTask(c, existing.TaskID, "")
-	in.ApprovalRef, in.ExpiresAt = existing.ApprovalRef, existing.ExpiresAt
-	if err := s.engine.Start(ctx, in); err != nil {
-		if s.startOutcome(ctx, existing.TaskID, err) == startedAnyway {
-			return Opened{}, tasks.ErrTaskExists
-		}
-		return Opened{}, err
-	}
-	s.log.WarnContext(ctx, "approvals: verified task resumed: its workflow had not started", "task_id", existing.TaskID, "tool", c.Tool)
-	return Opened{Task: existing}, nil
+	return Opened{Task: rec}, nil
 }
+
+// resume starts the workflow of a task whose record exists without one:
+// the orphan of a crash between Open's two steps (the record, then the
+// start). c is the same call again: a verified call's signed retry, or an
+// identical approval call that joined the task through its dedup slot.
+// Without this the task would sit "working" (an approval page nobody can
+// act on, a dedup slot that hands the dead task to every identical call)
+// until the reconciler failed it.
+//
+// A record a workflow has written to (Seq > 0) is confirmed and left as it
+// is. An unconfirmed one is waited on until its last start attempt is
+// resumeAfter old (its own Open may still be starting it), then Temporal is
+// asked; a workflow it has never heard of is started from the record (its
+// approval reference, creation time, requirement and expiry; the rest of
+// the input from c). Before the start the record is marked, by
+// compare-and-set (tasks.Record.StartAttemptAt), and the reconciler fails
+// only records whose last start attempt is older than its grace (longer
+// than startTimeout): so either the reconciler failed it first and nothing
+// starts, or the mark came first and the reconciler leaves it alone. Two
+// resumes at once, or a resume and a late original start, are one
+// workflow: its ID admits one.
+//
+// It returns the record as it stands and whether this call started the
+// workflow.
+func (s *Service) resume(ctx context.Context, c Call, r tasks.Record) (tasks.Record, bool, error) {
+	for {
+		age, unconfirmed := r.Unconfirmed(s.now())
+		if r.Status.Terminal() || !unconfirmed {
+			return r, false, nil
+		}
+		if age >= resumeAfter {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return r, false, ctx.Err()
+		case <-time.After(min(resumeAfter-age, resumePoll)):
+		}
+		var err error
+		if r, err = s.store.Get(ctx, r.TaskID); err != nil {
+			return r, false, err
+		}
+	}
+	known, err := s.engine.Running(ctx, r.TaskID)
+	if err != nil || known {
+		return r, false, err
+	}
+	attempt := s.now().UTC()
+	marked, err := s.store.Update(ctx, r.TaskID, func(cur *tasks.Record) error {
+		if _, unconfirmed := cur.Unconfirmed(attempt); cur.Status.Terminal() || !unconfirmed || !cur.StartAttemptAt.Equal(r.StartAttemptAt) {
+			return errNotResumable // failed, confirmed or resumed meanwhile
+		}
+		cur.StartAttemptAt = attempt
+		return nil
+	})
+	if errors.Is(err, errNotResumable) {
+		return marked, false, nil
+	}
+	if err != nil {
+		return r, false, err
+	}
+	// A crash right after the record may have left its indexes out (the
+	// approval page and tasks/list would not find it).
+	if err := s.store.Index(ctx, marked); err != nil {
+		return marked, false, err
+	}
+	c.At = r.CreatedAt
+	_, in := s.newTask(c, r.TaskID, r.DedupKey)
+	in.ApprovalRef, in.DisplayText, in.Requirement, in.ExpiresAt = r.ApprovalRef, r.DisplayText, r.Requirement, r.ExpiresAt
+	if c.Mode == tasks.ModeUnattended {
+		in.StartAt = r.ExpiresAt
+	}
+	if err := s.engine.Start(ctx, in); err != nil {
+		if s.startOutcome(ctx, r.TaskID, err) == startedAnyway {
+			return marked, false, nil
+		}
+		// The mark stays: the reconciler fails the record once the
+		// attempt is older than its grace, unless a retry resumes it.
+		return marked, false, err
+	}
+	s.log.WarnContext(ctx, "approvals: task resumed: its workflow had not started", "task_id", r.TaskID, "mode", c.Mode, "tool", c.Tool)
+	return marked, true, nil
+}
+
+// resumePoll is how often resume re-reads a young unconfirmed record.
+const resumePoll = 100 * time.Millisecond
+
+// errNotResumable stops resume's mark of a record that is no orphan.
+var errNotResumable = errors.New("approvals: task is not an orphan")
 
 // releasePending gives back a pending reservation whose task was not
 // created; the caller may have hung up, the release must still happen.

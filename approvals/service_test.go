@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -284,4 +286,146 @@ func TestReconcileFailsOrphans(t *testing.T) {
 	if n, err := f.svc.Reconcile(ctx, 0); err != nil || n != 0 {
 		t.Errorf("second Reconcile = %d, %v; want 0", n, err)
 	}
+}
+
+// orphan writes what a crash between Open's two steps leaves: the record of
+// c's task, created age ago, holding c's dedup slot, with no workflow. With
+// noRef the crash also came before the record's approval-reference index.
+func (f *fixture) orphan(t *testing.T, c approvals.Call, age time.Duration, noRef bool) tasks.Record {
+	t.Helper()
+	ctx := context.Background()
+	rec := tasks.Record{
+		TaskID: tasks.NewID("tsk_"), Owner: c.Principal, Era: c.Era, Status: tasks.StatusWorking,
+		StatusMessage: "Awaiting approval", CreatedAt: time.Now().Add(-age).UTC(), LastUpdatedAt: time.Now().Add(-age).UTC(),
+		TTL: time.Hour, PollInterval: time.Second, Tool: c.Tool, Arguments: c.Arguments, ActionHash: c.ActionHash,
+		DisplayText: c.DisplayText, ApprovalRef: tasks.NewID("apr_"), ApprovalState: tasks.ApprovalPending,
+		Requirement: tasks.Requirement{Group: c.Policy.ApproverGroup, Quorum: c.Policy.Quorum, TTL: c.Policy.ApprovalTTL},
+		ExpiresAt:   time.Now().Add(-age + c.Policy.ApprovalTTL).UTC(),
+		DedupKey:    tasks.DedupKey(c.Principal, c.ActionHash),
+	}
+	if other, err := f.store.ClaimDedup(ctx, rec.DedupKey, rec.TaskID); err != nil || other != "" {
+		t.Fatalf("ClaimDedup = %q, %v", other, err)
+	}
+	if err := f.store.Create(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	if noRef {
+		kv, err := f.js.KeyValue(ctx, tasks.Bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := kv.Delete(ctx, "r."+rec.ApprovalRef); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.store.ByRef(ctx, rec.ApprovalRef); !errors.Is(err, tasks.ErrTaskNotFound) {
+			t.Fatalf("ByRef of an orphan without its index = %v", err)
+		}
+	}
+	return rec
+}
+
+// An identical call that joins the orphan of a crash (a record whose
+// workflow never started, the approval-reference index missing too) starts
+// its workflow: the task becomes approvable instead of sitting "working"
+// until the reconciler fails it. It waits until the record is old enough
+// to judge; a confirmed task is joined as it is.
+func TestJoinResumesOrphan(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	c := f.call(t, "agent-resume", "transfer_funds", transfer(5000, "orphan"), 0)
+	orphan := f.orphan(t, c, 0, true)
+	t0 := time.Now()
+	o, err := f.svc.Open(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.Joined || o.Task.TaskID != orphan.TaskID {
+		t.Fatalf("Open = %s (joined %v), want to join the orphan %s", o.Task.TaskID, o.Joined, orphan.TaskID)
+	}
+	if waited := time.Since(t0); waited < time.Second {
+		t.Errorf("a young orphan was resumed after %v: its own Open may still be starting it", waited)
+	}
+	if running, _ := f.mem.Running(ctx, orphan.TaskID); !running {
+		t.Fatal("the joined orphan's workflow was not started")
+	}
+	got, err := f.store.ByRef(ctx, orphan.ApprovalRef)
+	if err != nil {
+		t.Fatalf("approval page of the resumed task: %v", err)
+	}
+	if got.StartAttemptAt.IsZero() {
+		t.Error("resume did not mark its start attempt")
+	}
+	if _, err := f.svc.View(ctx, orphan.ApprovalRef); err != nil {
+		t.Errorf("View: %v", err)
+	}
+	// The reconciler leaves it alone, and a later identical call joins it.
+	if n, err := f.svc.Reconcile(ctx, 0); err != nil || n != 0 {
+		t.Errorf("Reconcile = %d, %v; want 0", n, err)
+	}
+	if o, err := f.svc.Open(ctx, c); err != nil || !o.Joined || o.Task.TaskID != orphan.TaskID {
+		t.Errorf("second identical call: %s joined %v, %v", o.Task.TaskID, o.Joined, err)
+	}
+	// The approval runs it once.
+	ann := f.enroll(t, "ann", "approvers")
+	if v, err := f.svc.Decide(ctx, got.ApprovalRef, f.sign(t, ann, got.ApprovalRef, tasks.DecisionApprove)); err != nil || !v.Accepted {
+		t.Fatalf("approve the resumed task: %+v, %v", v, err)
+	}
+	final := f.await(t, got)
+	if final.Disposition != tasks.ApprovedExecuted {
+		t.Errorf("resumed task ended %s/%s", final.Status, final.Disposition)
+	}
+}
+
+// Resume and the reconciler judge the same orphan at the same instant, many
+// times: 20 identical calls join an orphan older than the reconciler's grace
+// while it runs. Either the reconciler failed the record and no workflow
+// exists, or the record lives and exactly one workflow runs it; never a
+// failed task whose workflow goes on (a tool that could run under a
+// "failed" task).
+func TestResumeRacesReconcile(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	outcomes := map[string]int{}
+	for round := range 50 {
+		c := f.call(t, "agent-race", "transfer_funds", transfer(5000, fmt.Sprintf("race-%d", round)), 0)
+		orphan := f.orphan(t, c, 2*time.Minute, false)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		joined := make([]string, 20)
+		errs := make([]error, 20)
+		for i := range joined {
+			wg.Go(func() {
+				<-start
+				o, err := f.svc.Open(ctx, c)
+				joined[i], errs[i] = o.Task.TaskID, err
+			})
+		}
+		wg.Go(func() {
+			<-start
+			if _, err := f.svc.Reconcile(ctx, time.Minute); err != nil {
+				t.Errorf("round %d: Reconcile: %v", round, err)
+			}
+		})
+		close(start)
+		wg.Wait()
+		rec, err := f.store.Get(ctx, orphan.TaskID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		running, _ := f.mem.Running(ctx, orphan.TaskID)
+		switch {
+		case rec.Status == tasks.StatusFailed && !running:
+			outcomes["failed by the reconciler"]++
+		case !rec.Status.Terminal() && running:
+			outcomes["resumed"]++
+		default:
+			t.Errorf("round %d: record %s, workflow running %v", round, rec.Status, running)
+		}
+		for i, id := range joined {
+			if errs[i] == nil && id != orphan.TaskID && !rec.Status.Terminal() {
+				t.Errorf("round %d: a call opened %s beside the live task %s", round, id, orphan.TaskID)
+			}
+		}
+	}
+	t.Logf("50 rounds: %v", outcomes)
 }

@@ -139,6 +139,11 @@ type Record struct {
 	// (activities.Publish): a write with a sequence at or below it is a
 	// retry or a late duplicate and changes nothing.
 	Seq int64 `json:"seq,omitempty"`
+	// StartAttemptAt is when a request last set out to start the task's
+	// workflow again because its record had none (approvals resumes the
+	// orphan of a crash between the record and the start). With
+	// CreatedAt it dates the last start attempt; see [Record.Unconfirmed].
+	StartAttemptAt time.Time `json:"startAttemptAt,omitzero"`
 	// TraceParent is the W3C traceparent of the request that created the
 	// task (its tools/call span), when tracing was on: an approver's
 	// decision, a request of its own, links its span to it.
@@ -201,4 +206,23 @@ func ValidID(s string) bool {
 		}
 	}
 	return true
+}
+
+// Unconfirmed reports whether no workflow has written to the record yet
+// (Seq 0) and, if so, how long ago the last start of its workflow was
+// attempted (the creation, or a later resume). A start takes at most a
+// bounded time (approvals' start timeout), so an unconfirmed record older
+// than that, whose workflow Temporal does not know, is an orphan.
+func (r Record) Unconfirmed(now time.Time) (age time.Duration, ok bool) {
+	if r.Seq > 0 {
+		return 0, false
+	}
+	return now.Sub(later(r.CreatedAt, r.StartAttemptAt)), true
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }

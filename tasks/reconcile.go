@@ -54,6 +54,10 @@ func Reconcile(ctx context.Context, s *Store, o WorkflowProbe, grace time.Durati
 	return n, nil
 }
 
+// errNotOrphan stops reconcileOrphans' update of a record that turned out
+// not to be an orphan.
+var errNotOrphan = errors.New("tasks: not an orphan")
+
 func reconcileOrphans(ctx context.Context, s *Store, o WorkflowProbe, grace time.Duration, log *slog.Logger) (int, error) {
 	pending, err := s.nonTerminal(ctx, func(r Record) bool { return !r.Status.Terminal() })
 	if err != nil {
@@ -62,7 +66,7 @@ func reconcileOrphans(ctx context.Context, s *Store, o WorkflowProbe, grace time
 	now := s.now()
 	n := 0
 	for _, r := range pending {
-		if now.Sub(r.CreatedAt) < grace || r.Seq > 0 {
+		if age, ok := r.Unconfirmed(now); !ok || age < grace {
 			// Too young to judge, or its workflow has written to it
 			// (its first step publishes within milliseconds of the
 			// start): the start is confirmed, and asking Temporal about
@@ -79,8 +83,12 @@ func reconcileOrphans(ctx context.Context, s *Store, o WorkflowProbe, grace time
 			continue
 		}
 		_, err = s.Update(ctx, r.TaskID, func(r *Record) error {
-			if r.Status.Terminal() {
-				return nil
+			// Judged on what was read before asking Temporal: a workflow
+			// that has written since, or a resume that set out to start
+			// it meanwhile (approvals: StartAttemptAt, written before its
+			// start), means it is not an orphan, or no longer is.
+			if age, ok := r.Unconfirmed(now); r.Status.Terminal() || !ok || age < grace {
+				return errNotOrphan
 			}
 			r.Status = StatusFailed
 			r.StatusMessage = "The task could not be started; the tool did not run."
@@ -91,6 +99,9 @@ func reconcileOrphans(ctx context.Context, s *Store, o WorkflowProbe, grace time
 			r.Timeline = append(r.Timeline, ev)
 			return nil
 		})
+		if errors.Is(err, errNotOrphan) {
+			continue
+		}
 		if err != nil && !errors.Is(err, ErrTerminal) {
 			return n, err
 		}

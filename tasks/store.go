@@ -134,6 +134,13 @@ func (s *Store) Create(ctx context.Context, r Record) error {
 		}
 		return fmt.Errorf("tasks: create %s: %w", r.TaskID, err)
 	}
+	return s.Index(ctx, r)
+}
+
+// Index writes a record's indexes (owner, pending, approval reference).
+// Create writes them after the record; Index again repairs what a crash in
+// between left out, and changes nothing when they are there.
+func (s *Store) Index(ctx context.Context, r Record) error {
 	owner := OwnerKey(r.Owner)
 	if _, err := s.kv.Put(ctx, "o."+owner+"."+r.TaskID, nil); err != nil {
 		return fmt.Errorf("tasks: index owner: %w", err)

@@ -149,6 +149,7 @@ func TestCrashVerified(t *testing.T) {
 		killed := time.Now()
 		a1 := <-first
 		hc.CloseIdleConnections()
+		killedLog := c.log
 		c = startCrashChild(t, dir, port)
 		// A client retries after its connection died; a task record the
 		// crash left without a workflow is resumed once it is 2 s old.
@@ -189,9 +190,13 @@ func TestCrashVerified(t *testing.T) {
 		// the audit chain.
 		var ran []string
 		var ended, started int
+		var requestedAfter time.Duration // from the kill to the task's first audit record
 		deadline := time.Now().Add(60 * time.Second)
 		for {
 			ran, ended, started = tradesInAudit(t, s, symbol, 100+trial)
+			if started > 0 && requestedAfter == 0 {
+				requestedAfter = time.Since(killed)
+			}
 			if (started > 0 && ended == started) || time.Now().After(deadline) {
 				break
 			}
@@ -206,13 +211,14 @@ func TestCrashVerified(t *testing.T) {
 		case told != "" && (len(ran) != 1 || ran[0] != told):
 			t.Errorf("trial %d: the client was told task %s ran, the audit chain shows %v", trial, told, ran)
 		case told == "" && started == 0:
-			t.Errorf("trial %d: the retry of the signed call was refused (%s) and no task of it exists: a signed call lost", trial, describe(a2))
+			t.Errorf("trial %d: the retry of the signed call was refused (%s) and no task of it exists: a signed call lost\nkilled child, %v after the POST:\n%s\nrestarted child:\n%s",
+				trial, describe(a2), delay, childLines(killedLog, named), childLines(c.log, named))
 		default:
 			// A task whose call was claimed before the kill ends only when
 			// that attempt times out (outcome-unknown, never re-run): it is
 			// in flight, not lost.
-			t.Logf("trial %d: kill %v after the POST; first: %s; retry: %s; ran: %v; %d of %d started tasks ended",
-				trial, delay, describe(a1), describe(a2), ran, ended, started)
+			t.Logf("trial %d: kill %v after the POST; first: %s; retry: %s; ran: %v; %d of %d started tasks ended; requested in the audit %v after the kill, %v to the end",
+				trial, delay, short(describe(a1)), short(describe(a2)), ran, ended, started, requestedAfter.Round(time.Millisecond), time.Since(killed).Round(time.Millisecond))
 		}
 	}
 }
@@ -254,4 +260,28 @@ func tradesInAudit(t *testing.T, s *devtest.Stack, symbol string, quantity int) 
 		}
 	}
 	return ran, ended, len(mine)
+}
+
+// childLines is what a child's log says about a task and about verified
+// calls, for a failure message.
+func childLines(path, taskID string) string {
+	b, _ := os.ReadFile(path)
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if (taskID != "" && strings.Contains(l, taskID)) || strings.Contains(l, "verified") || strings.Contains(l, "level=ERROR") || strings.Contains(l, `"level":"ERROR"`) {
+			out = append(out, l)
+		}
+	}
+	if len(out) > 40 {
+		out = out[len(out)-40:]
+	}
+	return strings.Join(out, "\n")
+}
+
+// short is s cut to 160 bytes, for a log line.
+func short(s string) string {
+	if len(s) > 160 {
+		return s[:160] + "…"
+	}
+	return s
 }
