@@ -1,10 +1,12 @@
 package e2e
 
 import (
+	"bufio"
 	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -52,8 +54,18 @@ func TestCrashChildProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	devtest.Start(t, devtest.Options{Config: cfg, Port: port, ClientName: "e2e-crash"})
-	io.Copy(io.Discard, os.Stdin) // until the parent hangs up
+	// The logs go to stderr, which the parent keeps in the child's log
+	// file: a failing trial shows what the killed process was doing.
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	st := devtest.Start(t, devtest.Options{Config: cfg, Port: port, ClientName: "e2e-crash", Logger: logger})
+	// Until the parent hangs up. "describe TASK" writes the task's workflow
+	// state to stderr (the log file), for a failing trial's message.
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		if id, ok := strings.CutPrefix(in.Text(), "describe "); ok {
+			fmt.Fprintf(os.Stderr, "WORKFLOW %s\n%sEND WORKFLOW\n", id, describeWorkflow(st.App.Temporal(), id))
+		}
+	}
 }
 
 // TestCrashDecision: a decision is never lost when the process dies right

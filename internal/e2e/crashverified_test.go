@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/descope/virtualwebauthn"
+	"go.temporal.io/sdk/client"
 
 	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/internal/app"
@@ -211,8 +213,8 @@ func TestCrashVerified(t *testing.T) {
 		case told != "" && (len(ran) != 1 || ran[0] != told):
 			t.Errorf("trial %d: the client was told task %s ran, the audit chain shows %v", trial, told, ran)
 		case told == "" && started == 0:
-			t.Errorf("trial %d: the retry of the signed call was refused (%s) and no task of it exists: a signed call lost\nkilled child, %v after the POST:\n%s\nrestarted child:\n%s",
-				trial, describe(a2), delay, childLines(killedLog, named), childLines(c.log, named))
+			t.Errorf("trial %d: the retry of the signed call was refused (%s) and no task of it exists: a signed call lost\nkilled child, %v after the POST:\n%s\nrestarted child:\n%s\nworkflow:\n%s",
+				trial, describe(a2), delay, childLines(killedLog, named), childLines(c.log, named), c.describe(named))
 		default:
 			// A task whose call was claimed before the kill ends only when
 			// that attempt times out (outcome-unknown, never re-run): it is
@@ -268,12 +270,12 @@ func childLines(path, taskID string) string {
 	b, _ := os.ReadFile(path)
 	var out []string
 	for _, l := range strings.Split(string(b), "\n") {
-		if (taskID != "" && strings.Contains(l, taskID)) || strings.Contains(l, "verified") || strings.Contains(l, "level=ERROR") || strings.Contains(l, `"level":"ERROR"`) {
+		if (taskID != "" && strings.Contains(l, taskID)) || strings.Contains(l, "verified") || strings.Contains(l, "level=ERROR") || strings.Contains(l, "level=WARN") {
 			out = append(out, l)
 		}
 	}
-	if len(out) > 40 {
-		out = out[len(out)-40:]
+	if len(out) > 80 {
+		out = out[len(out)-80:]
 	}
 	return strings.Join(out, "\n")
 }
@@ -284,4 +286,51 @@ func short(s string) string {
 		return s[:160] + "…"
 	}
 	return s
+}
+
+// describe asks the child to write taskID's workflow state to its log
+// (TestCrashChildProcess) and returns it.
+func (c *crashChild) describe(taskID string) string {
+	if _, err := fmt.Fprintf(c.stdin, "describe %s\n", taskID); err != nil {
+		return err.Error()
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		b, _ := os.ReadFile(c.log)
+		if i := bytes.Index(b, []byte("WORKFLOW "+taskID+"\n")); i >= 0 {
+			if j := bytes.Index(b[i:], []byte("END WORKFLOW")); j >= 0 {
+				return string(b[i : i+j])
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return "the child did not describe the workflow"
+}
+
+// describeWorkflow is a task's workflow as Temporal holds it: its status,
+// pending workflow task and activities, and its history's events.
+func describeWorkflow(c client.Client, taskID string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var out strings.Builder
+	d, err := c.DescribeWorkflowExecution(ctx, taskID, "")
+	if err != nil {
+		return "describe: " + err.Error() + "\n"
+	}
+	fmt.Fprintf(&out, "status %s; pending workflow task: %v\n", d.WorkflowExecutionInfo.GetStatus(), d.GetPendingWorkflowTask())
+	for _, a := range d.GetPendingActivities() {
+		fmt.Fprintf(&out, "pending activity %s %s: state %s, attempt %d, scheduled %v, last started %v, last failure %v\n",
+			a.GetActivityId(), a.GetActivityType().GetName(), a.GetState(), a.GetAttempt(),
+			a.GetScheduledTime().AsTime().Format(time.StampMilli), a.GetLastStartedTime().AsTime().Format(time.StampMilli), a.GetLastFailure().GetMessage())
+	}
+	it := c.GetWorkflowHistory(ctx, taskID, "", false, 0)
+	for it.HasNext() {
+		e, err := it.Next()
+		if err != nil {
+			fmt.Fprintf(&out, "history: %v\n", err)
+			break
+		}
+		fmt.Fprintf(&out, "  %d %s %s\n", e.GetEventId(), e.GetEventTime().AsTime().Format(time.StampMilli), e.GetEventType())
+	}
+	return out.String()
 }
