@@ -186,14 +186,15 @@ func TestCrashVerified(t *testing.T) {
 			named = e.Error.Data.TaskID
 		}
 
-		// Let a workflow that started before the kill run and finish: its
-		// first workflow task, dispatched eagerly to the killed worker,
-		// times out after 10 s, and a loaded machine adds to that. Then read
+		// Let a workflow that started before the kill run and finish: a
+		// workflow task the killed worker held times out after 10 s, an
+		// activity after 30 s (Publish's attempt; ExecuteTool's heartbeat),
+		// one after the other, and a loaded machine adds to that. Then read
 		// the audit chain.
 		var ran []string
 		var ended, started int
 		var requestedAfter time.Duration // from the kill to the task's first audit record
-		deadline := time.Now().Add(60 * time.Second)
+		deadline := time.Now().Add(150 * time.Second)
 		for {
 			ran, ended, started = tradesInAudit(t, s, symbol, 100+trial)
 			if started > 0 && requestedAfter == 0 {
@@ -214,7 +215,7 @@ func TestCrashVerified(t *testing.T) {
 			t.Errorf("trial %d: the client was told task %s ran, the audit chain shows %v", trial, told, ran)
 		case told == "" && started == 0:
 			t.Errorf("trial %d: the retry of the signed call was refused (%s) and no task of it exists: a signed call lost\nkilled child, %v after the POST:\n%s\nrestarted child:\n%s\nworkflow:\n%s",
-				trial, describe(a2), delay, childLines(killedLog, named), childLines(c.log, named), c.describe(named))
+				trial, describe(a2), delay, childLines(killedLog, named), childLines(c.log, named), c.describe(named)+"\ntasks/get: "+taskView(s, named))
 		default:
 			// A task whose call was claimed before the kill ends only when
 			// that attempt times out (outcome-unknown, never re-run): it is
@@ -232,6 +233,7 @@ func tradesInAudit(t *testing.T, s *devtest.Stack, symbol string, quantity int) 
 	t.Helper()
 	code, lines := (&stack{s}).exportAudit(s.AdminToken)
 	if code != 200 {
+		t.Logf("audit export answered HTTP %d", code)
 		return nil, 0, 0
 	}
 	mine := map[string]bool{}
@@ -333,4 +335,14 @@ func describeWorkflow(c client.Client, taskID string) string {
 		fmt.Fprintf(&out, "  %d %s %s\n", e.GetEventId(), e.GetEventTime().AsTime().Format(time.StampMilli), e.GetEventType())
 	}
 	return out.String()
+}
+
+// taskView is tasks/get of taskID as the stack's agent, for a failure
+// message.
+func taskView(s *devtest.Stack, taskID string) string {
+	r := s.Call2026(s.AgentToken, "tasks/get", "", map[string]any{"taskId": taskID}, false)
+	if r.Error != nil {
+		return fmt.Sprintf("error %+v", r.Error)
+	}
+	return string(r.Result)
 }
