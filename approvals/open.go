@@ -151,7 +151,14 @@ func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 			return Opened{Task: rec, Joined: true}, nil
 		}
 	}
-	if err := s.admit(ctx, c.Principal, taskID, c.At); err != nil {
+	if err := s.admit(ctx, c.Principal, taskID, c.At); errors.Is(err, tasks.ErrTaskExists) && c.TaskID != "" {
+		// A verified task's ID is derived from its challenge, and its
+		// record does not exist (above): the reservation is an earlier
+		// attempt's of this same signed call, which died before the
+		// record. The record takes it over; should a concurrent attempt
+		// create the record first, Create below says so.
+		s.log.WarnContext(ctx, "approvals: verified task's reservation found without its record; taking it over", "task_id", taskID)
+	} else if err != nil {
 		if dedupKey != "" {
 			s.store.ReleaseDedup(ctx, dedupKey, taskID)
 		}
@@ -161,6 +168,11 @@ func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 	ctx = telemetry.ForTask(ctx, taskID)
 	rec.TraceParent = telemetry.TraceParent(ctx)
 	if err := s.store.Create(ctx, rec); err != nil {
+		if errors.Is(err, tasks.ErrTaskExists) {
+			// A verified task opened concurrently by the same signed call:
+			// its record holds the reservation now.
+			return Opened{}, err
+		}
 		s.releasePending(ctx, c.Principal, taskID)
 		if dedupKey != "" {
 			s.store.ReleaseDedup(ctx, dedupKey, taskID)

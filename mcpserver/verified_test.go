@@ -891,3 +891,85 @@ func TestDisplayTextCutsAtACharacter(t *testing.T) {
 		t.Fatalf("display text of %d bytes: %q…", len(got), got[len(got)-12:])
 	}
 }
+
+// TestVerifiedRetryAfterCrashBeforeRecord: a process that died after the
+// first attempt of a signed call reserved its task's pending slot and before
+// it wrote the task's record left the reservation behind (the task ID is
+// derived from the challenge). The same signed call sent again runs, once,
+// and the reservation is given back when it ends. (internal/e2e
+// TestCrashVerified found this: the retry was answered challenge_consumed
+// and no task existed.)
+func TestVerifiedRetryAfterCrashBeforeRecord(t *testing.T) {
+	h := newVerifiedHarness(t)
+	ctx := context.Background()
+	p := freshPrincipal(t, "a")
+	k := h.enroll(t, p, "hybrid", "internal")
+	env := h.challenge(t, p, trade(100))
+	ev := evidenceOf(env, k.sign(t, env))
+	taskID := verifiedTaskID(env.ChallengeID)
+	if err := h.env.store.ReservePending(ctx, p, taskID, 100); err != nil {
+		t.Fatal(err)
+	}
+	var res toolCallResult
+	h.callWith(t, p, trade(100), ev).ok(t, &res)
+	if res.IsError || res.Meta[tasks.MetaDisposition] != string(tasks.ApprovedExecuted) {
+		t.Fatalf("retry after the crash: %+v", res)
+	}
+	if n := h.trades(t, p); n != 1 {
+		t.Fatalf("trades = %d, want 1", n)
+	}
+	wantReason(t, h.callWith(t, p, trade(100), ev), passkey.ReasonChallengeConsumed)
+	if n := h.trades(t, p); n != 1 {
+		t.Fatalf("trades after a replay = %d, want 1", n)
+	}
+	if n, err := h.env.store.PendingReserved(ctx, p); err != nil || n != 0 {
+		t.Errorf("pending reservations after the task ended: %d, %v; want 0", n, err)
+	}
+}
+
+// TestVerifiedSameSignedCallAtOnce: the same signed call sent 10 times at
+// once, 10 rounds: it runs once per round, every other answer is
+// challenge_consumed naming the task, and no reservation is left behind.
+func TestVerifiedSameSignedCallAtOnce(t *testing.T) {
+	h := newVerifiedHarness(t)
+	ctx := context.Background()
+	p := freshPrincipal(t, "a")
+	k := h.enroll(t, p, "hybrid", "internal")
+	for round := range 10 {
+		args := trade(float64(200 + round))
+		env := h.challenge(t, p, args)
+		ev := evidenceOf(env, k.sign(t, env))
+		answers := make([]rpc, 10)
+		errs := make([]error, 10)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range answers {
+			wg.Go(func() {
+				<-start
+				answers[i], errs[i] = h.tradeTry(p, args, map[string]any{MetaVerifiedApproval: ev})
+			})
+		}
+		close(start)
+		wg.Wait()
+		ran := 0
+		for i, a := range answers {
+			switch {
+			case errs[i] != nil:
+				t.Fatalf("round %d: %v", round, errs[i])
+			case a.Error == nil:
+				ran++
+			default:
+				wantReason(t, a, passkey.ReasonChallengeConsumed)
+			}
+		}
+		if ran != 1 {
+			t.Errorf("round %d: %d answers said the call ran", round, ran)
+		}
+		if n := h.trades(t, p); n != round+1 {
+			t.Fatalf("round %d: trades = %d, want %d", round, n, round+1)
+		}
+	}
+	if n, err := h.env.store.PendingReserved(ctx, p); err != nil || n != 0 {
+		t.Errorf("pending reservations after the tasks ended: %d, %v; want 0", n, err)
+	}
+}
