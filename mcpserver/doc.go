@@ -325,6 +325,16 @@
 // relies on it, and the middleware fails closed (-32603) if the values are
 // missing.
 //
+// The lean tasks/get path. A tasks/get that the SDK would hand to the
+// handler unchanged, and whose answer is a result, is answered by the HTTP
+// wrapper itself (leanget.go): the same handler and caller facts, the same
+// encoding and the same serverInfo _meta, without the SDK's per-request
+// session and its repeated decoding (a third of the CPU per poll,
+// BenchmarkTaskGet). Every other tasks/get (an error answer, odd headers,
+// a version mismatch, keys the SDK's case-sensitive decoder reads
+// differently) goes through the SDK as before. TestLeanTaskGetMatchesSDK
+// sends the same requests both ways and requires the same bytes.
+//
 // Why not auth.RequireBearerToken: it sends WWW-Authenticate only when a
 // resource-metadata URL or scopes are configured, turns a verifier error
 // that is not auth.ErrInvalidToken into a 500 carrying the error text, and

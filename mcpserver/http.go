@@ -158,6 +158,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, sdk, sse http
 		defer leave()
 	}
 	facts.stream = s.answersAsStream(r, facts)
+	if !s.sdkTaskGet && s.serveTaskGet(w, r, body, facts) {
+		return
+	}
 	r = r.WithContext(context.WithValue(r.Context(), factsKey{}, facts))
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -178,7 +179,13 @@ type Server struct {
 	shares   map[string]int // working slots held, by principal
 	// pageSize is the tasks/list page size (tests shrink it).
 	pageSize int
+	// sdkTaskGet sends every tasks/get through the SDK (tests compare the
+	// lean path's answers with the SDK's; see serveTaskGet).
+	sdkTaskGet bool
+	// leanGets counts the tasks/gets serveTaskGet answered.
+	leanGets atomic.Int64
 	mcp      *mcp.Server
+	impl     *mcp.Implementation // the SDK server's, as results name it
 	handler  http.Handler
 	// stateKey signs SEP-2322 requestStates (see inputState).
 	stateKey []byte
@@ -267,7 +274,8 @@ func New(opts Options) (*Server, error) {
 	if opts.Passkeys != nil {
 		caps.AddExtension(ExtVerifiedApproval, nil) // SEP-2672 §4.3: {}
 	}
-	s.mcp = mcp.NewServer(&mcp.Implementation{Name: ImplementationName, Version: ImplementationVersion}, &mcp.ServerOptions{
+	s.impl = &mcp.Implementation{Name: ImplementationName, Version: ImplementationVersion}
+	s.mcp = mcp.NewServer(s.impl, &mcp.ServerOptions{
 		Logger:       sdkLog,
 		Capabilities: caps,
 		Instructions: "Tools that policy gates do not run at once: a human must approve the exact call with a passkey first. " +
