@@ -208,3 +208,43 @@ func BenchmarkTaskGet(b *testing.B) {
 	}
 	h.srv.sdkTaskGet = false
 }
+
+// FuzzLeanTaskGet sends arbitrary tasks/get bodies, under either era's
+// headers, to an endpoint with the lean path and to one without: the
+// answers must be the same bytes. Bodies that might name another method
+// (more than one "method" key, escapes) are skipped, so that no request
+// changes the tasks between the two sends.
+func FuzzLeanTaskGet(f *testing.F) {
+	unlimited := func(o *Options) { o.RequestsPerSecond, o.RequestBurst = 1e9, 1e9 }
+	lean := newHarness(f, unlimited)
+	sdk := newHarness(f, unlimited)
+	sdk.srv.sdkTaskGet = true
+	p := "fuzz-lean-agent"
+	pending := lean.createTask(f, p, tasks.Era2026, "fuzz-lean-held")
+	meta := fmt.Sprintf(`"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"extensions":{%q:{}}},"io.modelcontextprotocol/clientInfo":{"name":"f","version":"1"}}`, tasks.ExtTasks)
+	for _, s := range []string{
+		fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"taskId":%q}}`, pending),
+		fmt.Sprintf(`{"jsonrpc":"2.0","id":"x","method":"tasks/get","params":{"taskId":%q,%s}}`, pending, meta),
+		fmt.Sprintf(`{"jsonrpc":"2.0","id":2,"method":"tasks/get","params":{"taskId":%q,"task":{"ttl":1},"inputResponses":{}}}`, pending),
+		`{"jsonrpc":"2.0","id":3,"method":"tasks/get","params":{"taskId":"tsk_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}}`,
+		`{"jsonrpc":"2.0","id":4,"method":"tasks/get","params":null}`,
+	} {
+		f.Add(s, false)
+		f.Add(s, true)
+	}
+	f.Fuzz(func(t *testing.T, body string, modern bool) {
+		lower := strings.ToLower(body)
+		if strings.Contains(body, `\`) || strings.Count(lower, `"method"`) != 1 || !strings.Contains(body, `"method":"tasks/get"`) {
+			t.Skip("may name another method")
+		}
+		q := leanRequest{body: body, headers: map[string]string{"Mcp-Protocol-Version": "2025-11-25"}}
+		if modern {
+			q.headers = map[string]string{"Mcp-Protocol-Version": "2026-07-28", "Mcp-Method": "tasks/get", "Mcp-Name": pending}
+		}
+		ls, lh, lb := sendRaw(t, lean, tok(p), q)
+		ss, sh, sb := sendRaw(t, sdk, tok(p), q)
+		if ls != ss || !bytes.Equal(lb, sb) || lh.Get("Content-Type") != sh.Get("Content-Type") {
+			t.Errorf("lean: %d %s %s\nSDK:  %d %s %s", ls, lh.Get("Content-Type"), lb, ss, sh.Get("Content-Type"), sb)
+		}
+	})
+}

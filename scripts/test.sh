@@ -82,6 +82,7 @@ for target in \
   "FuzzVerifyResponse ./passkey" \
   "FuzzEvidence ./mcpserver" \
   "FuzzJSONRPC ./mcpserver" \
+  "FuzzLeanTaskGet ./mcpserver" \
   "FuzzVerify ./internal/oauth" \
   "FuzzDecisionMessage ./notify" \
   "FuzzSlackInteraction ./notify" \
