@@ -228,6 +228,7 @@ func sdkClientMeta(meta mcp.Meta) (*mcp.ClientCapabilities, bool) {
 	// pointer.
 	var caps struct {
 		mcp.ClientCapabilities
+		//lint:ignore SA1019 the SDK still decodes roots in 2026-07-28 capabilities (SEP-2577 deprecates, not removes, them); a request it refuses must not be answered here
 		Roots *mcp.RootCapabilities `json:"roots,omitempty"`
 	}
 	if v, ok := meta[mcp.MetaKeyClientCapabilities]; !ok || v == nil || !remarshals(v, &caps) {
