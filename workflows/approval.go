@@ -126,6 +126,26 @@ const (
 	versionFirstTask = 1
 )
 
+// versionFirstBatchLocal, the second version of changeFirstTask: an
+// approval-mode task's first outbox batch, when it states no decision (the
+// request and the request notice's outcome, nothing else: requestOnly), is
+// written by a local activity inside the first workflow task instead of a
+// Publish activity that needs a second workflow task. The first task then
+// commits the start's whole work at once, as a bare waiting workflow does:
+// one workflow task, no activity, for a gated call. (A version of the same
+// change, not a change of its own: each GetVersion marker also upserts a
+// search attribute, one more visibility write per task.)
+//
+// Those facts are true from the committed start on: the request is the
+// start, and the notice's outcome is what the notifier did (it may have
+// done it twice, from a discarded first task, and says so idempotently).
+// A discarded first task may write them again: Publish is idempotent per
+// entry. A batch that holds anything else, and any batch after the first,
+// goes through the Publish activity as before, so no decision or outcome
+// is ever written before the workflow task that decides it commits. If the
+// local activity fails, the same batch goes through the activity.
+const versionFirstBatchLocal = 2
+
 // a is the activities' method set, for references only.
 var a *activities.Activities
 
@@ -228,7 +248,9 @@ func (o Options) Approval(ctx workflow.Context, in tasks.ApprovalInput) (tasks.A
 	// Since versionFirstTask, the first workflow task does its work before
 	// the outbox takes a batch (see firstTask), so the task's first facts
 	// go out in one Publish.
-	firstTask := workflow.GetVersion(ctx, changeFirstTask, workflow.DefaultVersion, versionFirstTask) >= versionFirstTask
+	version := workflow.GetVersion(ctx, changeFirstTask, workflow.DefaultVersion, versionFirstBatchLocal)
+	firstTask := version >= versionFirstTask
+	w.out.firstLocal = version >= versionFirstBatchLocal && in.Mode == tasks.ModeApproval
 	w.out.hold = firstTask
 	w.emitAudit(ctx, activities.RecordAuditInput{Kind: activities.StepRequested, StepID: "requested", Input: &w.in})
 	w.emitState(ctx, tasks.NewEvent(tasks.EventRequested, in.Requirement.Reason))
@@ -337,7 +359,9 @@ func backoff(maxInterval time.Duration, attempts int32) *temporal.RetryPolicy {
 // withLocalRetry is withRetry for local activities. Only steps that state
 // nothing run as local activities: verification (its one write, the
 // challenge consume, is keyed by the update ID, so a workflow task that is
-// discarded and retried gets the same answer) and re-evaluation (a read).
+// discarded and retried gets the same answer), re-evaluation (a read), the
+// request notice and the first outbox batch when it holds only the request
+// and the notice's outcome (changeFirstTask, versionFirstBatchLocal).
 // A local activity runs inside a workflow task, before that task commits,
 // so anything that states a decision or an outcome is published through the
 // outbox instead (outbox.go).
@@ -346,6 +370,13 @@ func withLocalRetry(ctx workflow.Context, startToClose, maxInterval time.Duratio
 		StartToCloseTimeout: startToClose,
 		RetryPolicy:         backoff(maxInterval, attempts),
 	})
+}
+
+// publishLocalCtx runs the first batch's Publish inside the first workflow
+// task (versionFirstBatchLocal): a few quick attempts, then the batch goes
+// through the Publish activity, whose retries never end.
+func publishLocalCtx(ctx workflow.Context) workflow.Context {
+	return withLocalRetry(ctx, 5*time.Second, time.Second, 3)
 }
 
 func notifyCtx(ctx workflow.Context) workflow.Context {

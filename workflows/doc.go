@@ -118,6 +118,16 @@
 //     task), and its outcome (notified, notify-failed) goes through the
 //     outbox like every other fact. An approver who follows its link within
 //     milliseconds may find the request not yet in the timeline.
+//   - A second exception, since version 2 of that change
+//     (versionFirstBatchLocal): an approval's first outbox batch, when it
+//     holds only the request and the notice's outcome (requestOnly), is
+//     written by a Publish local activity inside the first workflow task,
+//     so a gated call's start commits in one workflow task with no
+//     activity. Those facts are true from the committed start on, and
+//     Publish is idempotent per entry, so a discarded first task that wrote
+//     them changes nothing. Any other batch, and a first batch the local
+//     activity cannot write in three quick attempts, goes through the
+//     Publish activity.
 //
 // The decision update's ID is a digest of the approver's request
 // (tasks.DecisionUpdateID), and the challenge is consumed under it. A

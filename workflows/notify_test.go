@@ -3,11 +3,14 @@ package workflows_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/mock"
 	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/converter"
 
 	"github.com/countersign/countersign/activities"
 	"github.com/countersign/countersign/tasks"
@@ -142,14 +145,68 @@ func TestUnsignedDenyValidator(t *testing.T) {
 	requireAppErrType(t, late.rejected, workflows.ErrTypeTaskNotPending)
 }
 
+// publishPaths records, per Publish call, whether it ran as a local
+// activity ("local") or an activity ("activity"), with its batch size.
+func (h *harness) publishPaths() *[]string {
+	var paths []string
+	record := func(kind string, info *activity.Info, args []any) {
+		if info.ActivityType.Name != "Publish" {
+			return
+		}
+		in, _ := args[0].(activities.PublishInput)
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		paths = append(paths, fmt.Sprintf("%s:%d", kind, len(in.Entries)))
+	}
+	h.env.SetOnLocalActivityStartedListener(func(info *activity.Info, _ context.Context, args []any) { record("local", info, args) })
+	h.env.SetOnActivityStartedListener(func(info *activity.Info, _ context.Context, args converter.EncodedValues) {
+		var in activities.PublishInput
+		if info.ActivityType.Name == "Publish" && args.Get(&in) == nil {
+			record("activity", info, []any{in})
+		}
+	})
+	return &paths
+}
+
 // The first workflow task tells the approvers itself (a local activity)
-// and publishes the request with the notice's outcome in one batch: one
-// Publish and no Notify activity before anyone decides.
+// and writes the request with the notice's outcome in one batch, itself
+// too (versionFirstBatchLocal): no Publish or Notify activity before anyone
+// decides; the end goes through the Publish activity.
 func TestFirstTaskNotifiesAndPublishesOnce(t *testing.T) {
 	h := newHarness(t, 1)
+	paths := h.publishPaths()
 	_, err := h.run() // expires
 	require.NoError(t, err)
 	require.Equal(t, []int{4, 1}, h.batches, "the first task's facts, then the end")
+	require.Equal(t, []string{"local:4", "activity:1"}, *paths)
 	require.Equal(t, []string{"requested", "notified"}, h.auditKinds()[:2])
 	h.env.AssertActivityNumberOfCalls(t, "Notify", 1)
+}
+
+// A first batch the local activity cannot write (the store is down for its
+// three quick attempts) goes through the Publish activity, whole and in
+// order: nothing is lost or written twice.
+func TestFirstBatchFallsBackToTheActivity(t *testing.T) {
+	h := newHarness(t, 1)
+	paths := h.publishPaths()
+	h.env.OnActivity(acts.Publish, mock.Anything, mock.Anything).Return(errors.New("nats: no responders")).Times(3)
+	_, err := h.run() // expires
+	require.NoError(t, err)
+	require.Equal(t, []string{"local:4", "local:4", "local:4", "activity:4", "activity:1"}, *paths)
+	require.Equal(t, []int{4, 1}, h.batches, "each batch written once, in order")
+	require.Equal(t, []string{"requested", "notified"}, h.auditKinds()[:2])
+}
+
+// Only approval mode writes its first batch in the first task: a verified
+// call's first batch holds its accepted assertion and claim, an
+// unattended task's its run.
+func TestFirstBatchLocalOnlyForApprovals(t *testing.T) {
+	h := unattendedHarness(t, time.Minute)
+	paths := h.publishPaths()
+	_, err := h.run()
+	require.NoError(t, err)
+	require.NotEmpty(t, *paths)
+	for _, p := range *paths {
+		require.NotContains(t, p, "local", "unattended: %v", *paths)
+	}
 }

@@ -23,6 +23,9 @@ type outbox struct {
 	// hold keeps the writer from taking a batch while the first workflow
 	// task is still deciding (versionFirstTask): its facts go out together.
 	hold bool
+	// firstLocal: the first batch, if it states no decision, is written by
+	// a local activity (versionFirstBatchLocal).
+	firstLocal bool
 }
 
 // emit queues one entry and returns its sequence. It never yields, so the
@@ -119,11 +122,18 @@ func (w *approval) publishLoop(ctx workflow.Context) {
 		n := min(len(o.queue), activities.MaxPublishBatch)
 		batch := slices.Clone(o.queue[:n])
 		o.queue = o.queue[n:]
-		err := workflow.ExecuteActivity(publishCtx(ctx), a.Publish, activities.PublishInput{
-			Version: activities.Version,
-			TaskID:  w.taskID,
-			Entries: batch,
-		}).Get(ctx, nil)
+		in := activities.PublishInput{Version: activities.Version, TaskID: w.taskID, Entries: batch}
+		var err error
+		local := o.firstLocal && o.published == 0 && requestOnly(batch)
+		if local {
+			err = workflow.ExecuteLocalActivity(publishLocalCtx(ctx), a.Publish, in).Get(ctx, nil)
+			if err != nil {
+				w.log.Warn("first outbox batch not written in the first workflow task; publishing it as an activity", "error", err)
+			}
+		}
+		if !local || err != nil {
+			err = workflow.ExecuteActivity(publishCtx(ctx), a.Publish, in).Get(ctx, nil)
+		}
 		if err != nil {
 			// Only a refused input gets here (the retry policy is unbounded):
 			// nothing after it would fare better.
@@ -134,4 +144,35 @@ func (w *approval) publishLoop(ctx workflow.Context) {
 			return
 		}
 	}
+}
+
+// requestOnly reports whether a batch states only what the committed start
+// and the request notice make true: the request (its audit step and its
+// state) and the notice's outcome. Anything else (an approval, a
+// rejection, a cancel, an end) waits for the workflow task that decides it
+// to commit (versionFirstBatchLocal).
+func requestOnly(batch []activities.Projection) bool {
+	for _, p := range batch {
+		if p.End != nil || (p.Audit == nil && p.State == nil) {
+			return false
+		}
+		if a := p.Audit; a != nil {
+			switch a.Kind {
+			case activities.StepRequested, activities.StepNotified, activities.StepNotifyFailed:
+			default:
+				return false
+			}
+		}
+		if st := p.State; st != nil {
+			switch st.Event.Kind {
+			case tasks.EventRequested, tasks.EventNotified, tasks.EventNotifyFailed:
+			default:
+				return false
+			}
+			if len(st.Approvals) > 0 {
+				return false
+			}
+		}
+	}
+	return len(batch) > 0
 }
