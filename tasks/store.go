@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -140,24 +141,36 @@ func (s *Store) Create(ctx context.Context, r Record) error {
 // Index writes a record's indexes (owner, pending, approval reference).
 // Create writes them after the record; Index again repairs what a crash in
 // between left out, and changes nothing when they are there.
+//
+// The writes are independent of each other, so they go out at once: one
+// round trip to the store instead of three, on every gated call's path.
 func (s *Store) Index(ctx context.Context, r Record) error {
 	owner := OwnerKey(r.Owner)
-	if _, err := s.kv.Put(ctx, "o."+owner+"."+r.TaskID, nil); err != nil {
-		return fmt.Errorf("tasks: index owner: %w", err)
-	}
+	var wg sync.WaitGroup
+	var ownerErr, pendingErr, refErr error
+	wg.Go(func() {
+		if _, err := s.kv.Put(ctx, "o."+owner+"."+r.TaskID, nil); err != nil {
+			ownerErr = fmt.Errorf("tasks: index owner: %w", err)
+		}
+	})
 	if !r.Status.Terminal() {
 		// A reservation (ReservePending) already wrote the key; otherwise
 		// the task is indexed without one.
-		if _, err := s.kv.Create(ctx, pendingKey(owner, r.TaskID), nil); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
-			return fmt.Errorf("tasks: index pending: %w", err)
-		}
+		wg.Go(func() {
+			if _, err := s.kv.Create(ctx, pendingKey(owner, r.TaskID), nil); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+				pendingErr = fmt.Errorf("tasks: index pending: %w", err)
+			}
+		})
 	}
 	if r.ApprovalRef != "" {
-		if _, err := s.kv.Put(ctx, "r."+r.ApprovalRef, []byte(r.TaskID)); err != nil {
-			return fmt.Errorf("tasks: index approval ref: %w", err)
-		}
+		wg.Go(func() {
+			if _, err := s.kv.Put(ctx, "r."+r.ApprovalRef, []byte(r.TaskID)); err != nil {
+				refErr = fmt.Errorf("tasks: index approval ref: %w", err)
+			}
+		})
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(ownerErr, pendingErr, refErr)
 }
 
 // Delete removes a record and its indexes, and gives back its pending
@@ -367,8 +380,15 @@ func (s *Store) ReservePending(ctx context.Context, owner, taskID string, limit 
 	// A caller already at the cap is refused with one read and no write,
 	// so hammering at the cap leaves nothing in the bucket. The
 	// compare-and-set below stays the authority.
-	if n, _, err := s.pendingCounter(ctx, ok); err == nil && n >= limit {
+	n, counterRev, err := s.pendingCounter(ctx, ok)
+	if err == nil && n >= limit {
 		return ErrPendingCapReached
+	}
+	// The read is the increment's first guess (one round trip fewer); a
+	// conflict makes it read again.
+	guess := &counterRead{n: n, rev: counterRev}
+	if err != nil {
+		guess = nil
 	}
 	rev, err := s.kv.Create(ctx, k, []byte(pendingHeld))
 	if errors.Is(err, jetstream.ErrKeyExists) {
@@ -379,7 +399,7 @@ func (s *Store) ReservePending(ctx context.Context, owner, taskID string, limit 
 	if err != nil {
 		return fmt.Errorf("tasks: reserve %s: %w", taskID, err)
 	}
-	if err := s.addPending(ctx, ok, +1, limit); err != nil {
+	if err := s.addPendingFrom(ctx, ok, +1, limit, guess); err != nil {
 		// Not counted, or not known to be: drop the key. Should the
 		// increment have landed after all (an answer lost in transit),
 		// the counter stays one too high until Reconcile recounts:
@@ -475,6 +495,19 @@ func (s *Store) setPendingCounter(ctx context.Context, owner string, n int, rev 
 // with a jittered backoff on conflict. An increment that would pass limit
 // fails with [ErrPendingCapReached]; a decrement stops at 0.
 func (s *Store) addPending(ctx context.Context, owner string, delta, limit int) error {
+	return s.addPendingFrom(ctx, owner, delta, limit, nil)
+}
+
+// counterRead is a pending counter's value and revision as last read.
+type counterRead struct {
+	n   int
+	rev uint64
+}
+
+// addPendingFrom is addPending whose first compare-and-set starts from
+// guess, when the caller has just read the counter, instead of reading it
+// again.
+func (s *Store) addPendingFrom(ctx context.Context, owner string, delta, limit int, guess *counterRead) error {
 	for attempt := range counterRetries {
 		if attempt > 0 {
 			// Up to 50µs × attempt (capped at 5ms), so that contenders
@@ -488,8 +521,12 @@ func (s *Store) addPending(ctx context.Context, owner string, delta, limit int) 
 			case <-t.C:
 			}
 		}
-		n, rev, err := s.pendingCounter(ctx, owner)
-		if err != nil {
+		var n int
+		var rev uint64
+		var err error
+		if attempt == 0 && guess != nil {
+			n, rev = guess.n, guess.rev
+		} else if n, rev, err = s.pendingCounter(ctx, owner); err != nil {
 			return err
 		}
 		next := max(n+delta, 0)
