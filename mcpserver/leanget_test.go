@@ -2,12 +2,15 @@ package mcpserver
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/countersign/countersign/tasks"
 )
@@ -19,6 +22,26 @@ type leanRequest struct {
 	headers map[string]string // "" deletes
 	host    string
 	lean    bool // the lean path must answer it
+}
+
+// settled waits until a new task's first workflow task has written its
+// first facts (the request notice's outcome is the last of them), so that
+// the record does not change between two reads being compared.
+func settled(tb testing.TB, h *harness, id string) {
+	tb.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		rec, err := h.env.store.Get(context.Background(), id)
+		if err == nil && slices.ContainsFunc(rec.Timeline, func(e tasks.Event) bool {
+			return e.Kind == tasks.EventNotified || e.Kind == tasks.EventNotifyFailed
+		}) {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("task %s: the first facts were not written in 15 s (%v)", id, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // sendRaw posts body with the default MCP headers adjusted by headers.
@@ -66,6 +89,9 @@ func TestLeanTaskGetMatchesSDK(t *testing.T) {
 	pending := lean.createTask(t, p, tasks.Era2026, acct(t, "pending"))
 	legacy := lean.createTask(t, p, tasks.Era2025, acct(t, "legacy"))
 	done := lean.createTask(t, p, tasks.Era2026, acct(t, "done"))
+	settled(t, lean, pending)
+	settled(t, lean, legacy)
+	settled(t, lean, done)
 	lean.do(t, call{token: tok(p), era: tasks.Era2026, tasks: true, method: "tasks/cancel", params: map[string]any{"taskId": done}})
 	lean.waitStatus(t, done, tasks.StatusCancelled)
 
@@ -188,6 +214,7 @@ func BenchmarkTaskGet(b *testing.B) {
 	h := newHarness(b, unlimited)
 	p := "bench-agent"
 	id := h.createTask(b, p, tasks.Era2026, "bench-held")
+	settled(b, h, id)
 	for _, path := range []string{"lean", "sdk"} {
 		for _, era := range []tasks.Era{tasks.Era2026, tasks.Era2025} {
 			b.Run(path+"/"+string(era), func(b *testing.B) {
@@ -221,6 +248,7 @@ func FuzzLeanTaskGet(f *testing.F) {
 	sdk.srv.sdkTaskGet = true
 	p := "fuzz-lean-agent"
 	pending := lean.createTask(f, p, tasks.Era2026, "fuzz-lean-held")
+	settled(f, lean, pending)
 	meta := fmt.Sprintf(`"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"extensions":{%q:{}}},"io.modelcontextprotocol/clientInfo":{"name":"f","version":"1"}}`, tasks.ExtTasks)
 	for _, s := range []string{
 		fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"taskId":%q}}`, pending),
