@@ -170,9 +170,17 @@ func (i *Interactions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	for _, act := range cb.ActionCallback.BlockActions {
-		if act.ActionID == ActionDeny {
-			i.deny(r.Context(), cb, act.Value)
+		if act.ActionID != ActionDeny {
+			continue
 		}
+		if act.Value == "" {
+			// Our Deny buttons always carry the approval reference; one
+			// without it names no approval, so nothing is asked of the
+			// service.
+			i.log.InfoContext(r.Context(), "notify: slack deny without an approval reference ignored", "slack_user", cb.User.ID)
+			continue
+		}
+		i.deny(r.Context(), cb, act.Value)
 	}
 	w.WriteHeader(http.StatusOK)
 }
