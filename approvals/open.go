@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/countersign/countersign/internal/telemetry"
@@ -128,11 +129,19 @@ func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 		}
 	}
 	dedupKey := ""
+	var counted tasks.PendingCount
+	read := false
 	if c.Mode == tasks.ModeApproval {
 		// Two identical jobs are two jobs; two identical approval requests
 		// are one.
 		dedupKey = tasks.DedupKey(c.Principal, c.ActionHash)
+		// The pending counter is read while the slot is claimed: the
+		// reservation below starts from it, one round trip fewer.
+		var wg sync.WaitGroup
+		wg.Go(func() { counted = s.store.ReadPending(ctx, c.Principal) })
 		existing, err := s.store.ClaimDedup(ctx, dedupKey, taskID)
+		wg.Wait()
+		read = true
 		if err != nil {
 			return Opened{}, err
 		}
@@ -151,7 +160,10 @@ func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 			return Opened{Task: rec, Joined: true}, nil
 		}
 	}
-	if err := s.admit(ctx, c.Principal, taskID, c.At); errors.Is(err, tasks.ErrTaskExists) && c.TaskID != "" {
+	if !read {
+		counted = s.store.ReadPending(ctx, c.Principal)
+	}
+	if err := s.admit(ctx, c.Principal, taskID, c.At, counted); errors.Is(err, tasks.ErrTaskExists) && c.TaskID != "" {
 		// A verified task's ID is derived from its challenge, and its
 		// record does not exist (above): the reservation is an earlier
 		// attempt's of this same signed call, which died before the
@@ -173,9 +185,11 @@ func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 			// its record holds the reservation now.
 			return Opened{}, err
 		}
-		s.releasePending(ctx, c.Principal, taskID)
-		if dedupKey != "" {
-			s.store.ReleaseDedup(ctx, dedupKey, taskID)
+		// Not created, or not known to be (an answer lost in transit):
+		// undo it all, the indexes written alongside included. Deleting
+		// gives back the reservation and the dedup slot.
+		if derr := s.store.Delete(context.WithoutCancel(ctx), rec); derr != nil {
+			s.log.ErrorContext(ctx, "approvals: could not undo a task record that failed", "task_id", taskID, "err", derr)
 		}
 		return Opened{}, err
 	}
@@ -286,13 +300,14 @@ func (s *Service) newTask(c Call, taskID, dedupKey string) (tasks.Record, tasks.
 	return rec, in
 }
 
-// admit applies the per-principal pending cap and creation rate. The cap is
+// admit applies the per-principal pending cap and creation rate, starting
+// from counted, the principal's pending counter as just read. The cap is
 // a reservation for taskID (tasks.Store.ReservePending), exact under
 // concurrency; once admitted, the task's record holds it until the task
 // ends, and Open gives it back if the record is never written. An error
 // checking the cap refuses: the limits exist to protect the service.
-func (s *Service) admit(ctx context.Context, principal, taskID string, now time.Time) error {
-	err := s.store.ReservePending(ctx, principal, taskID, s.opts.MaxPendingPerPrincipal)
+func (s *Service) admit(ctx context.Context, principal, taskID string, now time.Time, counted tasks.PendingCount) error {
+	err := s.store.ReservePendingFrom(ctx, principal, taskID, s.opts.MaxPendingPerPrincipal, counted)
 	if errors.Is(err, tasks.ErrTaskExists) {
 		return err // the same task, opened concurrently: its reservation is not ours
 	}

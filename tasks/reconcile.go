@@ -44,28 +44,43 @@ type WorkflowProbe interface {
 // records and reservations older than grace are considered, so a creation
 // in flight is never touched. It returns how many records it failed.
 func Reconcile(ctx context.Context, s *Store, o WorkflowProbe, grace time.Duration, log *slog.Logger) (int, error) {
-	n, err := reconcileOrphans(ctx, s, o, grace, log)
+	n, seen, err := reconcileOrphans(ctx, s, o, grace, log)
 	if err != nil {
 		return n, err
 	}
-	if _, err := s.ReconcilePending(ctx, grace); err != nil {
+	if _, err := s.reconcilePending(ctx, grace, seen); err != nil {
 		return n, err
 	}
 	return n, nil
 }
 
+// alive is what a scan of the pending index learnt of the tasks whose
+// records it read: whether each was not terminal. Terminal is final; a
+// record read as alive may have ended since, which only keeps its
+// reservation until the next round. A task whose record was missing is not
+// in it: its record may have been written since (a reservation comes
+// before its record), so it is read again.
+type alive map[string]bool
+
 // errNotOrphan stops reconcileOrphans' update of a record that turned out
 // not to be an orphan.
 var errNotOrphan = errors.New("tasks: not an orphan")
 
-func reconcileOrphans(ctx context.Context, s *Store, o WorkflowProbe, grace time.Duration, log *slog.Logger) (int, error) {
-	pending, err := s.nonTerminal(ctx, func(r Record) bool { return !r.Status.Terminal() })
+func reconcileOrphans(ctx context.Context, s *Store, o WorkflowProbe, grace time.Duration, log *slog.Logger) (int, alive, error) {
+	pending, _, err := s.pendingRecords(ctx)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
+	}
+	seen := make(alive, len(pending))
+	for _, r := range pending {
+		seen[r.TaskID] = !r.Status.Terminal()
 	}
 	now := s.now()
 	n := 0
 	for _, r := range pending {
+		if r.Status.Terminal() {
+			continue
+		}
 		if age, ok := r.Unconfirmed(now); !ok || age < grace {
 			// Too young to judge, or its workflow has written to it
 			// (its first step publishes within milliseconds of the
@@ -77,7 +92,7 @@ func reconcileOrphans(ctx context.Context, s *Store, o WorkflowProbe, grace time
 		}
 		ok, err := o.Running(ctx, r.TaskID)
 		if err != nil {
-			return n, err
+			return n, nil, err
 		}
 		if ok {
 			continue
@@ -103,14 +118,15 @@ func reconcileOrphans(ctx context.Context, s *Store, o WorkflowProbe, grace time
 			continue
 		}
 		if err != nil && !errors.Is(err, ErrTerminal) {
-			return n, err
+			return n, nil, err
 		}
 		if log != nil {
 			log.Warn("tasks: failed an orphaned task whose workflow never started", "task_id", r.TaskID)
 		}
+		seen[r.TaskID] = false
 		n++
 	}
-	return n, nil
+	return n, seen, nil
 }
 
 // ReconcilePending repairs the pending cap after a crash (see doc.go,
@@ -133,28 +149,47 @@ func reconcileOrphans(ctx context.Context, s *Store, o WorkflowProbe, grace time
 // the high side, which makes the cap stricter, never looser. It returns how
 // many counters it changed.
 func (s *Store) ReconcilePending(ctx context.Context, grace time.Duration) (int, error) {
+	return s.reconcilePending(ctx, grace, nil)
+}
+
+// reconcilePending is [Store.ReconcilePending] that takes from seen, read
+// after its own scan of the keys, what it knows of their tasks, and reads
+// only the records of the others.
+func (s *Store) reconcilePending(ctx context.Context, grace time.Duration, seen alive) (int, error) {
 	now := s.now()
 	keys, err := s.entries(ctx, "p.>")
 	if err != nil {
 		return 0, err
 	}
+	if seen == nil {
+		seen = alive{}
+	}
+	var aged []jetstream.KeyValueEntry
+	var unknown []string
 	for _, e := range keys {
 		_, taskID, ok := splitPendingKey(e.Key())
 		if !ok || now.Sub(e.Created()) < grace {
 			continue
 		}
-		dead := string(e.Value()) == pendingReleasing
-		if !dead {
-			r, err := s.Get(ctx, taskID)
-			switch {
-			case errors.Is(err, ErrTaskNotFound):
-				dead = true
-			case err != nil:
-				return 0, err
-			default:
-				dead = r.Status.Terminal()
-			}
+		aged = append(aged, e)
+		if _, known := seen[taskID]; !known && string(e.Value()) != pendingReleasing {
+			unknown = append(unknown, taskID)
 		}
+	}
+	got, errs := s.getMany(ctx, unknown)
+	for i, err := range errs {
+		switch {
+		case errors.Is(err, ErrTaskNotFound):
+			seen[unknown[i]] = false
+		case err != nil:
+			return 0, err
+		default:
+			seen[unknown[i]] = !got[i].Status.Terminal()
+		}
+	}
+	for _, e := range aged {
+		_, taskID, _ := splitPendingKey(e.Key())
+		dead := string(e.Value()) == pendingReleasing || !seen[taskID]
 		if !dead {
 			continue
 		}

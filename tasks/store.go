@@ -121,6 +121,13 @@ func DedupKey(principal, actionHash string) string {
 
 // Create stores a new record and its indexes. It fails with [ErrTaskExists]
 // if the ID is taken.
+//
+// The record and its indexes go out at once: one round trip to the store
+// instead of two, on every gated call's path. Every reader of an index
+// skips an entry whose record is missing, so an index written before its
+// record, or left by a creation that failed, shows nothing; [Store.Delete]
+// removes them. Should the ID be taken, the indexes this call wrote for it
+// are dropped again unless they are the existing record's own.
 func (s *Store) Create(ctx context.Context, r Record) error {
 	if !ValidID(r.TaskID) {
 		return fmt.Errorf("tasks: invalid task id %q", r.TaskID)
@@ -129,13 +136,49 @@ func (s *Store) Create(ctx context.Context, r Record) error {
 	if err != nil {
 		return fmt.Errorf("tasks: encode: %w", err)
 	}
-	if _, err := s.kv.Create(ctx, "t."+r.TaskID, b); err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			return ErrTaskExists
-		}
+	var indexErr error
+	var wg sync.WaitGroup
+	wg.Go(func() { indexErr = s.Index(ctx, r) })
+	_, err = s.kv.Create(ctx, "t."+r.TaskID, b)
+	wg.Wait()
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		s.unindexTaken(ctx, r)
+		return ErrTaskExists
+	}
+	if err != nil {
 		return fmt.Errorf("tasks: create %s: %w", r.TaskID, err)
 	}
-	return s.Index(ctx, r)
+	return indexErr
+}
+
+// unindexTaken drops the owner and reference index entries Create wrote
+// for a record whose ID turned out to be taken, keeping those that are the
+// existing record's own. (The pending key is the reservation's, and stays.)
+func (s *Store) unindexTaken(ctx context.Context, r Record) {
+	ctx = context.WithoutCancel(ctx)
+	cur, err := s.Get(ctx, r.TaskID)
+	if err != nil {
+		s.log.Warn("tasks: read the record whose id was taken", "task_id", r.TaskID, "err", err)
+		return
+	}
+	if cur.Owner != r.Owner {
+		if err := s.kv.Delete(ctx, "o."+OwnerKey(r.Owner)+"."+r.TaskID); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			s.log.Warn("tasks: drop owner index", "task_id", r.TaskID, "err", err)
+		}
+		// A pending key without a value is an index entry, not a
+		// reservation: Index may have just written it.
+		k := pendingKey(OwnerKey(r.Owner), r.TaskID)
+		if e, err := s.kv.Get(ctx, k); err == nil && len(e.Value()) == 0 {
+			if err := s.kv.Delete(ctx, k, jetstream.LastRevision(e.Revision())); err != nil && !isCASConflict(err) && !errors.Is(err, jetstream.ErrKeyNotFound) {
+				s.log.Warn("tasks: drop pending index", "task_id", r.TaskID, "err", err)
+			}
+		}
+	}
+	if r.ApprovalRef != "" && cur.ApprovalRef != r.ApprovalRef {
+		if err := s.kv.Delete(ctx, "r."+r.ApprovalRef); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			s.log.Warn("tasks: drop approval ref index", "task_id", r.TaskID, "err", err)
+		}
+	}
 }
 
 // Index writes a record's indexes (owner, pending, approval reference).
@@ -373,21 +416,43 @@ func pendingKey(owner, taskID string) string { return "p." + owner + "." + taskI
 // terminal, by [Store.Delete], or by the caller if the task is never
 // created.
 func (s *Store) ReservePending(ctx context.Context, owner, taskID string, limit int) error {
+	return s.ReservePendingFrom(ctx, owner, taskID, limit, s.ReadPending(ctx, owner))
+}
+
+// PendingCount is an owner's pending counter as [Store.ReadPending] read
+// it: the first guess of a reservation.
+type PendingCount struct {
+	n   int
+	rev uint64
+	err error
+}
+
+// ReadPending reads owner's pending counter for [Store.ReservePendingFrom].
+// It only reads, so a caller may run it alongside its own first write (the
+// MCP endpoint's dedup claim) and save a round trip to the store.
+func (s *Store) ReadPending(ctx context.Context, owner string) PendingCount {
+	n, rev, err := s.pendingCounter(ctx, OwnerKey(owner))
+	return PendingCount{n: n, rev: rev, err: err}
+}
+
+// ReservePendingFrom is [Store.ReservePending] starting from read, a
+// [Store.ReadPending] of the same owner made just before. A read that is no
+// longer current costs a conflict and a fresh read, never a wrong count:
+// the compare-and-set stays the authority.
+func (s *Store) ReservePendingFrom(ctx context.Context, owner, taskID string, limit int, read PendingCount) error {
 	if !ValidID(taskID) {
 		return fmt.Errorf("tasks: invalid task id %q", taskID)
 	}
 	ok, k := OwnerKey(owner), pendingKey(OwnerKey(owner), taskID)
 	// A caller already at the cap is refused with one read and no write,
-	// so hammering at the cap leaves nothing in the bucket. The
-	// compare-and-set below stays the authority.
-	n, counterRev, err := s.pendingCounter(ctx, ok)
-	if err == nil && n >= limit {
+	// so hammering at the cap leaves nothing in the bucket.
+	if read.err == nil && read.n >= limit {
 		return ErrPendingCapReached
 	}
 	// The read is the increment's first guess (one round trip fewer); a
 	// conflict makes it read again.
-	guess := &counterRead{n: n, rev: counterRev}
-	if err != nil {
+	guess := &counterRead{n: read.n, rev: read.rev}
+	if read.err != nil {
 		guess = nil
 	}
 	rev, err := s.kv.Create(ctx, k, []byte(pendingHeld))
@@ -653,25 +718,72 @@ func (s *Store) Pending(ctx context.Context) ([]Record, error) {
 // nonTerminal returns the records of the pending index that keep says to
 // keep, oldest first.
 func (s *Store) nonTerminal(ctx context.Context, keep func(Record) bool) ([]Record, error) {
-	keys, err := s.keys(ctx, "p.>")
+	recs, _, err := s.pendingRecords(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var out []Record
-	for _, k := range keys {
-		r, err := s.Get(ctx, k[strings.LastIndexByte(k, '.')+1:])
-		if errors.Is(err, ErrTaskNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
+	for _, r := range recs {
 		if keep(r) {
 			out = append(out, r)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
 	return out, nil
+}
+
+// pendingRecords reads the records the pending index names, in no
+// particular order, and returns too which of its task IDs have no record
+// (a reservation whose record was never written, or not yet).
+func (s *Store) pendingRecords(ctx context.Context) (recs []Record, missing map[string]bool, err error) {
+	keys, err := s.keys(ctx, "p.>")
+	if err != nil {
+		return nil, nil, err
+	}
+	ids := make([]string, 0, len(keys))
+	for _, k := range keys {
+		ids = append(ids, k[strings.LastIndexByte(k, '.')+1:])
+	}
+	got, errs := s.getMany(ctx, ids)
+	missing = map[string]bool{}
+	for i, err := range errs {
+		switch {
+		case errors.Is(err, ErrTaskNotFound):
+			missing[ids[i]] = true
+		case err != nil:
+			return nil, nil, err
+		default:
+			recs = append(recs, got[i])
+		}
+	}
+	return recs, missing, nil
+}
+
+// readAhead is how many record reads getMany keeps in flight.
+const readAhead = 32
+
+// getMany reads the records of ids, readAhead at a time: the scans of the
+// pending index read thousands of records, and one read at a time would
+// cost a round trip, and a write and a read on each side of the
+// connection, each. In flight together, the reads share the connection's
+// writes and the store's. got[i] and errs[i] answer ids[i].
+func (s *Store) getMany(ctx context.Context, ids []string) (got []Record, errs []error) {
+	got, errs = make([]Record, len(ids)), make([]error, len(ids))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(readAhead, len(ids)) {
+		wg.Go(func() {
+			for i := range next {
+				got[i], errs[i] = s.Get(ctx, ids[i])
+			}
+		})
+	}
+	for i := range ids {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return got, errs
 }
 
 // WaitTerminal blocks until the task is terminal (or ctx ends) and returns

@@ -69,6 +69,50 @@ func TestCreateGetOwnership(t *testing.T) {
 	}
 }
 
+// Create writes the record and its indexes at once; when the ID turns out
+// to be taken, the index entries it wrote for the loser are gone again and
+// the holder's stay: the loser's list, pending index and approval
+// reference show nothing, and the admin's pending view lists the task once.
+func TestCreateTakenIDLeavesNoIndex(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	r := newRecord("alice")
+	if err := s.Create(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	for _, owner := range []string{"alice", "bob"} {
+		again := r
+		again.Owner, again.ApprovalRef = owner, NewID("apr_")
+		if err := s.Create(ctx, again); !errors.Is(err, ErrTaskExists) {
+			t.Fatalf("%s: got %v, want ErrTaskExists", owner, err)
+		}
+		if _, err := s.ByRef(ctx, again.ApprovalRef); !errors.Is(err, ErrTaskNotFound) {
+			t.Fatalf("%s: the loser's approval reference resolves: %v", owner, err)
+		}
+	}
+	if page, _, err := s.List(ctx, "bob", "", 10); err != nil || len(page) != 0 {
+		t.Fatalf("bob lists %d tasks, %v", len(page), err)
+	}
+	if n, err := s.CountPending(ctx, "bob"); err != nil || n != 0 {
+		t.Fatalf("bob has %d pending keys, %v", n, err)
+	}
+	if keys, err := s.keys(ctx, "o."+OwnerKey("bob")+".>"); err != nil || len(keys) != 0 {
+		t.Fatalf("bob's owner index: %v, %v", keys, err)
+	}
+	if page, _, err := s.List(ctx, "alice", "", 10); err != nil || len(page) != 1 {
+		t.Fatalf("alice lists %d tasks, %v", len(page), err)
+	}
+	if n, err := s.CountPending(ctx, "alice"); err != nil || n != 1 {
+		t.Fatalf("alice has %d pending keys, %v", n, err)
+	}
+	if got, err := s.ByRef(ctx, r.ApprovalRef); err != nil || got.TaskID != r.TaskID {
+		t.Fatalf("the holder's reference: %v %v", got.TaskID, err)
+	}
+	if all, err := s.nonTerminal(ctx, func(Record) bool { return true }); err != nil || len(all) != 1 {
+		t.Fatalf("pending view: %d tasks, %v", len(all), err)
+	}
+}
+
 func TestUpdateRefusesLeavingTerminal(t *testing.T) {
 	s := newStore(t)
 	ctx := context.Background()
