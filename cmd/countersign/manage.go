@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -40,13 +41,9 @@ func runManage(ctx context.Context, args []string, stdout io.Writer) (handled bo
 		return false, nil
 	}
 	want := strings.Count(use, " ") - 2 // positional arguments
-	var pos []string
-	rest := args[2:]
-	for len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
-		pos, rest = append(pos, rest[0]), rest[1:]
-	}
 	fs, server, dataDir := newAdminFlags(cmd)
-	if err := fs.Parse(rest); err != nil {
+	flags, pos := splitArgs(fs, args[2:])
+	if err := fs.Parse(flags); err != nil {
 		return true, parseError(err)
 	}
 	pos = append(pos, fs.Args()...)
@@ -71,6 +68,32 @@ func runManage(ctx context.Context, args []string, stdout io.Writer) (handled bo
 		return true, act(ctx, c, stdout, "/admin/v1/approvers/"+url.PathEscape(pos[0])+"/passkeys/"+url.PathEscape(pos[1])+"/"+verb,
 			"Passkey "+pos[1]+" of approver "+pos[0])
 	}
+}
+
+// splitArgs separates fs's flags, before or after the positional
+// arguments, from those arguments. Only a flag fs defines (or -h, -help)
+// counts as one: a passkey's credential ID is base64url and may start with
+// "-" (one in 64 does), and must not be taken for an unknown flag. After
+// "--" everything is positional.
+func splitArgs(fs *flag.FlagSet, args []string) (flags, pos []string) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			return flags, append(pos, args[i+1:]...)
+		}
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		isFlag := strings.HasPrefix(a, "-") && len(a) > 1 && (fs.Lookup(name) != nil || name == "h" || name == "help")
+		if !isFlag {
+			pos = append(pos, a)
+			continue
+		}
+		flags = append(flags, a)
+		if !hasValue && fs.Lookup(name) != nil && i+1 < len(args) {
+			i++
+			flags = append(flags, args[i])
+		}
+	}
+	return flags, pos
 }
 
 func act(ctx context.Context, c *adminClient, stdout io.Writer, path, what string) error {

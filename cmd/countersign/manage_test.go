@@ -70,6 +70,18 @@ func TestManageCommands(t *testing.T) {
 	if code != 2 {
 		t.Fatalf("passkeys revoke without a credential: exit %d, err %q", code, stderr)
 	}
+	// A credential ID is base64url: one in 64 starts with "-" (CI met one
+	// as the flag "-6mevi…"). It is an argument, before or after the flags.
+	for _, args := range [][]string{
+		{"passkeys", "disable", ann.ID, "-6meviXhL85e8Cee7-S4yY3NVBSpMfzk9qX-hHkAN3g", "--data-dir", dir},
+		{"passkeys", "disable", "--data-dir", dir, ann.ID, "--6meviXhL85e8Cee7"},
+		{"passkeys", "disable", "--data-dir=" + dir, "--", ann.ID, "-server"},
+	} {
+		code, _, stderr = runCLI(args...)
+		if code != 1 || !strings.Contains(stderr, "passkey") || strings.Contains(stderr, "flag provided") {
+			t.Fatalf("%q: exit %d, err %q; want the unknown passkey named, exit 1", args, code, stderr)
+		}
+	}
 	code, out, _ = runCLI("approvers", "disable", ann.ID, "--data-dir", dir)
 	if code != 0 || !strings.Contains(out, "is now disabled") {
 		t.Fatalf("approvers disable: exit %d, out %q", code, out)
