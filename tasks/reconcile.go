@@ -152,9 +152,13 @@ func (s *Store) ReconcilePending(ctx context.Context, grace time.Duration) (int,
 	return s.reconcilePending(ctx, grace, nil)
 }
 
-// reconcilePending is [Store.ReconcilePending] that takes from seen, read
-// after its own scan of the keys, what it knows of their tasks, and reads
-// only the records of the others.
+// reconcilePending is [Store.ReconcilePending] that takes from seen, what
+// an earlier scan (reconcileOrphans) read of the tasks' records, and reads
+// only the records of the others, after its own scan of the keys. Reading
+// a record before the key's scan is safe for what seen keeps: a terminal
+// record stays terminal, and a record read alive only keeps its key until
+// the next round. A missing record is not in seen: it may have been
+// written since, and is read again here, after the scan, as before.
 func (s *Store) reconcilePending(ctx context.Context, grace time.Duration, seen alive) (int, error) {
 	now := s.now()
 	keys, err := s.entries(ctx, "p.>")
