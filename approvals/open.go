@@ -130,7 +130,6 @@ func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 	}
 	dedupKey := ""
 	var counted tasks.PendingCount
-	read := false
 	if c.Mode == tasks.ModeApproval {
 		// Two identical jobs are two jobs; two identical approval requests
 		// are one.
@@ -141,7 +140,6 @@ func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 		wg.Go(func() { counted = s.store.ReadPending(ctx, c.Principal) })
 		existing, err := s.store.ClaimDedup(ctx, dedupKey, taskID)
 		wg.Wait()
-		read = true
 		if err != nil {
 			return Opened{}, err
 		}
@@ -160,7 +158,7 @@ func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 			return Opened{Task: rec, Joined: true}, nil
 		}
 	}
-	if !read {
+	if c.Mode != tasks.ModeApproval {
 		counted = s.store.ReadPending(ctx, c.Principal)
 	}
 	if err := s.admit(ctx, c.Principal, taskID, c.At, counted); errors.Is(err, tasks.ErrTaskExists) && c.TaskID != "" {

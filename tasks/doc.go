@@ -52,8 +52,8 @@
 // the grace period, a minute in the server.) Reconcile reads each pending
 // task's record once for both of its jobs (failing orphans, dropping dead
 // keys), many reads in flight at a time: at 10,000 pending tasks a round
-// costs ~0.6 s of CPU, a third of what reading every record twice, one at a
-// time, cost (BenchmarkReconcile).
+// costs ~0.55 s of CPU, a quarter of what reading every record twice, one
+// at a time, cost (BenchmarkReconcile).
 //
 // # Timeline vocabulary
 //

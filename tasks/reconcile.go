@@ -67,7 +67,7 @@ type alive map[string]bool
 var errNotOrphan = errors.New("tasks: not an orphan")
 
 func reconcileOrphans(ctx context.Context, s *Store, o WorkflowProbe, grace time.Duration, log *slog.Logger) (int, alive, error) {
-	pending, _, err := s.pendingRecords(ctx)
+	pending, err := s.pendingRecords(ctx)
 	if err != nil {
 		return 0, nil, err
 	}

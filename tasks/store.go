@@ -718,7 +718,7 @@ func (s *Store) Pending(ctx context.Context) ([]Record, error) {
 // nonTerminal returns the records of the pending index that keep says to
 // keep, oldest first.
 func (s *Store) nonTerminal(ctx context.Context, keep func(Record) bool) ([]Record, error) {
-	recs, _, err := s.pendingRecords(ctx)
+	recs, err := s.pendingRecords(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -733,30 +733,29 @@ func (s *Store) nonTerminal(ctx context.Context, keep func(Record) bool) ([]Reco
 }
 
 // pendingRecords reads the records the pending index names, in no
-// particular order, and returns too which of its task IDs have no record
-// (a reservation whose record was never written, or not yet).
-func (s *Store) pendingRecords(ctx context.Context) (recs []Record, missing map[string]bool, err error) {
+// particular order; a task ID without a record (a reservation whose record
+// was never written, or not yet) is skipped.
+func (s *Store) pendingRecords(ctx context.Context) ([]Record, error) {
 	keys, err := s.keys(ctx, "p.>")
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	ids := make([]string, 0, len(keys))
 	for _, k := range keys {
 		ids = append(ids, k[strings.LastIndexByte(k, '.')+1:])
 	}
 	got, errs := s.getMany(ctx, ids)
-	missing = map[string]bool{}
+	var recs []Record
 	for i, err := range errs {
 		switch {
 		case errors.Is(err, ErrTaskNotFound):
-			missing[ids[i]] = true
 		case err != nil:
-			return nil, nil, err
+			return nil, err
 		default:
 			recs = append(recs, got[i])
 		}
 	}
-	return recs, missing, nil
+	return recs, nil
 }
 
 // readAhead is how many record reads getMany keeps in flight.
