@@ -273,7 +273,12 @@ func (f *fixture) sign(t *testing.T, a approver, ref, decision string) tasks.Dec
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp := virtualwebauthn.CreateAssertionResponse(f.rp, a.auth, a.cred, *opts)
+	// The parallel contract cases share approvers, and virtualwebauthn's
+	// Key re-imports its signing key into itself on every signature: each
+	// signature gets its own copy of the key.
+	cred, key := a.cred, *a.cred.Key
+	cred.Key = &key
+	resp := virtualwebauthn.CreateAssertionResponse(f.rp, a.auth, cred, *opts)
 	return tasks.DecisionUpdate{ChallengeID: ch.ID, Decision: decision, Response: json.RawMessage(resp)}
 }
 
