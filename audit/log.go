@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -59,7 +62,15 @@ type Log struct {
 	keys   *Keyring
 	redact bool
 	log    *slog.Logger
+	// tails holds the chains this Log appended to lately, as its own
+	// appends left them (see chainTail).
+	tails   *lru.Cache[string, *chainTail]
+	tailsMu sync.Mutex // orders remember's check and update
 }
+
+// maxTails bounds [Log.tails]: a few hundred bytes per record of a task
+// still being written (a sealed chain leaves the cache).
+const maxTails = 4096
 
 // Open creates or updates the audit stream and returns the log.
 func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Log, error) {
@@ -82,7 +93,11 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Log, erro
 	if err != nil {
 		return nil, fmt.Errorf("audit: stream: %w", err)
 	}
-	l := &Log{js: js, stream: s, keys: opts.Keys, redact: opts.Redact, log: opts.Logger}
+	tails, err := lru.New[string, *chainTail](maxTails)
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	l := &Log{js: js, stream: s, keys: opts.Keys, redact: opts.Redact, log: opts.Logger, tails: tails}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
 	}
@@ -177,6 +192,13 @@ func receipt(e entry) Receipt {
 // Append adds one step to the task's chain and returns its receipt. A step
 // whose ID is already in the chain returns the earlier record's receipt and
 // writes nothing.
+//
+// A chain this Log appended to lately is not read again: its tail (see
+// chainTail) says what the next record follows, and the publish is guarded
+// by the subject's last sequence, so it succeeds only if no record was
+// written since, by anyone (stream sequences only grow, and records are
+// never deleted). If the chain moved, the tail is dropped and the chain
+// read whole, as for a chain this Log does not know.
 func (l *Log) Append(ctx context.Context, taskID string, s Step) (Receipt, error) {
 	if l.keys == nil {
 		return Receipt{}, ErrReadOnly
@@ -192,14 +214,20 @@ func (l *Log) Append(ctx context.Context, taskID string, s Step) (Receipt, error
 		return Receipt{}, fmt.Errorf("audit: encode %s body: %w", s.Kind, err)
 	}
 	for attempt := 0; ; attempt++ {
-		es, err := l.chain(ctx, taskID)
-		if err != nil {
-			return Receipt{}, err
+		t, ok := l.tails.Get(taskID)
+		if !ok || attempt > 0 {
+			es, err := l.chain(ctx, taskID)
+			if err != nil {
+				return Receipt{}, err
+			}
+			t = tailOf(es)
 		}
-		e, err := l.appendTo(ctx, taskID, es, s, body)
+		rc, next, err := l.appendTo(ctx, taskID, t, s, body)
 		if err == nil {
-			return receipt(e), nil
+			l.remember(taskID, next)
+			return rc, nil
 		}
+		l.tails.Remove(taskID)
 		if !isWrongLastSeq(err) || attempt >= 20 {
 			return Receipt{}, err
 		}
@@ -207,44 +235,101 @@ func (l *Log) Append(ctx context.Context, taskID string, s Step) (Receipt, error
 	}
 }
 
-// appendTo appends s after es, guarded by the subject's last sequence.
-func (l *Log) appendTo(ctx context.Context, taskID string, es []entry, s Step, body json.RawMessage) (entry, error) {
+// chainTail is what appending to a chain needs to know of it: its length,
+// how it starts and ends, and the receipt of every step it holds (the
+// idempotency check). A chainTail is never changed once made: [Log.tails]
+// hands the same one to concurrent appends.
+type chainTail struct {
+	n         int
+	firstKind string
+	last      entry // the last record; zero when n == 0
+	steps     map[string]Receipt
+}
+
+func tailOf(es []entry) *chainTail {
+	t := &chainTail{n: len(es), steps: make(map[string]Receipt, len(es)+1)}
 	for _, e := range es {
-		if e.rec.StepID == s.ID {
-			return e, nil
-		}
+		t.steps[e.rec.StepID] = receipt(e)
+	}
+	if len(es) > 0 {
+		t.firstKind, t.last = es[0].rec.Kind, es[len(es)-1]
+	}
+	return t
+}
+
+// with returns the tail of t's chain with e appended.
+func (t *chainTail) with(e entry) *chainTail {
+	u := &chainTail{n: t.n + 1, firstKind: t.firstKind, last: e, steps: maps.Clone(t.steps)}
+	if t.n == 0 {
+		u.firstKind = e.rec.Kind
+	}
+	u.steps[e.rec.StepID] = receipt(e)
+	return u
+}
+
+// sealed reports whether nothing may follow: the outcome, or a rejected
+// token's one-record chain.
+func (t *chainTail) sealed() bool {
+	return t.n > 0 && (t.last.rec.Kind == KindOutcome || t.firstKind == KindTokenRejected)
+}
+
+// remember keeps t as the task's tail, unless the cache already holds a
+// later one (two appends of this Log raced) or the chain is sealed.
+func (l *Log) remember(taskID string, t *chainTail) {
+	if t == nil {
+		return
+	}
+	l.tailsMu.Lock()
+	defer l.tailsMu.Unlock()
+	if t.sealed() {
+		l.tails.Remove(taskID)
+		return
+	}
+	if old, ok := l.tails.Peek(taskID); ok && old.last.seq >= t.last.seq {
+		return
+	}
+	l.tails.Add(taskID, t)
+}
+
+// appendTo appends s after the chain t describes, guarded by the subject's
+// last sequence. It returns the record's receipt and the chain's new tail
+// (nil when s was already in the chain and nothing was written).
+func (l *Log) appendTo(ctx context.Context, taskID string, t *chainTail, s Step, body json.RawMessage) (Receipt, *chainTail, error) {
+	if rc, ok := t.steps[s.ID]; ok {
+		return rc, nil, nil
 	}
 	var prev string
 	var lastSeq uint64
-	if n := len(es); n > 0 {
-		if es[n-1].rec.Kind == KindOutcome || es[0].rec.Kind == KindTokenRejected {
-			return entry{}, ErrSealed
+	if t.n > 0 {
+		if t.sealed() {
+			return Receipt{}, nil, ErrSealed
 		}
-		prev, lastSeq = es[n-1].hash, es[n-1].seq
+		prev, lastSeq = t.last.hash, t.last.seq
 	} else if s.Kind != KindRequested && s.Kind != KindAdmin && !IsTokenChainStart(s.Kind) {
-		return entry{}, fmt.Errorf("%w: chain of %s has no requested record; cannot append %s", ErrBrokenChain, taskID, s.Kind)
+		return Receipt{}, nil, fmt.Errorf("%w: chain of %s has no requested record; cannot append %s", ErrBrokenChain, taskID, s.Kind)
 	}
-	if len(es) >= MaxChainLen {
-		return entry{}, fmt.Errorf("%w: chain of %s is full", ErrBrokenChain, taskID)
+	if t.n >= MaxChainLen {
+		return Receipt{}, nil, fmt.Errorf("%w: chain of %s is full", ErrBrokenChain, taskID)
 	}
 	line, rec, err := seal(Record{
-		TaskID: taskID, Seq: len(es), Kind: s.Kind, StepID: s.ID,
+		TaskID: taskID, Seq: t.n, Kind: s.Kind, StepID: s.ID,
 		At: s.At.UTC(), Prev: prev, Body: body,
 	}, l.keys)
 	if err != nil {
-		return entry{}, err
+		return Receipt{}, nil, err
 	}
 	ack, err := l.js.Publish(ctx, SubjectPrefix+taskID, line,
 		jetstream.WithMsgID(taskID+"/"+s.ID),
 		jetstream.WithExpectLastSequencePerSubject(lastSeq))
 	if err != nil {
-		return entry{}, fmt.Errorf("audit: append %s: %w", s.Kind, err)
+		return Receipt{}, nil, fmt.Errorf("audit: append %s: %w", s.Kind, err)
 	}
 	if ack.Duplicate {
 		// Written by an earlier attempt whose answer was lost: read it back.
-		return entry{}, errWrongLastSeq
+		return Receipt{}, nil, errWrongLastSeq
 	}
-	return entry{line: line, rec: rec, hash: Hash(line), seq: ack.Sequence}, nil
+	e := entry{line: line, rec: rec, hash: Hash(line), seq: ack.Sequence}
+	return receipt(e), t.with(e), nil
 }
 
 var errWrongLastSeq = errors.New("audit: chain moved")
@@ -304,9 +389,10 @@ func (l *Log) Seal(ctx context.Context, taskID string, end End) (Receipt, error)
 		if err != nil {
 			return Receipt{}, err
 		}
-		e, err := l.appendTo(ctx, taskID, es, Step{ID: StepOutcome, Kind: KindOutcome, At: end.At}, body)
+		rc, _, err := l.appendTo(ctx, taskID, tailOf(es), Step{ID: StepOutcome, Kind: KindOutcome, At: end.At}, body)
 		if err == nil {
-			return receipt(e), nil
+			l.tails.Remove(taskID)
+			return rc, nil
 		}
 		if !isWrongLastSeq(err) || attempt >= 20 {
 			return Receipt{}, err

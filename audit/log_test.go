@@ -185,3 +185,107 @@ func TestLogExport(t *testing.T) {
 		t.Fatalf("export since the future: %v, %d lines", err, len(got))
 	}
 }
+
+// TestLogReplicasAppendThroughStaleTails: two Logs on one stream (two
+// replicas) append to the same chains, at once and in turn, each retrying
+// steps the other wrote after its own last append. Each Log's cached tail
+// is then stale; the chain must still be one linear chain with each step
+// once, every answer for a step must be that record's receipt, and a
+// sealed chain must refuse either Log.
+func TestLogReplicasAppendThroughStaleTails(t *testing.T) {
+	js, _ := testnats.Start(t)
+	k := testKeys(t)
+	ctx := context.Background()
+	var logs [2]*Log
+	for i := range logs {
+		l, err := Open(ctx, js, Options{Keys: k})
+		if err != nil {
+			t.Fatal(err)
+		}
+		logs[i] = l
+	}
+	at := time.Now().UTC()
+	for round := range 20 {
+		task := fmt.Sprintf("tsk_tail%d", round)
+		a, b := logs[round%2], logs[1-round%2]
+		req, _ := requestedStep(t, at)
+		want := map[string]Receipt{}
+		check := func(step string, rc Receipt, err error) {
+			t.Helper()
+			if err != nil {
+				t.Fatalf("round %d, step %s: %v", round, step, err)
+			}
+			if old, ok := want[step]; ok && old != rc {
+				t.Fatalf("round %d, step %s: receipt %+v, earlier %+v", round, step, rc, old)
+			}
+			want[step] = rc
+		}
+		notified := func(id string) Step { return Step{ID: id, Kind: KindNotified, At: at, Body: struct{}{}} }
+		rc, err := a.Append(ctx, task, req)
+		check(StepRequested, rc, err)
+		rc, err = b.Append(ctx, task, req)
+		check(StepRequested, rc, err)
+		// Both Logs now hold a tail; each append below makes the other's stale.
+		for i := range 4 {
+			id := fmt.Sprintf("turn/%d", i)
+			rc, err = a.Append(ctx, task, notified(id))
+			check(id, rc, err)
+			rc, err = b.Append(ctx, task, notified(id))
+			check(id, rc, err)
+			a, b = b, a
+		}
+		// At once: every step from both Logs, twice.
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for i := range 16 {
+			l := logs[i%2]
+			id := fmt.Sprintf("burst/%d", i/4)
+			wg.Go(func() {
+				rc, err := l.Append(ctx, task, notified(id))
+				mu.Lock()
+				defer mu.Unlock()
+				check(id, rc, err)
+			})
+		}
+		wg.Wait()
+		// A step the other Log wrote, retried through a Log whose tail does
+		// not hold it.
+		rc, err = a.Append(ctx, task, notified("late/a"))
+		check("late/a", rc, err)
+		rc, err = b.Append(ctx, task, notified("late/b"))
+		check("late/b", rc, err)
+		rc, err = a.Append(ctx, task, notified("late/b"))
+		check("late/b", rc, err)
+		rc, err = b.Append(ctx, task, notified("late/a"))
+		check("late/a", rc, err)
+		end := End{Kind: KindFailed, At: at, Status: "failed"}
+		if _, err := b.Seal(ctx, task, end); err != nil {
+			t.Fatalf("round %d: seal: %v", round, err)
+		}
+		for _, l := range logs {
+			if _, err := l.Append(ctx, task, notified("after")); err != ErrSealed {
+				t.Fatalf("round %d: append after the seal: %v, want ErrSealed", round, err)
+			}
+		}
+		lines, err := a.Chain(ctx, task)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(want) + 2; len(lines) != n { // + the end and the outcome
+			t.Fatalf("round %d: %d records, want %d", round, len(lines), n)
+		}
+		for i, line := range lines[:len(lines)-2] {
+			var r Record
+			if err := json.Unmarshal(line, &r); err != nil {
+				t.Fatal(err)
+			}
+			if rc := want[r.StepID]; rc.Hash != Hash(line) || rc.RecordRef != fmt.Sprintf("%s/%d", task, i) {
+				t.Fatalf("round %d: record %d (%s) is not the receipt %+v", round, i, r.StepID, rc)
+			}
+		}
+		if rep := Verify(lines, k.PublicKeys(), VerifyOptions{}); !rep.OK {
+			out, _ := json.MarshalIndent(rep, "", " ")
+			t.Fatalf("round %d: chain does not verify:\n%s", round, out)
+		}
+	}
+}
