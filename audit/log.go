@@ -215,7 +215,15 @@ func (l *Log) Append(ctx context.Context, taskID string, s Step) (Receipt, error
 	}
 	for attempt := 0; ; attempt++ {
 		t, ok := l.tails.Get(taskID)
-		if !ok || attempt > 0 {
+		switch {
+		case ok && attempt == 0:
+		case attempt == 0 && s.Kind == KindRequested:
+			// A task's requested record starts its chain, and is almost
+			// always written to an empty one: try that first. A chain
+			// that has records fails the guard (or the publish is a
+			// duplicate), and is read below.
+			t = tailOf(nil)
+		default:
 			es, err := l.chain(ctx, taskID)
 			if err != nil {
 				return Receipt{}, err

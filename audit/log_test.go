@@ -258,6 +258,16 @@ func TestLogReplicasAppendThroughStaleTails(t *testing.T) {
 		check("late/b", rc, err)
 		rc, err = b.Append(ctx, task, notified("late/a"))
 		check("late/a", rc, err)
+		// The requested record again, from a Log that has never seen the
+		// chain (it tries it as the first record; the chain has 11).
+		fresh, err := Open(ctx, js, Options{Keys: k})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc, err = fresh.Append(ctx, task, req)
+		check(StepRequested, rc, err)
+		rc, err = fresh.Append(ctx, task, notified("fresh"))
+		check("fresh", rc, err)
 		end := End{Kind: KindFailed, At: at, Status: "failed"}
 		if _, err := b.Seal(ctx, task, end); err != nil {
 			t.Fatalf("round %d: seal: %v", round, err)
