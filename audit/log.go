@@ -68,8 +68,9 @@ type Log struct {
 	tailsMu sync.Mutex // orders remember's check and update
 }
 
-// maxTails bounds [Log.tails]: a few hundred bytes per record of a task
-// still being written (a sealed chain leaves the cache).
+// maxTails bounds [Log.tails]. A tail holds no record, only a receipt per
+// step (~250 bytes; a task's chain stays within a few dozen records), and a
+// sealed chain leaves the cache.
 const maxTails = 4096
 
 // Open creates or updates the audit stream and returns the log.
@@ -250,8 +251,11 @@ func (l *Log) Append(ctx context.Context, taskID string, s Step) (Receipt, error
 type chainTail struct {
 	n         int
 	firstKind string
-	last      entry // the last record; zero when n == 0
-	steps     map[string]Receipt
+	// the last record's kind, hash and stream sequence (zero when n == 0)
+	lastKind string
+	lastHash string
+	lastSeq  uint64
+	steps    map[string]Receipt
 }
 
 func tailOf(es []entry) *chainTail {
@@ -260,14 +264,15 @@ func tailOf(es []entry) *chainTail {
 		t.steps[e.rec.StepID] = receipt(e)
 	}
 	if len(es) > 0 {
-		t.firstKind, t.last = es[0].rec.Kind, es[len(es)-1]
+		last := es[len(es)-1]
+		t.firstKind, t.lastKind, t.lastHash, t.lastSeq = es[0].rec.Kind, last.rec.Kind, last.hash, last.seq
 	}
 	return t
 }
 
 // with returns the tail of t's chain with e appended.
 func (t *chainTail) with(e entry) *chainTail {
-	u := &chainTail{n: t.n + 1, firstKind: t.firstKind, last: e, steps: maps.Clone(t.steps)}
+	u := &chainTail{n: t.n + 1, firstKind: t.firstKind, lastKind: e.rec.Kind, lastHash: e.hash, lastSeq: e.seq, steps: maps.Clone(t.steps)}
 	if t.n == 0 {
 		u.firstKind = e.rec.Kind
 	}
@@ -278,7 +283,7 @@ func (t *chainTail) with(e entry) *chainTail {
 // sealed reports whether nothing may follow: the outcome, or a rejected
 // token's one-record chain.
 func (t *chainTail) sealed() bool {
-	return t.n > 0 && (t.last.rec.Kind == KindOutcome || t.firstKind == KindTokenRejected)
+	return t.n > 0 && (t.lastKind == KindOutcome || t.firstKind == KindTokenRejected)
 }
 
 // remember keeps t as the task's tail, unless the cache already holds a
@@ -293,7 +298,7 @@ func (l *Log) remember(taskID string, t *chainTail) {
 		l.tails.Remove(taskID)
 		return
 	}
-	if old, ok := l.tails.Peek(taskID); ok && old.last.seq >= t.last.seq {
+	if old, ok := l.tails.Peek(taskID); ok && old.lastSeq >= t.lastSeq {
 		return
 	}
 	l.tails.Add(taskID, t)
@@ -312,7 +317,7 @@ func (l *Log) appendTo(ctx context.Context, taskID string, t *chainTail, s Step,
 		if t.sealed() {
 			return Receipt{}, nil, ErrSealed
 		}
-		prev, lastSeq = t.last.hash, t.last.seq
+		prev, lastSeq = t.lastHash, t.lastSeq
 	} else if s.Kind != KindRequested && s.Kind != KindAdmin && !IsTokenChainStart(s.Kind) {
 		return Receipt{}, nil, fmt.Errorf("%w: chain of %s has no requested record; cannot append %s", ErrBrokenChain, taskID, s.Kind)
 	}
