@@ -268,23 +268,34 @@ func TestInlineWait(t *testing.T) {
 	})
 
 	t.Run("decided inside the window", func(t *testing.T) {
+		// A window of its own, far longer than the decision takes, so a
+		// busy machine cannot close it first. A decision that never reaches
+		// the waiting call still fails the test, after 30 s.
+		h := newHarness(t, func(o *Options) { o.InlineWait = 30 * time.Second })
 		p, to := principal(t, "f"), acct(t, "fast")
 		var wg sync.WaitGroup
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// The task appears, then is cancelled while the call waits.
-			deadline := time.Now().Add(5 * time.Second)
+			// The task appears, then is cancelled while the call waits. Its
+			// record is written before its workflow starts: a cancel in
+			// between finds no workflow (ErrWorkflowGone) and is sent again.
+			// (CI met that gap once: the cancel was dropped, the call
+			// answered [approval-pending] when its window closed.)
+			deadline := time.Now().Add(10 * time.Second)
 			for time.Now().Before(deadline) {
 				recs, _, _ := h.env.store.List(context.Background(), p, "", 50)
 				for _, r := range recs {
-					if r.Status == tasks.StatusWorking {
-						_, _ = h.env.workflow.Cancel(context.Background(), r.TaskID)
+					if r.Status != tasks.StatusWorking {
+						continue
+					}
+					if _, err := h.env.workflow.Cancel(context.Background(), r.TaskID); err == nil {
 						return
 					}
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
+			t.Error("the task was never cancelled")
 		}()
 		r := h.do(t, call{token: tok(p), era: tasks.Era2025, method: "tools/call", params: gatedArgs(to, 5000)})
 		wg.Wait()
