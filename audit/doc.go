@@ -27,10 +27,11 @@
 //     sequence of the task's subject, so retries never duplicate a step and
 //     concurrent writers never fork the chain.
 //   - A Log reads a chain only when it does not know it: after its own
-//     append it keeps the chain's tail (length, last record, the receipt of
-//     every step) and appends after that, under the same expected-sequence
-//     guard. A tail another writer made stale fails the guard; the Log then
-//     forgets it and reads the chain whole.
+//     append it keeps the chain's tail (length, the last record's kind,
+//     hash and sequence, the receipt of every step) and appends after
+//     that, under the same expected-sequence guard. A tail another writer
+//     made stale fails the guard; the Log then forgets it and reads the
+//     chain whole.
 //   - The chain is sealed by a terminal step (executed, execution-error,
 //     outcome-unknown, denied, expired, cancelled) followed by the "outcome"
 //     record, which [BuildOutcome] derives from the chain; nothing is

@@ -218,6 +218,7 @@ func (l *Log) Append(ctx context.Context, taskID string, s Step) (Receipt, error
 		t, ok := l.tails.Get(taskID)
 		switch {
 		case ok && attempt == 0:
+			// The tail this Log's own last append left.
 		case attempt == 0 && s.Kind == KindRequested:
 			// A task's requested record starts its chain, and is almost
 			// always written to an empty one: try that first. A chain
