@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	enumspb "go.temporal.io/api/enums/v1"
@@ -168,7 +169,8 @@ type ApprovalOutcome struct {
 
 // ErrUpdateInProgress is returned when an update's outcome did not arrive in
 // time (the caller's deadline passed, or the server aborted the wait): the
-// workflow may still take it. Sending the same decision again is safe and
+// workflow may still take it. It is also returned when the deadline passed
+// before the update could be sent (see [Orchestrator]). Sending the same decision again is safe and
 // gets its outcome (see [Orchestrator.Decide]).
 var ErrUpdateInProgress = errors.New("tasks: the update's outcome is not known yet")
 
@@ -177,8 +179,24 @@ var ErrUpdateInProgress = errors.New("tasks: the update's outcome is not known y
 var ErrWorkflowGone = errors.New("tasks: task is no longer running")
 
 // Orchestrator drives approval workflows through a Temporal client.
+//
+// It sends one update at a time to each workflow; the others wait their
+// turn, in arrival order, each within its own deadline. The workflow takes
+// decisions one at a time anyway (a workflow lock), so this changes no
+// verdict; what it avoids is Temporal's handling of updates that reach one
+// workflow at the same instant. Each joins or creates a speculative workflow
+// task, and with Temporal 1.32 their completions often fail with "Workflow
+// task not found" and are retried: about 430 such failures in 200 rounds of
+// internal/e2e TestRace (20 decisions and a cancel at once), and in one run
+// of three to six a workflow stalled 30 to 60 seconds until a speculative
+// task timed out, its approvers answered 503. One update at a time, the same
+// rounds meet none and run about four times faster (docs/benchmarks.md,
+// "Concurrent decisions on one task"). The turn is per process: replicas
+// behind a load balancer can still meet at one workflow, which Temporal
+// survives as before, slower.
 type Orchestrator struct {
-	c client.Client
+	c       client.Client
+	updates keyedLock // per workflow ID: one update in flight
 }
 
 // NewOrchestrator wraps a connected Temporal client.
@@ -254,6 +272,13 @@ func (o *Orchestrator) update(ctx context.Context, taskID, name string, arg, out
 
 // updateWithID sends an update; an empty id lets the client pick a fresh one.
 func (o *Orchestrator) updateWithID(ctx context.Context, taskID, name, id string, arg, out any) error {
+	unlock, err := o.updates.lock(ctx, taskID)
+	if err != nil {
+		// The deadline passed while another update to the task was in
+		// flight: this one was never sent, and sending it again is safe.
+		return fmt.Errorf("%w: %s %s: not sent, the task's previous update still in flight: %w", ErrUpdateInProgress, name, taskID, err)
+	}
+	defer unlock()
 	h, err := o.c.UpdateWorkflow(ctx, client.UpdateWorkflowOptions{
 		UpdateID:     id,
 		WorkflowID:   taskID,
@@ -297,4 +322,45 @@ func (e *UpdateRejected) Error() string { return "tasks: rejected: " + e.Reason 
 func (e *UpdateRejected) Is(target error) bool {
 	t, ok := target.(*UpdateRejected)
 	return ok && t.Reason == e.Reason
+}
+
+// keyedLock is one lock per key; a key's entry exists only while someone
+// holds or awaits it. Waiters are served in arrival order.
+type keyedLock struct {
+	mu   sync.Mutex
+	held map[string]*keyedEntry
+}
+
+type keyedEntry struct {
+	sem  chan struct{}
+	refs int
+}
+
+// lock takes key's lock, or gives up when ctx ends.
+func (k *keyedLock) lock(ctx context.Context, key string) (unlock func(), err error) {
+	k.mu.Lock()
+	if k.held == nil {
+		k.held = map[string]*keyedEntry{}
+	}
+	e := k.held[key]
+	if e == nil {
+		e = &keyedEntry{sem: make(chan struct{}, 1)}
+		k.held[key] = e
+	}
+	e.refs++
+	k.mu.Unlock()
+	release := func() {
+		k.mu.Lock()
+		if e.refs--; e.refs == 0 {
+			delete(k.held, key)
+		}
+		k.mu.Unlock()
+	}
+	select {
+	case e.sem <- struct{}{}:
+		return func() { <-e.sem; release() }, nil
+	case <-ctx.Done():
+		release()
+		return nil, ctx.Err()
+	}
 }

@@ -120,6 +120,10 @@ func TestRace(t *testing.T) {
 	t.Logf("TestRace: %d rounds, %d with disagreements", total.Load(), failed.Load())
 }
 
+// roundStall bounds the time a round's burst of requests may take; rounds
+// take 0.1 to 0.5 s on a loaded 2-core machine.
+const roundStall = 15 * time.Second
+
 type ender int
 
 const (
@@ -364,8 +368,15 @@ func (r *racer) round(t *testing.T, v raceVariant, round int) (out roundOutcome)
 		})
 	}
 	ready.Wait()
+	released := time.Now()
 	close(barrier)
 	wg.Wait()
+	// Every request of the round is answered well within a second on this
+	// machine. An answer that takes many seconds is a stalled task: its
+	// approvers waited, then got a 503 (see tasks.Orchestrator).
+	if took := time.Since(released); took > roundStall {
+		fail("the round's %d requests took %v to be answered (a stall: the bound is %v)", len(ops), took.Round(time.Millisecond), roundStall)
+	}
 
 	// What the requests were told.
 	// Approver ID → the decisions answered accepted. A byte-for-byte replay
