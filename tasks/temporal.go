@@ -183,17 +183,17 @@ var ErrWorkflowGone = errors.New("tasks: task is no longer running")
 // It sends one update at a time to each workflow; the others wait their
 // turn, in arrival order, each within its own deadline. The workflow takes
 // decisions one at a time anyway (a workflow lock), so this changes no
-// verdict; what it avoids is Temporal's handling of updates that reach one
-// workflow at the same instant. Each joins or creates a speculative workflow
-// task, and with Temporal 1.32 their completions often fail with "Workflow
-// task not found" and are retried: about 430 such failures in 200 rounds of
-// internal/e2e TestRace (20 decisions and a cancel at once), and in one run
-// of three to six a workflow stalled 30 to 60 seconds until a speculative
-// task timed out, its approvers answered 503. One update at a time, the same
-// rounds meet none and run about four times faster (docs/benchmarks.md,
-// "Concurrent decisions on one task"). The turn is per process: replicas
-// behind a load balancer can still meet at one workflow, which Temporal
-// survives as before, slower.
+// verdict. What it avoids: Temporal admits at most 10 updates in flight per
+// workflow (history.maxInFlightUpdates, the default of every cluster), and
+// a burst past it (internal/e2e TestRace: 20 decisions, 15 invalid ones and
+// a cancel at once) made Temporal refuse, abort and retry updates and fail
+// the worker's workflow task completions ("Workflow task not found", about
+// 430 times in 200 rounds). Each round took ~0.5 s, and in one run of three
+// to six a task stalled 30 to 60 seconds, its approvers answered 503. One
+// update at a time, the same rounds meet none and run about five times
+// faster (docs/benchmarks.md, "Concurrent decisions on one task"). The turn
+// is per process, so up to ten replicas deciding one task at the same
+// instant stay within the limit.
 type Orchestrator struct {
 	c       client.Client
 	updates keyedLock // per workflow ID: one update in flight
