@@ -254,9 +254,18 @@ func DecisionUpdateID(d DecisionUpdate) string {
 // [UpdateRecordRejection]). The workflow refuses it, writing nothing, once
 // the task has recorded its quota of rejections or no longer takes
 // decisions: *UpdateRejected or ErrWorkflowGone.
+//
+// It is not sent, and ErrRejectionsQueued is returned, when
+// [MaxRecordedRejections] rejections of the task already hold or await the
+// task's turn in this process: the workflow would record no more than that,
+// and a flood of forged decisions must not queue ahead of the approvers'.
 func (o *Orchestrator) RecordRejection(ctx context.Context, taskID string, r RejectedDecision) error {
-	return o.update(ctx, taskID, UpdateRecordRejection, r, nil)
+	return o.send(ctx, taskID, UpdateRecordRejection, "", r, nil, MaxRecordedRejections)
 }
+
+// ErrRejectionsQueued is RecordRejection's answer when the task's line
+// already holds its quota of rejections.
+var ErrRejectionsQueued = errors.New("tasks: rejection not recorded: the task's quota of rejections is already in line")
 
 // Cancel asks the workflow to cancel the task; it is honoured only before the
 // execution claim.
@@ -267,12 +276,22 @@ func (o *Orchestrator) Cancel(ctx context.Context, taskID string) (CancelResult,
 }
 
 func (o *Orchestrator) update(ctx context.Context, taskID, name string, arg, out any) error {
-	return o.updateWithID(ctx, taskID, name, "", arg, out)
+	return o.send(ctx, taskID, name, "", arg, out, 0)
 }
 
 // updateWithID sends an update; an empty id lets the client pick a fresh one.
 func (o *Orchestrator) updateWithID(ctx context.Context, taskID, name, id string, arg, out any) error {
-	unlock, err := o.updates.lock(ctx, taskID)
+	return o.send(ctx, taskID, name, id, arg, out, 0)
+}
+
+// send sends an update in the task's turn. With a limit, the update is
+// dropped (ErrRejectionsQueued) when limit updates of its kind already
+// hold or await the turn.
+func (o *Orchestrator) send(ctx context.Context, taskID, name, id string, arg, out any, limit int) error {
+	unlock, err := o.updates.lock(ctx, taskID, limit)
+	if errors.Is(err, errLineFull) {
+		return ErrRejectionsQueued
+	}
 	if err != nil {
 		// The deadline passed while another update to the task was in
 		// flight: this one was never sent, and sending it again is safe.
@@ -332,12 +351,17 @@ type keyedLock struct {
 }
 
 type keyedEntry struct {
-	sem  chan struct{}
-	refs int
+	sem     chan struct{}
+	refs    int // holding or awaiting
+	limited int // of those, the callers that came with a limit
 }
 
-// lock takes key's lock, or gives up when ctx ends.
-func (k *keyedLock) lock(ctx context.Context, key string) (unlock func(), err error) {
+var errLineFull = errors.New("tasks: line full")
+
+// lock takes key's lock, or gives up when ctx ends. A caller with a limit
+// (> 0) does not queue, and gets errLineFull, when limit such callers
+// already hold or await the key.
+func (k *keyedLock) lock(ctx context.Context, key string, limit int) (unlock func(), err error) {
 	k.mu.Lock()
 	if k.held == nil {
 		k.held = map[string]*keyedEntry{}
@@ -347,10 +371,20 @@ func (k *keyedLock) lock(ctx context.Context, key string) (unlock func(), err er
 		e = &keyedEntry{sem: make(chan struct{}, 1)}
 		k.held[key] = e
 	}
+	if limit > 0 && e.limited >= limit {
+		k.mu.Unlock()
+		return nil, errLineFull
+	}
 	e.refs++
+	if limit > 0 {
+		e.limited++
+	}
 	k.mu.Unlock()
 	release := func() {
 		k.mu.Lock()
+		if limit > 0 {
+			e.limited--
+		}
 		if e.refs--; e.refs == 0 {
 			delete(k.held, key)
 		}

@@ -18,8 +18,9 @@ import (
 // TestOrchestratorOneUpdateAtATime sends twenty rejections and a cancel to
 // each of ten workflows at the same instant, on a real Temporal server, and
 // counts the updates each workflow had in flight at once: never more than
-// one. Updates to different workflows do not wait for each other, and an
-// update whose deadline passes while it waits is never sent.
+// one. Updates to different workflows do not wait for each other, an
+// update whose deadline passes while it waits is never sent, and no more
+// rejections wait in a task's line than the task records.
 func TestOrchestratorOneUpdateAtATime(t *testing.T) {
 	inflight := &updateCounter{now: map[string]int{}, max: map[string]int{}}
 	ts := temporaltest.NewServer(temporaltest.WithT(t))
@@ -99,13 +100,38 @@ func TestOrchestratorOneUpdateAtATime(t *testing.T) {
 	if !errors.Is(err, ErrUpdateInProgress) {
 		t.Fatalf("an update whose deadline passed in line: %v, want ErrUpdateInProgress", err)
 	}
+	// A flood of rejections: the task's quota may wait in line, the rest
+	// is not sent.
+	flood := make(chan error, 30)
+	for i := range cap(flood) {
+		go func() {
+			flood <- o.RecordRejection(ctx, held, RejectedDecision{ChallengeID: fmt.Sprint("flood-", i), Reason: "forged"})
+		}()
+	}
+	for range cap(flood) - (MaxRecordedRejections - 1) {
+		if err := <-flood; !errors.Is(err, ErrRejectionsQueued) {
+			t.Fatalf("a rejection past the quota in line: %v, want ErrRejectionsQueued", err)
+		}
+	}
+	o.updates.mu.Lock()
+	inLine := o.updates.held[held].limited
+	o.updates.mu.Unlock()
+	if inLine != MaxRecordedRejections {
+		t.Fatalf("%d rejections in line, want %d", inLine, MaxRecordedRejections)
+	}
 	if err := c.SignalWorkflow(ctx, held, "", releaseSignal, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-heldDone; err != nil {
 		t.Fatalf("the held update: %v", err)
 	}
-	for _, id := range []string{held, free} {
+	for range MaxRecordedRejections - 1 {
+		if err := <-flood; err != nil {
+			t.Fatalf("a rejection in line: %v", err)
+		}
+	}
+	// The late one never reached the workflow.
+	for id, want := range map[string]int{held: MaxRecordedRejections, free: 1} {
 		if _, err := o.Cancel(ctx, id); err != nil {
 			t.Fatal(err)
 		}
@@ -113,12 +139,13 @@ func TestOrchestratorOneUpdateAtATime(t *testing.T) {
 		if err := c.GetWorkflow(ctx, id, "").Get(ctx, &recorded); err != nil {
 			t.Fatal(err)
 		}
-		if recorded != 1 { // the late one never reached the workflow
-			t.Errorf("%s recorded %d rejections, want 1", id, recorded)
+		if recorded != want {
+			t.Errorf("%s recorded %d rejections, want %d", id, recorded, want)
 		}
 	}
-	// Two rejections and two cancels after the rounds; the late one unsent.
-	if want := rounds*(rejections+1) + 4; inflight.calls() != want {
+	// After the rounds: the held rejection and its line, one to the other
+	// workflow, two cancels; the late one and the flood's rest unsent.
+	if want := rounds*(rejections+1) + MaxRecordedRejections + 3; inflight.calls() != want {
 		t.Errorf("%d updates sent, want %d", inflight.calls(), want)
 	}
 	o.updates.mu.Lock()
