@@ -169,9 +169,10 @@ type ApprovalOutcome struct {
 
 // ErrUpdateInProgress is returned when an update's outcome did not arrive in
 // time (the caller's deadline passed, or the server aborted the wait): the
-// workflow may still take it. It is also returned when the deadline passed
-// before the update could be sent (see [Orchestrator]). Sending the same decision again is safe and
-// gets its outcome (see [Orchestrator.Decide]).
+// workflow may still take it. It is also returned when the caller's context
+// ended while the update waited for the task's turn, unsent (see
+// [Orchestrator]). Sending the same decision again is safe and gets its
+// outcome (see [Orchestrator.Decide]).
 var ErrUpdateInProgress = errors.New("tasks: the update's outcome is not known yet")
 
 // ErrWorkflowGone is returned when the task's workflow no longer runs, so it
@@ -293,8 +294,8 @@ func (o *Orchestrator) send(ctx context.Context, taskID, name, id string, arg, o
 		return ErrRejectionsQueued
 	}
 	if err != nil {
-		// The deadline passed while another update to the task was in
-		// flight: this one was never sent, and sending it again is safe.
+		// The caller's context ended while another update to the task was
+		// in flight: this one was never sent, and sending it again is safe.
 		return fmt.Errorf("%w: %s %s: not sent, the task's previous update still in flight: %w", ErrUpdateInProgress, name, taskID, err)
 	}
 	defer unlock()
