@@ -220,13 +220,7 @@ func (s *Service) checkEvidence(ctx context.Context, rec tasks.Record, d tasks.D
 // task and refuses the rest without writing anything; either way the
 // approver's answer is the same, so failures are only logged.
 func (s *Service) recordRejection(ctx context.Context, rec tasks.Record, d tasks.DecisionUpdate, reason string) {
-	recorded := 0
-	for _, ev := range rec.Timeline {
-		if ev.Kind == tasks.EventRejectedDecision {
-			recorded++
-		}
-	}
-	if recorded >= tasks.MaxRecordedRejections {
+	if countEvents(rec, tasks.EventRejectedDecision) >= tasks.MaxRecordedRejections {
 		return // the workflow would refuse it: spare it the round trip
 	}
 	err := s.engine.RecordRejection(ctx, rec.TaskID, tasks.RejectedDecision{
@@ -234,6 +228,16 @@ func (s *Service) recordRejection(ctx context.Context, rec tasks.Record, d tasks
 	if err != nil {
 		s.log.DebugContext(ctx, "approvals: rejection not recorded", "task_id", rec.TaskID, "reason", reason, "error", err)
 	}
+}
+
+// countEvents counts the events of a kind in the task's timeline.
+func countEvents(rec tasks.Record, kind tasks.EventKind) (n int) {
+	for _, ev := range rec.Timeline {
+		if ev.Kind == kind {
+			n++
+		}
+	}
+	return n
 }
 
 // clipID keeps a client-chosen challenge ID short enough to record.

@@ -69,6 +69,14 @@ func (s *Service) Cancel(ctx context.Context, owner, taskID string) (tasks.Recor
 	if rec.Status.Terminal() {
 		return rec, false, nil
 	}
+	// The call was claimed and a cancel already refused, which the
+	// workflow records once: another would change nothing, and each
+	// accepted update grows the workflow's history (an agent polling
+	// cancel through a long tool run) toward Temporal's bound on the
+	// updates one workflow takes.
+	if countEvents(rec, tasks.EventCancelRefused) > 0 {
+		return rec, false, nil
+	}
 	res, err := s.engine.Cancel(ctx, taskID)
 	if err != nil && !settled(err) {
 		return tasks.Record{}, false, err
