@@ -234,7 +234,7 @@ func (o *Orchestrator) Start(ctx context.Context, in ApprovalInput) error {
 // A decision is counted once or cleanly rejected, never lost half-way.
 func (o *Orchestrator) Decide(ctx context.Context, taskID string, d DecisionUpdate) (DecisionResult, error) {
 	var res DecisionResult
-	err := o.updateWithID(ctx, taskID, UpdateDecide, DecisionUpdateID(d), d, &res)
+	err := o.send(ctx, taskID, UpdateDecide, DecisionUpdateID(d), d, &res, 0)
 	return res, err
 }
 
@@ -276,18 +276,15 @@ func (o *Orchestrator) Cancel(ctx context.Context, taskID string) (CancelResult,
 	return res, err
 }
 
+// update sends an update under an ID the client picks.
 func (o *Orchestrator) update(ctx context.Context, taskID, name string, arg, out any) error {
 	return o.send(ctx, taskID, name, "", arg, out, 0)
 }
 
-// updateWithID sends an update; an empty id lets the client pick a fresh one.
-func (o *Orchestrator) updateWithID(ctx context.Context, taskID, name, id string, arg, out any) error {
-	return o.send(ctx, taskID, name, id, arg, out, 0)
-}
-
-// send sends an update in the task's turn. With a limit, the update is
-// dropped (ErrRejectionsQueued) when limit updates of its kind already
-// hold or await the turn.
+// send sends an update in the task's turn; an empty id lets the client
+// pick a fresh one. With a limit, the update is dropped
+// (ErrRejectionsQueued) when limit updates of its kind already hold or
+// await the turn.
 func (o *Orchestrator) send(ctx context.Context, taskID, name, id string, arg, out any, limit int) error {
 	unlock, err := o.updates.lock(ctx, taskID, limit)
 	if errors.Is(err, errLineFull) {
