@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -192,7 +193,14 @@ func TestFirstBatchFallsBackToTheActivity(t *testing.T) {
 	h.env.OnActivity(acts.Publish, mock.Anything, mock.Anything).Return(errors.New("nats: no responders")).Times(3)
 	_, err := h.run() // expires
 	require.NoError(t, err)
-	require.Equal(t, []string{"local:4", "local:4", "local:4", "activity:4", "activity:1"}, *paths)
+	// Local attempts, then the activity: usually three local failures and
+	// one activity attempt. Between the local attempts the test
+	// environment may skip its clock ahead to the approval's expiry (seen
+	// on a loaded CI machine: "LocalActivity completed after activity
+	// deadline"), ending the local tries early; the failures left in the
+	// mock then fall on the activity, which retries. Either way the batch
+	// is written once.
+	require.Regexp(t, `^(local:4 )+(activity:4 )+activity:1$`, strings.Join(*paths, " "))
 	require.Equal(t, []int{4, 1}, h.batches, "each batch written once, in order")
 	require.Equal(t, []string{"requested", "notified"}, h.auditKinds()[:2])
 }
