@@ -189,6 +189,7 @@ func TestFirstTaskNotifiesAndPublishesOnce(t *testing.T) {
 // order: nothing is lost or written twice.
 func TestFirstBatchFallsBackToTheActivity(t *testing.T) {
 	h := newHarness(t, 1)
+	h.repeatsOK = true
 	paths := h.publishPaths()
 	h.env.OnActivity(acts.Publish, mock.Anything, mock.Anything).Return(errors.New("nats: no responders")).Times(3)
 	_, err := h.run() // expires
@@ -197,11 +198,18 @@ func TestFirstBatchFallsBackToTheActivity(t *testing.T) {
 	// one activity attempt. Between the local attempts the test
 	// environment may skip its clock ahead to the approval's expiry (seen
 	// on a loaded CI machine: "LocalActivity completed after activity
-	// deadline"), ending the local tries early; the failures left in the
-	// mock then fall on the activity, which retries. Either way the batch
-	// is written once.
-	require.Regexp(t, `^(local:4 )+(activity:4 )+activity:1$`, strings.Join(*paths, " "))
+	// deadline"): the local tries end early, the failures left in the mock
+	// fall on the activity, which retries, and a local write that succeeded
+	// past its deadline is sent again by the activity, which Publish's
+	// idempotence absorbs (as it does in production for a write slower than
+	// the local deadline). Either way each batch takes effect once, in order.
+	// (A local attempt the environment abandoned may still reach the mock
+	// after the activity started, so the attempts' order is not checked
+	// beyond: local first, the activity for the first batch, the end last.)
+	require.Regexp(t, `^local:4 ((local|activity):4 )*activity:1$`, strings.Join(*paths, " "))
+	require.Contains(t, *paths, "activity:4", "the first batch fell back to the activity")
 	require.Equal(t, []int{4, 1}, h.batches, "each batch written once, in order")
+	require.LessOrEqual(t, h.repeats, 1, "at most the late local write sent again")
 	require.Equal(t, []string{"requested", "notified"}, h.auditKinds()[:2])
 }
 

@@ -72,7 +72,7 @@ func replay(t *testing.T, hist *historypb.History) {
 	t.Helper()
 	r := worker.NewWorkflowReplayer()
 	r.RegisterWorkflowWithOptions(workflows.Approval, workflow.RegisterOptions{Name: tasks.WorkflowName})
-	log := tlog.NewStructuredLogger(slog.New(slog.NewTextHandler(testLog{t}, nil)))
+	log := tlog.NewStructuredLogger(slog.New(slog.NewTextHandler(newTestLog(t), nil)))
 	require.NoError(t, r.ReplayWorkflowHistoryWithOptions(log, hist, worker.ReplayWorkflowHistoryOptions{
 		OriginalExecution: workflow.Execution{ID: startInput(t, hist).Envelope.TaskID, RunID: "replay-run"},
 	}))
