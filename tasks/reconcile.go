@@ -105,13 +105,7 @@ func reconcileOrphans(ctx context.Context, s *Store, o WorkflowProbe, grace time
 			if age, ok := r.Unconfirmed(now); r.Status.Terminal() || !ok || age < grace {
 				return errNotOrphan
 			}
-			r.Status = StatusFailed
-			r.StatusMessage = "The task could not be started; the tool did not run."
-			r.Error = &RPCError{Code: -32603, Message: "task could not be started"}
-			r.ApprovalState = ApprovalFailed
-			ev := NewEvent(EventFailed, "workflow was never started")
-			ev.At = now.UTC()
-			r.Timeline = append(r.Timeline, ev)
+			FailUnstarted(r, now, "workflow was never started")
 			return nil
 		})
 		if errors.Is(err, errNotOrphan) {
@@ -127,6 +121,19 @@ func reconcileOrphans(ctx context.Context, s *Store, o WorkflowProbe, grace time
 		n++
 	}
 	return n, seen, nil
+}
+
+// FailUnstarted ends r, a task whose workflow never started, as failed:
+// nothing was decided and the tool did not run. detail goes on the
+// timeline.
+func FailUnstarted(r *Record, now time.Time, detail string) {
+	r.Status = StatusFailed
+	r.StatusMessage = "The task could not be started; the tool did not run."
+	r.Error = &RPCError{Code: -32603, Message: "task could not be started"}
+	r.ApprovalState = ApprovalFailed
+	ev := NewEvent(EventFailed, detail)
+	ev.At = now.UTC()
+	r.Timeline = append(r.Timeline, ev)
 }
 
 // ReconcilePending repairs the pending cap after a crash (see doc.go,
