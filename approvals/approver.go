@@ -156,7 +156,11 @@ func (s *Service) Decide(ctx context.Context, ref string, d tasks.DecisionUpdate
 		s.log.InfoContext(ctx, "approvals: decision rejected", "approval_ref", rec.ApprovalRef, "reason", reason)
 		return current, nil
 	}
-	res, err := s.engine.Decide(ctx, rec.TaskID, d)
+	var res tasks.DecisionResult
+	err = s.toWorkflow(ctx, rec.TaskID, func() (err error) {
+		res, err = s.engine.Decide(ctx, rec.TaskID, d)
+		return err
+	})
 	var rejected *tasks.UpdateRejected
 	switch {
 	case errors.As(err, &rejected):
@@ -223,8 +227,8 @@ func (s *Service) recordRejection(ctx context.Context, rec tasks.Record, d tasks
 	if countEvents(rec, tasks.EventRejectedDecision) >= tasks.MaxRecordedRejections {
 		return // the workflow would refuse it: spare it the round trip
 	}
-	err := s.engine.RecordRejection(ctx, rec.TaskID, tasks.RejectedDecision{
-		ChallengeID: clipID(d.ChallengeID), Decision: d.Decision, Reason: reason})
+	r := tasks.RejectedDecision{ChallengeID: clipID(d.ChallengeID), Decision: d.Decision, Reason: reason}
+	err := s.toWorkflow(ctx, rec.TaskID, func() error { return s.engine.RecordRejection(ctx, rec.TaskID, r) })
 	if err != nil {
 		s.log.DebugContext(ctx, "approvals: rejection not recorded", "task_id", rec.TaskID, "reason", reason, "error", err)
 	}
@@ -273,8 +277,10 @@ func (s *Service) DenyUnsigned(ctx context.Context, ref, approverID, via string,
 		s.log.InfoContext(ctx, "approvals: unsigned deny by a non-eligible approver refused", "approver_id", ap.ID, "approval_ref", ref, "via", via)
 		return ErrNotEligible
 	}
-	_, err = s.engine.DenyUnsigned(ctx, rec.TaskID, tasks.UnsignedDenial{
-		ApproverID: ap.ID, ApproverName: ap.Name, Via: via, At: at,
+	denial := tasks.UnsignedDenial{ApproverID: ap.ID, ApproverName: ap.Name, Via: via, At: at}
+	err = s.toWorkflow(ctx, rec.TaskID, func() error {
+		_, err := s.engine.DenyUnsigned(ctx, rec.TaskID, denial)
+		return err
 	})
 	var rejected *tasks.UpdateRejected
 	switch {

@@ -13,9 +13,10 @@ import (
 	"github.com/countersign/countersign/tasks"
 )
 
-// startTimeout bounds the creation of a task (record write plus durable
-// workflow start) so that an unreachable Temporal fails the call instead of
-// hanging it.
+// startTimeout bounds the creation of a task: the record write, and the
+// durable workflow start (in the background for all but verified calls,
+// see start.go), so that an unreachable Temporal fails the task instead of
+// leaving it pending.
 const startTimeout = 30 * time.Second
 
 // Texts of a [Refused] call. They state plainly that nothing ran.
@@ -94,9 +95,14 @@ type Opened struct {
 // of the same principal is joined (dedup); then the per-principal pending cap
 // and creation rate apply (*Refused past them, nothing stored); then the
 // read-model record is written and the workflow started, in that order, so a
-// tasks/get for the returned ID always resolves. A failed start is
-// compensated: the record, the dedup slot and the pending reservation are
-// released unless the workflow may exist after all (see startOutcome).
+// tasks/get for the returned ID always resolves.
+//
+// An approval or unattended task is returned once its record is durable;
+// its workflow starts in the background (start.go), and a start that fails
+// without taking effect fails the task. A verified task is returned once
+// its workflow has started; its failed start is compensated: the record and
+// the pending reservation are released unless the workflow may exist after
+// all (see startOutcome).
 func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 	switch c.Mode {
 	case tasks.ModeApproval:
@@ -116,6 +122,20 @@ func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
+	background := c.Mode != tasks.ModeVerified
+	handedOver := false // the start slot, to startLater
+	if background {
+		// A slot for its start before anything is written: past the
+		// bound, calls wait here rather than leave records behind.
+		if err := s.starts.acquire(ctx); err != nil {
+			return Opened{}, fmt.Errorf("approvals: too many workflow starts in flight: %w", err)
+		}
+		defer func() {
+			if !handedOver {
+				s.starts.release()
+			}
+		}()
+	}
 	taskID := tasks.NewID("tsk_")
 	if c.TaskID != "" {
 		if c.Mode != tasks.ModeVerified || !tasks.ValidID(c.TaskID) {
@@ -192,7 +212,10 @@ func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 		return Opened{}, err
 	}
 	s.metrics.TaskTransition(string(rec.Status))
-	if err := s.engine.Start(ctx, in); err != nil {
+	if background {
+		s.startLater(ctx, rec, in)
+		handedOver = true
+	} else if err := s.engine.Start(ctx, in); err != nil {
 		switch s.startOutcome(ctx, taskID, err) {
 		case startedNot:
 			// Deleting the record gives back its dedup slot and pending

@@ -77,7 +77,11 @@ func (s *Service) Cancel(ctx context.Context, owner, taskID string) (tasks.Recor
 	if countEvents(rec, tasks.EventCancelRefused) > 0 {
 		return rec, false, nil
 	}
-	res, err := s.engine.Cancel(ctx, taskID)
+	var res tasks.CancelResult
+	err = s.toWorkflow(ctx, taskID, func() (err error) {
+		res, err = s.engine.Cancel(ctx, taskID)
+		return err
+	})
 	if err != nil && !settled(err) {
 		return tasks.Record{}, false, err
 	}
@@ -120,7 +124,11 @@ func (s *Service) ProvideInput(ctx context.Context, owner, taskID string, respon
 	if rec.Status != tasks.StatusInputRequired || len(responses) == 0 {
 		return nil
 	}
-	if _, err := s.engine.ProvideInput(ctx, taskID, tasks.InputUpdate{Responses: responses}); err != nil && !settled(err) {
+	err = s.toWorkflow(ctx, taskID, func() error {
+		_, err := s.engine.ProvideInput(ctx, taskID, tasks.InputUpdate{Responses: responses})
+		return err
+	})
+	if err != nil && !settled(err) {
 		return err
 	}
 	return nil

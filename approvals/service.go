@@ -113,6 +113,7 @@ type Service struct {
 	now        func() time.Time
 	creations  *ratelimit.Limiter // task creations per principal
 	challenges *ratelimit.Limiter // challenges per approval
+	starts     *starts            // workflow starts in flight (start.go)
 }
 
 // New validates opts and returns the service.
@@ -152,6 +153,7 @@ func New(opts Options) (*Service, error) {
 		now:        opts.Now,
 		creations:  ratelimit.New(opts.RatePerMinute, opts.Burst),
 		challenges: ratelimit.New(challengesPerMinute, challengeBurst),
+		starts:     newStarts(maxStartsInFlight),
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)

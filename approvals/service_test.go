@@ -26,24 +26,39 @@ func TestOpenCompensatesAFailedStart(t *testing.T) {
 	boom := errors.New("temporal unavailable")
 
 	t.Run("not started", func(t *testing.T) {
+		// The task is answered before its workflow starts; the start
+		// fails and Temporal has never heard of it: the task fails, saying
+		// the tool did not run, and gives its slots back.
 		c := f.call(t, "agent-nostart", "transfer_funds", transfer(5000, "no start"), 0)
 		f.mem.FailNextStart(boom, false)
-		if _, err := svc.Open(ctx, c); !errors.Is(err, boom) {
-			t.Fatalf("Open = %v, want %v", err, boom)
+		o, err := svc.Open(ctx, c)
+		if err != nil || o.Joined {
+			t.Fatalf("Open = %+v, %v; want the task", o, err)
 		}
-		if page, _, err := f.store.List(ctx, c.Principal, "", 10); err != nil || len(page) != 0 {
-			t.Errorf("records left: %d (%v)", len(page), err)
+		if err := svc.WaitStart(ctx, o.Task.TaskID); err != nil {
+			t.Fatal(err)
+		}
+		got, err := svc.Get(ctx, c.Principal, o.Task.TaskID)
+		if err != nil || got.Status != tasks.StatusFailed || got.ApprovalState != tasks.ApprovalFailed ||
+			got.StatusMessage != "The task could not be started; the tool did not run." || got.Error == nil {
+			t.Fatalf("task after the failed start: %+v, %v", got, err)
+		}
+		if ok, _ := f.engine.Running(ctx, o.Task.TaskID); ok {
+			t.Error("a workflow runs for the failed task")
 		}
 		if n, err := f.store.PendingReserved(ctx, c.Principal); err != nil || n != 0 {
 			t.Errorf("pending reservations left: %d (%v)", n, err)
 		}
 		// The same call again is a fresh task: no dedup slot, no
 		// reservation was left behind.
-		o, err := svc.Open(ctx, c)
-		if err != nil || o.Joined {
-			t.Fatalf("retry: %+v, %v", o, err)
+		retry, err := svc.Open(ctx, c)
+		if err != nil || retry.Joined || retry.Task.TaskID == o.Task.TaskID {
+			t.Fatalf("retry: %+v, %v", retry, err)
 		}
-		if ok, _ := f.engine.Running(ctx, o.Task.TaskID); !ok {
+		if err := svc.WaitStart(ctx, retry.Task.TaskID); err != nil {
+			t.Fatal(err)
+		}
+		if ok, _ := f.engine.Running(ctx, retry.Task.TaskID); !ok {
 			t.Error("the retry's workflow is not running")
 		}
 	})

@@ -175,10 +175,11 @@ func testAuth(_ context.Context, bearer string) (string, error) {
 // harness is one Countersign MCP endpoint, with its own approval service,
 // over the shared environment.
 type harness struct {
-	env *testEnv
-	srv *Server
-	ts  *httptest.Server
-	log *lockedBuffer
+	env       *testEnv
+	approvals *approvals.Service
+	srv       *Server
+	ts        *httptest.Server
+	log       *lockedBuffer
 }
 
 // newHarness serves an endpoint over the shared environment. tweak adjusts
@@ -225,8 +226,16 @@ func (e *testEnv) serve(tb testing.TB, tweak func(*Options), limits ...func(*app
 		tb.Fatalf("New: %v", err)
 	}
 	ts := httptest.NewServer(srv.Handler())
-	tb.Cleanup(ts.Close)
-	return &harness{env: e, srv: srv, ts: ts, log: logs}
+	tb.Cleanup(func() {
+		ts.Close()
+		// The workflow starts the calls left in flight end with the test.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := svc.Drain(ctx); err != nil {
+			tb.Error(err)
+		}
+	})
+	return &harness{env: e, approvals: svc, srv: srv, ts: ts, log: logs}
 }
 
 type lockedBuffer struct {

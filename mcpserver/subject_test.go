@@ -110,6 +110,10 @@ func TestOAuthSubjectInPolicy(t *testing.T) {
 	if task.ResultType != "task" || task.TaskID == "" {
 		t.Fatalf("with the payments scope: want a task, got %+v", task)
 	}
+	// The workflow starts after the answer.
+	if err := h.approvals.WaitStart(context.Background(), task.TaskID); err != nil {
+		t.Fatal(err)
+	}
 	rec.mu.Lock()
 	inputs := rec.inputs
 	rec.mu.Unlock()

@@ -144,6 +144,11 @@ func (e *env) open(t *testing.T, s callSpec) tasks.Record {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Its workflow starts after the answer; these tests drive the engine
+	// directly, not through the service's doors, which wait for it.
+	if err := e.svc.WaitStart(context.Background(), o.Task.TaskID); err != nil {
+		t.Fatal(err)
+	}
 	return o.Task
 }
 

@@ -704,6 +704,13 @@ func (a *App) Shutdown(ctx context.Context) error {
 	if a.decide != nil {
 		a.decide.Close()
 	}
+	if a.Approvals != nil {
+		// The doors are closed: the workflow starts they left in flight
+		// finish before the Temporal client goes.
+		if err := a.Approvals.Drain(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if a.worker != nil {
 		a.worker.Stop()
 	}

@@ -1,0 +1,157 @@
+package approvals_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/countersign/countersign/approvals"
+	"github.com/countersign/countersign/tasks"
+)
+
+// The workflow starts after the answer (start.go): what a task's doors do
+// while its start is in flight, in this process and in another.
+
+// gatedEngine holds every workflow start until its gate opens.
+type gatedEngine struct {
+	approvals.Engine
+	gate chan struct{}
+}
+
+func (g gatedEngine) Start(ctx context.Context, in tasks.ApprovalInput) error {
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return g.Engine.Start(ctx, in)
+}
+
+func TestOpenAnswersBeforeTheStart(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	gate := make(chan struct{})
+	opened := false
+	open := func() {
+		if !opened {
+			opened = true
+			close(gate)
+		}
+	}
+	t.Cleanup(open)
+	// A: the process whose start is held; B: another, on the same
+	// stores and Temporal, with no start of its own in flight.
+	a := f.service(t, func(o *approvals.Options) {
+		o.Engine = gatedEngine{Engine: f.engine, gate: gate}
+		o.RatePerMinute, o.Burst = 1000, 1000
+	})
+	b := f.service(t, nil)
+
+	local := f.call(t, "agent-local", "transfer_funds", transfer(5000, "cancelled in A"), 0)
+	remote := f.call(t, "agent-remote", "transfer_funds", transfer(5000, "cancelled in B"), 0)
+	var recs []tasks.Record
+	for _, c := range []approvals.Call{local, remote} {
+		o, err := a.Open(ctx, c)
+		if err != nil || o.Joined {
+			t.Fatalf("Open = %+v, %v", o, err)
+		}
+		recs = append(recs, o.Task)
+		// Answered while the start is held: the record is there, the
+		// workflow is not.
+		if got, err := a.Get(ctx, c.Principal, o.Task.TaskID); err != nil || got.Status != tasks.StatusWorking {
+			t.Fatalf("tasks/get before the start: %+v, %v", got, err)
+		}
+		if ok, _ := f.engine.Running(ctx, o.Task.TaskID); ok {
+			t.Fatal("the workflow started before the gate opened")
+		}
+	}
+
+	// Both cancels arrive before the workflows exist: A's waits for its
+	// own start, B's for the workflow to appear. Neither answers first.
+	type answer struct {
+		rec       tasks.Record
+		cancelled bool
+		err       error
+	}
+	answers := make(chan answer, 2)
+	for i, svc := range []*approvals.Service{a, b} {
+		go func() {
+			rec, cancelled, err := svc.Cancel(ctx, recs[i].Owner, recs[i].TaskID)
+			answers <- answer{rec, cancelled, err}
+		}()
+	}
+	select {
+	case got := <-answers:
+		t.Fatalf("a cancel answered before its task's workflow started: %+v", got)
+	case <-time.After(200 * time.Millisecond):
+	}
+	// Drain waits for the starts in flight.
+	dctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := a.Drain(dctx); err == nil {
+		t.Error("Drain returned with starts in flight")
+	}
+	open()
+	for range 2 {
+		got := <-answers
+		if got.err != nil || !got.cancelled || got.rec.Status != tasks.StatusCancelled {
+			t.Errorf("cancel: %+v", got)
+		}
+	}
+	for _, r := range recs {
+		final := f.await(t, r)
+		if final.Status != tasks.StatusCancelled {
+			t.Errorf("task %s ended %s, want cancelled", r.TaskID, final.Status)
+		}
+	}
+	if err := a.Drain(ctx); err != nil {
+		t.Errorf("Drain after the starts: %v", err)
+	}
+}
+
+func TestOpenBoundsStartsInFlight(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	gate := make(chan struct{})
+	svc := f.service(t, func(o *approvals.Options) {
+		o.Engine = gatedEngine{Engine: f.engine, gate: gate}
+		o.RatePerMinute, o.Burst = 1000, 1000
+	})
+	const bound = 32 // maxStartsInFlight
+	for i := range bound {
+		if _, err := svc.Open(ctx, f.call(t, fmt.Sprintf("agent-%d", i), "transfer_funds", transfer(5000, "held"), 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One more waits for a slot, and leaves nothing behind if its caller
+	// gives up first.
+	c := f.call(t, "agent-late", "transfer_funds", transfer(5000, "late"), 0)
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if _, err := svc.Open(short, c); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Open past the bound: %v, want to wait for a slot until its deadline", err)
+	}
+	if page, _, err := f.store.List(ctx, c.Principal, "", 10); err != nil || len(page) != 0 {
+		t.Errorf("records left by the call that gave up: %d (%v)", len(page), err)
+	}
+	// The next one waits, and goes through once a start ends.
+	done := make(chan error, 1)
+	go func() {
+		_, err := svc.Open(ctx, c)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("Open past the bound answered at once: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(gate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
