@@ -318,7 +318,30 @@ func (s *Service) newTask(c Call, taskID, dedupKey string) (tasks.Record, tasks.
 	if c.Mode == tasks.ModeUnattended {
 		in.StartAt = rec.ExpiresAt
 	}
+	if c.Mode != tasks.ModeVerified {
+		// Its workflow starts after the answer (start.go): the record
+		// alone must be enough to start it should this process die first.
+		rec.Start = &tasks.StartFacts{Mode: c.Mode, Subject: c.Subject, ServerID: c.ServerID,
+			PolicyVersion: d.PolicyVersion, Inputs: c.Inputs}
+	}
 	return rec, in
+}
+
+// callFromRecord is the call a task was opened for, rebuilt from its record
+// for resume; false when the record does not hold enough (a verified task,
+// whose caller's signed retry resumes it, or a record written before
+// tasks.Record.Start existed).
+func callFromRecord(r tasks.Record) (Call, bool) {
+	f := r.Start
+	if f == nil || (f.Mode != tasks.ModeApproval && f.Mode != tasks.ModeUnattended) {
+		return Call{}, false
+	}
+	return Call{
+		Principal: r.Owner, Subject: f.Subject, Era: r.Era, Tool: r.Tool, Arguments: r.Arguments,
+		ActionHash: r.ActionHash, ServerID: f.ServerID, DisplayText: r.DisplayText,
+		Policy: pdp.Decision{PolicyVersion: f.PolicyVersion}, Mode: f.Mode, Delay: r.Requirement.TTL,
+		Inputs: f.Inputs, InputRequests: r.InputRequests, At: r.CreatedAt,
+	}, true
 }
 
 // admit applies the per-principal pending cap and creation rate, starting
@@ -540,8 +563,30 @@ func (s *Service) releasePending(ctx context.Context, principal, taskID string) 
 	}
 }
 
-// Reconcile fails the orphans of a crash (records whose workflow never
-// started) and repairs the pending cap; see tasks.Reconcile.
+// Reconcile resumes the orphans of a crash (records whose workflow never
+// started) that their records can start, fails the others once older than
+// grace, and repairs the pending cap; see tasks.ReconcileResuming.
 func (s *Service) Reconcile(ctx context.Context, grace time.Duration) (int, error) {
-	return tasks.Reconcile(ctx, s.store, s.engine, grace, s.log)
+	return tasks.ReconcileResuming(ctx, s.store, s.engine, grace, s.resumeOrphan, s.log)
+}
+
+// resumeOrphan is Reconcile's tasks.Resumer. It resumes a record once: a
+// record some resume has already marked (StartAttemptAt) is left to the
+// reconciler's judgement, so a start Temporal keeps refusing ends the task
+// instead of being tried every round.
+func (s *Service) resumeOrphan(ctx context.Context, r tasks.Record) bool {
+	c, ok := callFromRecord(r)
+	if !ok || !r.StartAttemptAt.IsZero() {
+		return false
+	}
+	if age, _ := r.Unconfirmed(s.now()); age < resumeAfter || s.starts.inFlight(r.TaskID) {
+		return true // its own start may still be under way
+	}
+	if _, _, err := s.resume(ctx, c, r); err != nil {
+		s.log.WarnContext(ctx, "approvals: could not resume an orphaned task", "task_id", r.TaskID, "err", err)
+		return false
+	}
+	// Resumed (resume logs it), or not an orphan after all: its workflow
+	// exists, or the record was confirmed, ended or resumed meanwhile.
+	return true
 }

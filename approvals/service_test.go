@@ -277,18 +277,34 @@ func TestReconcileFailsOrphans(t *testing.T) {
 	f := newFixture(t, nil)
 	ctx := context.Background()
 	running := f.open(t, f.call(t, "agent-reconcile", "transfer_funds", transfer(5000, "running"), 0))
-	// An orphan: its record was written, then the process died before the
-	// workflow started.
+	// Orphans: their records were written, then the process died before
+	// the workflow started. One holds what its start needs (every record
+	// Open writes now): it is resumed. The other does not (a record written
+	// before tasks.Record.Start): it is failed.
 	orphan := running
 	orphan.TaskID, orphan.ApprovalRef, orphan.DedupKey = tasks.NewID("tsk_"), tasks.NewID("apr_"), ""
 	orphan.CreatedAt = time.Now().Add(-time.Hour)
 	orphan.Timeline = nil
-	if err := f.store.Create(ctx, orphan); err != nil {
-		t.Fatal(err)
+	resumable := orphan
+	resumable.TaskID, resumable.ApprovalRef = tasks.NewID("tsk_"), tasks.NewID("apr_")
+	orphan.Start = nil
+	if running.Start == nil {
+		t.Fatal("Open wrote a record without its start facts")
+	}
+	for _, r := range []tasks.Record{orphan, resumable} {
+		if err := f.store.Create(ctx, r); err != nil {
+			t.Fatal(err)
+		}
 	}
 	n, err := f.svc.Reconcile(ctx, time.Minute)
 	if err != nil || n != 1 {
 		t.Fatalf("Reconcile = %d, %v; want 1", n, err)
+	}
+	if ok, _ := f.engine.Running(ctx, resumable.TaskID); !ok {
+		t.Error("the resumable orphan's workflow does not run")
+	}
+	if got, err := f.svc.Get(ctx, resumable.Owner, resumable.TaskID); err != nil || got.Status.Terminal() {
+		t.Errorf("resumable orphan: %s (%v)", got.Status, err)
 	}
 	got, err := f.svc.Get(ctx, orphan.Owner, orphan.TaskID)
 	if err != nil || got.Status != tasks.StatusFailed || got.ApprovalState != tasks.ApprovalFailed {
@@ -404,6 +420,16 @@ func TestResumeRacesReconcile(t *testing.T) {
 	for round := range 50 {
 		c := f.call(t, "agent-race", "transfer_funds", transfer(5000, fmt.Sprintf("race-%d", round)), 0)
 		orphan := f.orphan(t, c, 2*time.Minute, false)
+		if round%2 == 1 {
+			// Every other round the record holds its start facts, as
+			// Open writes them: the reconciler resumes it too.
+			if _, err := f.store.Update(ctx, orphan.TaskID, func(r *tasks.Record) error {
+				r.Start = &tasks.StartFacts{Mode: tasks.ModeApproval, ServerID: c.ServerID, PolicyVersion: c.Policy.PolicyVersion}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		joined := make([]string, 20)

@@ -41,9 +41,11 @@ import (
 //   - Starts in flight are bounded (maxStartsInFlight): past it, Open waits
 //     for a slot before writing anything, so a burst cannot outrun Temporal
 //     without bound. Shutdown waits for them (Drain).
-//   - A process that dies with a start in flight leaves an orphan exactly as
-//     a death between the record and a synchronous start did: an identical
-//     call resumes it, the reconciler fails it.
+//   - A process that dies with a start in flight leaves an orphan: a task
+//     whose agent holds its ID and whose workflow never started. Its record
+//     holds what the start needs (tasks.Record.Start), so the reconciler
+//     resumes it (at startup, 5 s later, then every 5 minutes; once per
+//     record), as an identical call does; one it cannot resume it fails.
 //
 // A verified call (SEP-2672) still starts its workflow before Open returns:
 // its caller waits for the tool's result anyway.
@@ -91,6 +93,13 @@ func (st *starts) begin(taskID string) (end func()) {
 		st.release()
 		st.wg.Done()
 	}
+}
+
+// inFlight reports whether a start of taskID is in flight in this process.
+func (st *starts) inFlight(taskID string) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.inflight[taskID] != nil
 }
 
 // wait returns once no start of taskID is in flight in this process.

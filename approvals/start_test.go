@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -153,5 +154,78 @@ func TestOpenBoundsStartsInFlight(t *testing.T) {
 	}
 	if err := svc.Drain(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// recordingEngine keeps the workflow inputs it starts.
+type recordingEngine struct {
+	approvals.Engine
+	mu     sync.Mutex
+	inputs []tasks.ApprovalInput
+}
+
+func (e *recordingEngine) Start(ctx context.Context, in tasks.ApprovalInput) error {
+	e.mu.Lock()
+	e.inputs = append(e.inputs, in)
+	e.mu.Unlock()
+	return e.Engine.Start(ctx, in)
+}
+
+func TestReconcileResumesAnOrphanFromItsRecord(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	// A answers the call, then its start hangs: as if A died before it.
+	gate := make(chan struct{})
+	t.Cleanup(func() { close(gate) })
+	a := f.service(t, func(o *approvals.Options) { o.Engine = gatedEngine{Engine: f.engine, gate: gate} })
+	c := f.call(t, "agent-orphan", "transfer_funds", transfer(5000, "orphan"), 0)
+	c.Subject = map[string]any{"auth": "oauth", "scopes": []any{"payments"}}
+	o, err := a.Open(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// B, another process, reconciles. Too young: left alone.
+	rec := &recordingEngine{Engine: f.engine}
+	clock := time.Now()
+	b := f.service(t, func(o *approvals.Options) {
+		o.Engine = rec
+		o.Now = func() time.Time { return clock }
+	})
+	if n, err := b.Reconcile(ctx, time.Minute); err != nil || n != 0 {
+		t.Fatalf("reconcile: %d failed, %v", n, err)
+	}
+	if len(rec.inputs) != 0 {
+		t.Fatal("a record 0 s old was resumed")
+	}
+	// 3 s later it is resumed, from its record alone, as A would have
+	// started it; a second round changes nothing.
+	clock = clock.Add(3 * time.Second)
+	for range 2 {
+		if n, err := b.Reconcile(ctx, time.Minute); err != nil || n != 0 {
+			t.Fatalf("reconcile: %d failed, %v", n, err)
+		}
+	}
+	rec.mu.Lock()
+	inputs := rec.inputs
+	rec.mu.Unlock()
+	if len(inputs) != 1 {
+		t.Fatalf("%d starts, want 1", len(inputs))
+	}
+	in, task := inputs[0], o.Task
+	env := in.Envelope
+	if env.TaskID != task.TaskID || env.Principal != c.Principal || env.Tool != c.Tool || string(env.Arguments) != string(c.Arguments) ||
+		env.ActionHash != c.ActionHash || env.ServerID != c.ServerID || env.PolicyVersion != c.Policy.PolicyVersion ||
+		!env.CreatedAt.Equal(c.At) || fmt.Sprint(env.Subject) != fmt.Sprint(c.Subject) {
+		t.Errorf("envelope %+v, want the call's %+v", env, c)
+	}
+	if in.Mode != tasks.ModeApproval || in.ApprovalRef != task.ApprovalRef || in.Requirement != task.Requirement || !in.ExpiresAt.Equal(task.ExpiresAt) {
+		t.Errorf("input %+v, want the record's approval", in)
+	}
+	if ok, _ := f.engine.Running(ctx, task.TaskID); !ok {
+		t.Fatal("the orphan's workflow does not run")
+	}
+	// The task is an approval like any other: a cancel ends it.
+	if got, cancelled, err := b.Cancel(ctx, c.Principal, task.TaskID); err != nil || !cancelled || got.Status != tasks.StatusCancelled {
+		t.Errorf("cancel: %+v %v %v", got.Status, cancelled, err)
 	}
 }

@@ -176,6 +176,22 @@ type Record struct {
 	// InputRequests are the unanswered input requests of an input_required
 	// task (SEP-2663 + SEP-2322), keyed by request ID; see input.go.
 	InputRequests map[string]json.RawMessage `json:"inputRequests,omitempty"`
+
+	// Start is what its workflow's start needs beyond the fields above,
+	// kept for a task whose workflow starts after the call was answered
+	// (approvals): should the process die before the start, the task is
+	// resumed from its record. Never shown to anyone.
+	Start *StartFacts `json:"start,omitempty"`
+}
+
+// StartFacts are the parts of a task's [ApprovalInput] its [Record] does
+// not otherwise hold.
+type StartFacts struct {
+	Mode          Mode            `json:"mode"`
+	Subject       map[string]any  `json:"subject,omitempty"`
+	ServerID      string          `json:"serverId"`
+	PolicyVersion string          `json:"policyVersion"`
+	Inputs        json.RawMessage `json:"inputs,omitempty"`
 }
 
 // NewID returns a fresh unguessable identifier with the given prefix: 160

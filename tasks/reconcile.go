@@ -44,7 +44,20 @@ type WorkflowProbe interface {
 // records and reservations older than grace are considered, so a creation
 // in flight is never touched. It returns how many records it failed.
 func Reconcile(ctx context.Context, s *Store, o WorkflowProbe, grace time.Duration, log *slog.Logger) (int, error) {
-	n, seen, err := reconcileOrphans(ctx, s, o, grace, log)
+	return ReconcileResuming(ctx, s, o, grace, nil, log)
+}
+
+// Resumer starts the workflow of an unconfirmed record, the orphan of a
+// crash or a start still under way, when it can: it reports true when the
+// record is not to be failed now (started, being started, or too young to
+// judge).
+type Resumer func(ctx context.Context, r Record) bool
+
+// ReconcileResuming is [Reconcile] that first offers every unconfirmed
+// record, whatever its age, to resume; only those it declines are failed
+// once older than grace.
+func ReconcileResuming(ctx context.Context, s *Store, o WorkflowProbe, grace time.Duration, resume Resumer, log *slog.Logger) (int, error) {
+	n, seen, err := reconcileOrphans(ctx, s, o, grace, resume, log)
 	if err != nil {
 		return n, err
 	}
@@ -66,7 +79,7 @@ type alive map[string]bool
 // not to be an orphan.
 var errNotOrphan = errors.New("tasks: not an orphan")
 
-func reconcileOrphans(ctx context.Context, s *Store, o WorkflowProbe, grace time.Duration, log *slog.Logger) (int, alive, error) {
+func reconcileOrphans(ctx context.Context, s *Store, o WorkflowProbe, grace time.Duration, resume Resumer, log *slog.Logger) (int, alive, error) {
 	pending, err := s.pendingRecords(ctx)
 	if err != nil {
 		return 0, nil, err
@@ -79,6 +92,9 @@ func reconcileOrphans(ctx context.Context, s *Store, o WorkflowProbe, grace time
 	n := 0
 	for _, r := range pending {
 		if r.Status.Terminal() {
+			continue
+		}
+		if _, ok := r.Unconfirmed(now); ok && resume != nil && resume(ctx, r) {
 			continue
 		}
 		if age, ok := r.Unconfirmed(now); !ok || age < grace {

@@ -295,17 +295,21 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 const (
 	reconcileGrace    = time.Minute
 	reconcileInterval = 5 * time.Minute
+	// reconcileAgain is when the second round runs after startup: the
+	// orphans a crash has just left (a task answered, its workflow not yet
+	// started) are resumed once 2 s old, too young for the first round.
+	reconcileAgain = 5 * time.Second
 )
 
-// startReconciler fails orphaned task records at startup and then
-// periodically, until Shutdown.
+// startReconciler resumes or fails orphaned task records at startup, again
+// shortly after, and then periodically, until Shutdown.
 func (a *App) startReconciler() {
 	ctx, cancel := context.WithCancel(context.Background())
 	a.stopBG = cancel
 	a.bgDone = make(chan struct{})
 	go func() {
 		defer close(a.bgDone)
-		t := time.NewTicker(reconcileInterval)
+		t := time.NewTimer(reconcileAgain)
 		defer t.Stop()
 		for {
 			if _, err := a.Approvals.Reconcile(ctx, reconcileGrace); err != nil && ctx.Err() == nil {
@@ -315,6 +319,7 @@ func (a *App) startReconciler() {
 			case <-ctx.Done():
 				return
 			case <-t.C:
+				t.Reset(reconcileInterval)
 			}
 		}
 	}()
