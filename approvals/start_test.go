@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/countersign/countersign/approvals"
+	"github.com/countersign/countersign/approvals/approvalstest"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -157,20 +157,6 @@ func TestOpenBoundsStartsInFlight(t *testing.T) {
 	}
 }
 
-// recordingEngine keeps the workflow inputs it starts.
-type recordingEngine struct {
-	approvals.Engine
-	mu     sync.Mutex
-	inputs []tasks.ApprovalInput
-}
-
-func (e *recordingEngine) Start(ctx context.Context, in tasks.ApprovalInput) error {
-	e.mu.Lock()
-	e.inputs = append(e.inputs, in)
-	e.mu.Unlock()
-	return e.Engine.Start(ctx, in)
-}
-
 func TestReconcileResumesAnOrphanFromItsRecord(t *testing.T) {
 	f := newFixture(t, nil)
 	ctx := context.Background()
@@ -185,7 +171,7 @@ func TestReconcileResumesAnOrphanFromItsRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	// B, another process, reconciles. Too young: left alone.
-	rec := &recordingEngine{Engine: f.engine}
+	rec := &approvalstest.Recording{Engine: f.engine}
 	clock := time.Now()
 	b := f.service(t, func(o *approvals.Options) {
 		o.Engine = rec
@@ -194,7 +180,7 @@ func TestReconcileResumesAnOrphanFromItsRecord(t *testing.T) {
 	if n, err := b.Reconcile(ctx, time.Minute); err != nil || n != 0 {
 		t.Fatalf("reconcile: %d failed, %v", n, err)
 	}
-	if len(rec.inputs) != 0 {
+	if len(rec.Inputs()) != 0 {
 		t.Fatal("a record 0 s old was resumed")
 	}
 	// 3 s later it is resumed, from its record alone, as A would have
@@ -205,9 +191,7 @@ func TestReconcileResumesAnOrphanFromItsRecord(t *testing.T) {
 			t.Fatalf("reconcile: %d failed, %v", n, err)
 		}
 	}
-	rec.mu.Lock()
-	inputs := rec.inputs
-	rec.mu.Unlock()
+	inputs := rec.Inputs()
 	if len(inputs) != 1 {
 		t.Fatalf("%d starts, want 1", len(inputs))
 	}

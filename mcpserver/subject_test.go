@@ -7,12 +7,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/countersign/countersign/approvals"
+	"github.com/countersign/countersign/approvals/approvalstest"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
 )
@@ -62,20 +62,6 @@ func (fakeOAuth) Challenge(error) (int, string) {
 	return http.StatusUnauthorized, `Bearer error="invalid_token"`
 }
 
-// recordingEngine keeps the workflow inputs the approval service starts.
-type recordingEngine struct {
-	approvals.Engine
-	mu     sync.Mutex
-	inputs []tasks.ApprovalInput
-}
-
-func (e *recordingEngine) Start(ctx context.Context, in tasks.ApprovalInput) error {
-	e.mu.Lock()
-	e.inputs = append(e.inputs, in)
-	e.mu.Unlock()
-	return e.Engine.Start(ctx, in)
-}
-
 // TestOAuthSubjectInPolicy: an OAuth caller's scopes and claims reach the
 // policy's subject, and the workflow input (tasks.Envelope) carries them
 // for the re-evaluation after approval; a static-token caller's subject
@@ -90,7 +76,7 @@ func TestOAuthSubjectInPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := sharedEnv(t)
-	rec := &recordingEngine{Engine: e.workflow}
+	rec := &approvalstest.Recording{Engine: e.workflow}
 	h := e.serve(t, func(o *Options) {
 		o.PublicURL = "http://countersign.test"
 		o.Authenticate = testAuth
@@ -114,9 +100,7 @@ func TestOAuthSubjectInPolicy(t *testing.T) {
 	if err := h.approvals.WaitStart(context.Background(), task.TaskID); err != nil {
 		t.Fatal(err)
 	}
-	rec.mu.Lock()
-	inputs := rec.inputs
-	rec.mu.Unlock()
+	inputs := rec.Inputs()
 	if len(inputs) != 1 {
 		t.Fatalf("%d workflows started, want 1", len(inputs))
 	}
@@ -141,9 +125,7 @@ func TestOAuthSubjectInPolicy(t *testing.T) {
 			t.Fatalf("%s list_transfers: allowed %v, got %+v", token, allowed, res)
 		}
 	}
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	if len(rec.inputs) != 1 {
-		t.Fatalf("%d workflows started, want 1", len(rec.inputs))
+	if n := len(rec.Inputs()); n != 1 {
+		t.Fatalf("%d workflows started, want 1", n)
 	}
 }
