@@ -416,6 +416,10 @@ func TestSlackDenyErrorMapping(t *testing.T) {
 		t.Fatal(err)
 	}
 	ref := e.rec.ApprovalRef
+	// Each case a request of its own: a timestamp of its own, taken from
+	// one clock reading (read per case, two cases a second apart could
+	// share one, and the second is then a replay).
+	base := time.Now().Unix()
 	for i, tc := range []struct {
 		name string
 		ref  string
@@ -437,7 +441,7 @@ func TestSlackDenyErrorMapping(t *testing.T) {
 			f.mu.Unlock()
 			before := len(e.ephemerals())
 			body := denyPayload("U0ALICE", tc.ref)
-			now := time.Now().Unix() - int64(i) // a new request, not a replay
+			now := base - int64(i) // a new request, not a replay
 			if w := e.post(t, body, now, sign(signingSecret, now, body)); w.Code != http.StatusOK {
 				t.Fatalf("status %d: %s", w.Code, w.Body)
 			}
