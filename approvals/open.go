@@ -565,28 +565,61 @@ func (s *Service) releasePending(ctx context.Context, principal, taskID string) 
 
 // Reconcile resumes the orphans of a crash (records whose workflow never
 // started) that their records can start, fails the others once older than
-// grace, and repairs the pending cap; see tasks.ReconcileResuming.
+// grace, and repairs the pending cap; see tasks.ReconcileResuming. It
+// returns how many records it failed.
 func (s *Service) Reconcile(ctx context.Context, grace time.Duration) (int, error) {
-	return tasks.ReconcileResuming(ctx, s.store, s.engine, grace, s.resumeOrphan, s.log)
+	r, err := s.ReconcileRound(ctx, grace)
+	return r.Failed, err
 }
 
-// resumeOrphan is Reconcile's tasks.Resumer. It resumes a record once: a
-// record some resume has already marked (StartAttemptAt) is left to the
-// reconciler's judgement, so a start Temporal keeps refusing ends the task
-// instead of being tried every round.
-func (s *Service) resumeOrphan(ctx context.Context, r tasks.Record) bool {
+// Round is what one reconcile round did.
+type Round struct {
+	// Failed counts the orphans it failed.
+	Failed int
+	// Young counts the records it would resume but left alone only
+	// because they were too young to judge (younger than resumeAfter, and
+	// no start of theirs in flight in this process): a crash's orphans of
+	// a moment ago, or another process's starts under way. A round a few
+	// seconds later settles them.
+	Young int
+}
+
+// ReconcileRound is [Service.Reconcile], reporting what the round left for
+// a later one.
+func (s *Service) ReconcileRound(ctx context.Context, grace time.Duration) (Round, error) {
+	var young int
+	n, err := tasks.ReconcileResuming(ctx, s.store, s.engine, grace, func(ctx context.Context, r tasks.Record) bool {
+		keep, tooYoung := s.resumeOrphan(ctx, r)
+		if tooYoung {
+			young++
+		}
+		return keep
+	}, s.log)
+	return Round{Failed: n, Young: young}, err
+}
+
+// resumeOrphan is a reconcile round's tasks.Resumer: keep reports that r
+// is not to be failed now, tooYoung that it was left alone only for its
+// age. It resumes a record once: a record some resume has already marked
+// (StartAttemptAt) is left to the reconciler's judgement, so a start
+// Temporal keeps refusing ends the task instead of being tried every
+// round.
+func (s *Service) resumeOrphan(ctx context.Context, r tasks.Record) (keep, tooYoung bool) {
 	c, ok := callFromRecord(r)
 	if !ok || !r.StartAttemptAt.IsZero() {
-		return false
+		return false, false
 	}
-	if age, _ := r.Unconfirmed(s.now()); age < resumeAfter || s.starts.inFlight(r.TaskID) {
-		return true // its own start may still be under way
+	if s.starts.inFlight(r.TaskID) {
+		return true, false // its own start is under way
+	}
+	if age, _ := r.Unconfirmed(s.now()); age < resumeAfter {
+		return true, true // its start may still be under way elsewhere
 	}
 	if _, _, err := s.resume(ctx, c, r); err != nil {
 		s.log.WarnContext(ctx, "approvals: could not resume an orphaned task", "task_id", r.TaskID, "err", err)
-		return false
+		return false, false
 	}
 	// Resumed (resume logs it), or not an orphan after all: its workflow
 	// exists, or the record was confirmed, ended or resumed meanwhile.
-	return true
+	return true, false
 }

@@ -177,8 +177,13 @@ func TestReconcileResumesAnOrphanFromItsRecord(t *testing.T) {
 		o.Engine = rec
 		o.Now = func() time.Time { return clock }
 	})
-	if n, err := b.Reconcile(ctx, time.Minute); err != nil || n != 0 {
-		t.Fatalf("reconcile: %d failed, %v", n, err)
+	// It says so, so the app runs a second round soon; A, whose start is
+	// in flight, has nothing left for later.
+	if r, err := b.ReconcileRound(ctx, time.Minute); err != nil || r != (approvals.Round{Young: 1}) {
+		t.Fatalf("reconcile: %+v, %v; want one young record", r, err)
+	}
+	if r, err := a.ReconcileRound(ctx, time.Minute); err != nil || r != (approvals.Round{}) {
+		t.Fatalf("reconcile in the starting process: %+v, %v; want nothing", r, err)
 	}
 	if len(rec.Inputs()) != 0 {
 		t.Fatal("a record 0 s old was resumed")
@@ -187,8 +192,8 @@ func TestReconcileResumesAnOrphanFromItsRecord(t *testing.T) {
 	// started it; a second round changes nothing.
 	clock = clock.Add(3 * time.Second)
 	for range 2 {
-		if n, err := b.Reconcile(ctx, time.Minute); err != nil || n != 0 {
-			t.Fatalf("reconcile: %d failed, %v", n, err)
+		if r, err := b.ReconcileRound(ctx, time.Minute); err != nil || r != (approvals.Round{}) {
+			t.Fatalf("reconcile: %+v, %v", r, err)
 		}
 	}
 	inputs := rec.Inputs()

@@ -295,31 +295,38 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 const (
 	reconcileGrace    = time.Minute
 	reconcileInterval = 5 * time.Minute
-	// reconcileAgain is when the second round runs after startup: the
-	// orphans a crash has just left (a task answered, its workflow not yet
-	// started) are resumed once 2 s old, too young for the first round.
+	// reconcileAgain is when a second round runs after the startup round,
+	// if that one left records too young to judge (the orphans of a crash
+	// moments before this start: a task answered, its workflow not yet
+	// started, resumed once 2 s old) or failed.
 	reconcileAgain = 5 * time.Second
 )
 
 // startReconciler resumes or fails orphaned task records at startup, again
-// shortly after, and then periodically, until Shutdown.
+// shortly after when the first round left some to a later one, and then
+// periodically, until Shutdown. Each round reads every pending record, so
+// the second runs only when needed.
 func (a *App) startReconciler() {
 	ctx, cancel := context.WithCancel(context.Background())
 	a.stopBG = cancel
 	a.bgDone = make(chan struct{})
 	go func() {
 		defer close(a.bgDone)
-		t := time.NewTimer(reconcileAgain)
-		defer t.Stop()
-		for {
-			if _, err := a.Approvals.Reconcile(ctx, reconcileGrace); err != nil && ctx.Err() == nil {
+		for first := true; ; first = false {
+			round, err := a.Approvals.ReconcileRound(ctx, reconcileGrace)
+			if err != nil && ctx.Err() == nil {
 				a.log.Warn("reconcile orphaned tasks", "err", err)
 			}
+			wait := reconcileInterval
+			if first && (err != nil || round.Young > 0) {
+				wait = reconcileAgain
+			}
+			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return
 			case <-t.C:
-				t.Reset(reconcileInterval)
 			}
 		}
 	}()
