@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -238,4 +239,82 @@ func TestOwnDataKeptAcrossModes(t *testing.T) {
 		nc.Close()
 		s.Shutdown()
 	}
+}
+
+// BenchmarkDurableWrite is the cost of one durable write of the kind
+// Countersign's state is made of, on the embedded server with a file store
+// and the in-process connection `countersign dev` uses: a KV create
+// (a challenge, a task record, a consumed jti), a KV compare-and-set (a
+// challenge's consume, a record's update) and a stream publish guarded by
+// the subject's last sequence (an audit record). cpu-µs/op is the whole
+// process's CPU (client and server) per write: the floor under any
+// request that must leave durable state behind (docs/benchmarks.md,
+// "Server CPU per SEP-2672 ceremony").
+func BenchmarkDurableWrite(b *testing.B) {
+	s, err := Start(Options{StoreDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Shutdown()
+	nc, err := s.Connect()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "bench", Storage: jetstream.FileStorage})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "BENCH", Subjects: []string{"bench.>"}, Storage: jetstream.FileStorage}); err != nil {
+		b.Fatal(err)
+	}
+	value := []byte(strings.Repeat("x", 600)) // about a challenge record's size
+	round := 0 // -count runs a sub-benchmark again: fresh keys and subjects
+	run := func(b *testing.B, write func(i int) error) {
+		round++
+		start := cpuTime()
+		i := 0
+		for b.Loop() {
+			if err := write(i); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+		b.ReportMetric(float64((cpuTime()-start).Microseconds())/float64(i), "cpu-µs/op")
+	}
+	b.Run("kv-create", func(b *testing.B) {
+		run(b, func(i int) error { _, err := kv.Create(ctx, fmt.Sprintf("c.%d.%d", round, i), value); return err })
+	})
+	b.Run("kv-update", func(b *testing.B) {
+		rev, err := kv.Put(ctx, "u", value)
+		if err != nil {
+			b.Fatal(err)
+		}
+		run(b, func(int) error { rev, err = kv.Update(ctx, "u", value, rev); return err })
+	})
+	var last uint64
+	b.Run("stream-publish-expected-seq", func(b *testing.B) {
+		run(b, func(i int) error {
+			subject := fmt.Sprintf("bench.chain.%d", round)
+			if i == 0 {
+				last = 0
+			}
+			ack, err := js.Publish(ctx, subject, value, jetstream.WithExpectLastSequencePerSubject(last), jetstream.WithMsgID(fmt.Sprint("m", round, ".", i)))
+			if err == nil {
+				last = ack.Sequence
+			}
+			return err
+		})
+	})
+}
+
+// cpuTime is the user+system CPU this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
