@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/descope/virtualwebauthn"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/countersign/countersign/internal/canon"
@@ -56,7 +55,7 @@ func newEnv(tb testing.TB) *env {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.URL())
+	nc, err := srv.Connect() // in process, as countersign dev connects
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -7,12 +7,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/countersign/countersign/internal/proccpu"
 	"github.com/countersign/countersign/internal/testnats"
 )
 
@@ -498,18 +498,13 @@ func BenchmarkReconcile(b *testing.B) {
 	later := newStoreAt(b, js, time.Hour)
 	var p probe
 	// CPU of the whole process: the store's NATS server runs in it too.
-	cpu := func() time.Duration {
-		var ru syscall.Rusage
-		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	}
-	start := cpu()
+	start := proccpu.Used()
 	for b.Loop() {
 		if n, err := Reconcile(ctx, later, &p, time.Minute, nil); err != nil || n != 0 {
 			b.Fatal(n, err)
 		}
 	}
-	b.ReportMetric(float64(cpu()-start)/float64(time.Millisecond)/float64(b.N), "cpu-ms/op")
+	b.ReportMetric(float64(proccpu.Used()-start)/float64(time.Millisecond)/float64(b.N), "cpu-ms/op")
 	if c := p.calls.Load(); c != 0 {
 		b.Fatalf("described %d workflows", c)
 	}

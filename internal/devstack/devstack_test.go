@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +24,8 @@ import (
 	sdklog "go.temporal.io/sdk/log"
 	"go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
+
+	"github.com/countersign/countersign/internal/proccpu"
 )
 
 const (
@@ -508,7 +509,7 @@ func measure(t *testing.T, synchronous string) {
 		var firstErr error
 		var mu sync.Mutex
 		next := make(chan int)
-		cpu0 := cpuTime()
+		cpu0 := proccpu.Used()
 		t0 = time.Now()
 		for range conc {
 			wg.Go(func() {
@@ -540,21 +541,12 @@ func measure(t *testing.T, synchronous string) {
 			t.Fatal(firstErr)
 		}
 		total := time.Since(t0)
-		cpu := (cpuTime() - cpu0) / starts
+		cpu := (proccpu.Used() - cpu0) / starts
 		slices.Sort(lat)
 		t.Logf("%s: %d starts to completion at concurrency %d, eager %v: %v, %.0f/s, start p50 %v, CPU %v per workflow",
 			synchronous, starts, conc, tc.eager, total.Round(time.Millisecond), float64(starts)/total.Seconds(),
 			lat[starts/2].Round(10*time.Microsecond), cpu.Round(10*time.Microsecond))
 	}
-}
-
-// cpuTime is the user+system CPU this process has used.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func BenchmarkStartWorkflow(b *testing.B) {

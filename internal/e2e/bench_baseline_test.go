@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
 
+	"github.com/countersign/countersign/internal/proccpu"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -120,15 +120,6 @@ func (bl *baseline) gated() error {
 	return nil
 }
 
-// cpuTime is the process's user + system CPU so far.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 // BenchmarkGatedVsRawStart alternates, call by call, a raw start and a gated
 // tools/call, one at a time (c=1), and reports each one's median and the
 // gated call's overhead over the raw start.
@@ -170,7 +161,7 @@ func BenchmarkGatedVsRawStartParallel(b *testing.B) {
 	ctx := context.Background()
 	const conc = 8
 	phase := func(n int, op func() error) (time.Duration, time.Duration, error) {
-		c0, t0 := cpuTime(), time.Now()
+		c0, t0 := proccpu.Used(), time.Now()
 		var next atomic.Int64
 		var wg sync.WaitGroup
 		var failed atomic.Value
@@ -190,7 +181,7 @@ func BenchmarkGatedVsRawStartParallel(b *testing.B) {
 		if err, _ := failed.Load().(error); err != nil {
 			return 0, 0, err
 		}
-		return wall, cpuTime() - c0, nil
+		return wall, proccpu.Used() - c0, nil
 	}
 	rawOp := func() error { return bl.raw(ctx) }
 	if _, _, err := phase(40, rawOp); err != nil { // warm up

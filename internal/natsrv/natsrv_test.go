@@ -5,12 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/countersign/countersign/internal/proccpu"
 )
 
 func TestKeyValueSurvivesRestart(t *testing.T) {
@@ -271,10 +272,10 @@ func BenchmarkDurableWrite(b *testing.B) {
 		b.Fatal(err)
 	}
 	value := []byte(strings.Repeat("x", 600)) // about a challenge record's size
-	round := 0 // -count runs a sub-benchmark again: fresh keys and subjects
+	round := 0                                // -count runs a sub-benchmark again: fresh keys and subjects
 	run := func(b *testing.B, write func(i int) error) {
 		round++
-		start := cpuTime()
+		start := proccpu.Used()
 		i := 0
 		for b.Loop() {
 			if err := write(i); err != nil {
@@ -282,7 +283,7 @@ func BenchmarkDurableWrite(b *testing.B) {
 			}
 			i++
 		}
-		b.ReportMetric(float64((cpuTime()-start).Microseconds())/float64(i), "cpu-µs/op")
+		b.ReportMetric(proccpu.PerOp(start, i), "cpu-µs/op")
 	}
 	b.Run("kv-create", func(b *testing.B) {
 		run(b, func(i int) error { _, err := kv.Create(ctx, fmt.Sprintf("c.%d.%d", round, i), value); return err })
@@ -308,13 +309,4 @@ func BenchmarkDurableWrite(b *testing.B) {
 			return err
 		})
 	})
-}
-
-// cpuTime is the user+system CPU this process has used.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

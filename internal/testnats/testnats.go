@@ -31,3 +31,25 @@ func Start(t testing.TB) (jetstream.JetStream, *nats.Conn) {
 	}
 	return js, nc
 }
+
+// StartInProcess is Start connected in process (no socket), as
+// `countersign dev` connects to its embedded NATS: for benchmarks that
+// report the figures of that setup.
+func StartInProcess(t testing.TB) (jetstream.JetStream, *nats.Conn) {
+	t.Helper()
+	srv, err := natsrv.Start(natsrv.Options{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := srv.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, nc
+}
