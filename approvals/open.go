@@ -219,8 +219,10 @@ func (s *Service) Open(ctx context.Context, c Call) (Opened, error) {
 		switch s.startOutcome(ctx, taskID, err) {
 		case startedNot:
 			// Deleting the record gives back its dedup slot and pending
-			// reservation (tasks.Store.Delete).
-			if derr := s.store.Delete(context.WithoutCancel(ctx), rec); derr != nil {
+			// reservation, so the same signed call can open it again;
+			// unless the call's retry, in another process, has resumed
+			// the record meanwhile: then its workflow owns it.
+			if _, derr := s.store.DeleteUnstarted(context.WithoutCancel(ctx), rec); derr != nil {
 				s.log.ErrorContext(ctx, "approvals: could not undo task record after failed start", "task_id", taskID, "err", derr)
 			}
 			return Opened{}, err
@@ -434,6 +436,13 @@ const (
 // dedup slot, and Reconcile fails the record later if the workflow really
 // never started.
 func (s *Service) startOutcome(ctx context.Context, taskID string, startErr error) int {
+	if tasks.StartMayLand(startErr) {
+		// The request may still be committing on the server, past the
+		// deadline the client gave up at: give it time to land before
+		// asking, or a task would be failed (or its record deleted)
+		// while its workflow starts after all.
+		time.Sleep(startSettle)
+	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	running, err := s.engine.Running(cctx, taskID)
@@ -465,6 +474,10 @@ func (s *Service) resumeVerified(ctx context.Context, c Call, existing tasks.Rec
 	}
 	return Opened{Task: rec}, nil
 }
+
+// startSettle is how long startOutcome waits before asking Temporal about a
+// start the client gave up on (tasks.StartMayLand).
+const startSettle = 3 * time.Second
 
 // resume starts the workflow of a task whose record exists without one:
 // the orphan of a crash between Open's two steps (the record, then the

@@ -37,7 +37,8 @@ import (
 //     for a start this process has in flight for the task; another
 //     process's door that finds no workflow while the record says its start
 //     may still be under way waits for the workflow to appear
-//     (afterStart).
+//     (afterStart); one that finds an orphan resumes it first, as the
+//     reconciler would, then sends the update to its workflow.
 //   - Starts in flight are bounded (maxStartsInFlight): past it, Open waits
 //     for a slot before writing anything, so a burst cannot outrun Temporal
 //     without bound. Shutdown waits for them (Drain).
@@ -191,9 +192,16 @@ func (s *Service) toWorkflow(ctx context.Context, taskID string, send func() err
 
 // afterStart waits while the task's record says its workflow may still be
 // starting (not terminal, no workflow has written to it, its last start
-// attempt younger than startTimeout) and reports whether a workflow has
-// written to it since.
+// attempt younger than startTimeout) and reports whether the task has a
+// workflow to send the update to now.
+//
+// A record older than that is an orphan: nothing is starting it. If its
+// record can start it, the door resumes it first, as the reconciler would,
+// and waits for it: answering "not cancelled" or "not pending" from a task
+// the reconciler would start a moment later (and that would then run)
+// would make the answer false.
 func (s *Service) afterStart(ctx context.Context, taskID string) (bool, error) {
+	resumed := false
 	for {
 		rec, err := s.store.Get(ctx, taskID)
 		if err != nil {
@@ -205,8 +213,15 @@ func (s *Service) afterStart(ctx context.Context, taskID string) (bool, error) {
 			return false, nil
 		case !unconfirmed:
 			return true, nil
+		case age >= startTimeout && resumed:
+			return false, nil // an orphan nobody could resume: the reconciler fails it
 		case age >= startTimeout:
-			return false, nil // an orphan: nothing is starting it
+			resumed = true
+			exists, err := s.resumeForDoor(ctx, rec)
+			if err != nil || exists {
+				return exists, err
+			}
+			continue // re-read: another resume may have marked it
 		}
 		select {
 		case <-ctx.Done():
@@ -214,6 +229,22 @@ func (s *Service) afterStart(ctx context.Context, taskID string) (bool, error) {
 		case <-time.After(afterStartPoll):
 		}
 	}
+}
+
+// resumeForDoor resumes an orphan an update door has found and reports
+// whether the task has a workflow now: this resume's, or one that a late
+// start or another resume has created meanwhile. A record its own start
+// facts cannot start, or that a resume has marked already, is left to the
+// reconciler, which resumes a record once.
+func (s *Service) resumeForDoor(ctx context.Context, rec tasks.Record) (bool, error) {
+	c, ok := callFromRecord(rec)
+	if !ok || !rec.StartAttemptAt.IsZero() {
+		return false, nil
+	}
+	if _, started, err := s.resume(ctx, c, rec); err != nil || started {
+		return started, err
+	}
+	return s.engine.Running(ctx, rec.TaskID)
 }
 
 // afterStartPoll is how often afterStart re-reads the record.

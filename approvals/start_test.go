@@ -9,6 +9,7 @@ import (
 
 	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/approvals/approvalstest"
+	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -216,5 +217,145 @@ func TestReconcileResumesAnOrphanFromItsRecord(t *testing.T) {
 	// The task is an approval like any other: a cancel ends it.
 	if got, cancelled, err := b.Cancel(ctx, c.Principal, task.TaskID); err != nil || !cancelled || got.Status != tasks.StatusCancelled {
 		t.Errorf("cancel: %+v %v %v", got.Status, cancelled, err)
+	}
+}
+
+// TestDoorResumesAnOrphan: a door in another process that finds an orphan
+// (its record 40 s old, no workflow, its own start hung) resumes it and
+// sends the update to it. Answering from the record instead ("not
+// cancelled") would be false: the reconciler would resume the task a
+// moment later and it would run.
+func TestDoorResumesAnOrphan(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	gate := make(chan struct{})
+	t.Cleanup(func() { close(gate) })
+	a := f.service(t, func(o *approvals.Options) { o.Engine = gatedEngine{Engine: f.engine, gate: gate} })
+	clock := time.Now().Add(40 * time.Second)
+	b := f.service(t, func(o *approvals.Options) { o.Now = func() time.Time { return clock } })
+	for _, tc := range []struct {
+		name  string
+		args  string
+		delay time.Duration
+	}{
+		{"approval", transfer(5000, "orphan cancel"), 0},
+		{"unattended", transfer(10, "orphan job"), time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := f.call(t, "agent-orphan-"+tc.name, "transfer_funds", tc.args, tc.delay)
+			o, err := a.Open(ctx, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, cancelled, err := b.Cancel(ctx, c.Principal, o.Task.TaskID)
+			if err != nil || !cancelled || got.Status != tasks.StatusCancelled {
+				t.Fatalf("cancel of an orphan: %s, cancelled %v, %v; want it cancelled", got.Status, cancelled, err)
+			}
+			if r, err := b.ReconcileRound(ctx, time.Minute); err != nil || r.Failed != 0 {
+				t.Fatalf("reconcile: %+v, %v", r, err)
+			}
+			final := f.await(t, o.Task)
+			if final.Status != tasks.StatusCancelled || f.effects(t, o.Task.TaskID) != 0 {
+				t.Errorf("after the cancel: %s, %d effects; want cancelled, none", final.Status, f.effects(t, o.Task.TaskID))
+			}
+		})
+	}
+}
+
+// failedStart holds every workflow start until its gate opens, then fails
+// it without starting anything.
+type failedStart struct {
+	approvals.Engine
+	gate chan struct{}
+	err  error
+}
+
+func (g failedStart) Start(ctx context.Context, in tasks.ApprovalInput) error {
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return g.err
+}
+
+// TestVerifiedFailedStartSparesAResumedRecord: a verified call's start
+// fails in process A while the call's signed retry, in process B, has
+// already resumed the record and is starting its workflow. A's undo must
+// leave the record alone: deleting it would hide a task whose workflow
+// runs the call.
+func TestVerifiedFailedStartSparesAResumedRecord(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	gateA, gateB := make(chan struct{}), make(chan struct{})
+	a := f.service(t, func(o *approvals.Options) {
+		o.Engine = failedStart{Engine: f.engine, gate: gateA, err: errors.New("temporal unavailable")}
+	})
+	clock := time.Now().Add(3 * time.Second) // B sees the record old enough to resume
+	b := f.service(t, func(o *approvals.Options) {
+		o.Engine = gatedEngine{Engine: f.engine, gate: gateB}
+		o.Now = func() time.Time { return clock }
+	})
+	c := f.call(t, "agent-verified", "transfer_funds", transfer(5000, "verified"), 0)
+	c.Mode, c.TaskID = tasks.ModeVerified, tasks.NewID("tsk_")
+	c.Policy.Effect = pdp.EffectVerify
+	c.Verified = &tasks.VerifiedApproval{ApproverID: "apv_1", ApproverName: "alice", CredentialID: "cred", ChallengeID: "ch", At: c.At}
+
+	aDone := make(chan error, 1)
+	go func() { _, err := a.Open(ctx, c); aDone <- err }()
+	task := tasks.Record{TaskID: c.TaskID, Owner: c.Principal}
+	f.waitFor(t, task, "A's record", func(tasks.Record) bool { return true })
+	bDone := make(chan error, 1)
+	go func() { _, err := b.Open(ctx, c); bDone <- err }()
+	f.waitFor(t, task, "B's resume mark", func(r tasks.Record) bool { return !r.StartAttemptAt.IsZero() })
+	close(gateA)
+	if err := <-aDone; err == nil {
+		t.Fatal("A's Open succeeded; its start failed")
+	}
+	if _, err := f.store.Get(ctx, c.TaskID); err != nil {
+		t.Fatalf("A's failed start took the resumed record with it: %v", err)
+	}
+	close(gateB)
+	if err := <-bDone; err != nil {
+		t.Fatalf("B's resume: %v", err)
+	}
+	if final := f.await(t, task); !final.Status.Terminal() {
+		t.Errorf("the resumed task: %s", final.Status)
+	}
+}
+
+// lateStart gives up on every workflow start (a deadline) while the start
+// lands on the server a moment later all the same.
+type lateStart struct{ approvals.Engine }
+
+func (g lateStart) Start(ctx context.Context, in tasks.ApprovalInput) error {
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_ = g.Engine.Start(context.WithoutCancel(ctx), in)
+	}()
+	return fmt.Errorf("start: %w", context.DeadlineExceeded)
+}
+
+// TestStartThatLandsLate: a start the client gave up on lands after the
+// error. The task must not be failed ("the tool did not run") while its
+// workflow runs.
+func TestStartThatLandsLate(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	svc := f.service(t, func(o *approvals.Options) { o.Engine = lateStart{Engine: f.engine} })
+	c := f.call(t, "agent-late", "transfer_funds", transfer(5000, "late start"), 0)
+	o, err := svc.Open(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.WaitStart(ctx, o.Task.TaskID); err != nil {
+		t.Fatal(err)
+	}
+	got, err := svc.Get(ctx, c.Principal, o.Task.TaskID)
+	if err != nil || got.Status.Terminal() {
+		t.Fatalf("task whose start landed late: %s (%v); want it pending", got.Status, err)
+	}
+	if ok, _ := f.engine.Running(ctx, o.Task.TaskID); !ok {
+		t.Fatal("no workflow")
 	}
 }

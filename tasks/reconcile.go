@@ -29,6 +29,23 @@ func (o *Orchestrator) Running(ctx context.Context, taskID string) (bool, error)
 	return false, fmt.Errorf("tasks: describe %s: %w", taskID, err)
 }
 
+// StartMayLand reports whether a workflow start that returned err may still
+// take effect on the server: the client gave up on it (a deadline, a
+// cancel) or lost its connection while the request may already have
+// reached Temporal. A definite refusal (an invalid request, a workflow
+// that exists already) is not one.
+func StartMayLand(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return true
+	}
+	var (
+		deadline    *serviceerror.DeadlineExceeded
+		canceled    *serviceerror.Canceled
+		unavailable *serviceerror.Unavailable
+	)
+	return errors.As(err, &deadline) || errors.As(err, &canceled) || errors.As(err, &unavailable)
+}
+
 // WorkflowProbe tells whether a task's workflow exists: [*Orchestrator],
 // or an in-memory engine in tests.
 type WorkflowProbe interface {

@@ -239,6 +239,33 @@ func (s *Store) Delete(ctx context.Context, r Record) error {
 	return errors.Join(errs...)
 }
 
+// DeleteUnstarted is [Store.Delete] for the record of a task whose workflow
+// start failed: it deletes the record only while it is as that start left
+// it (not ended, no workflow has written to it, and no resume has marked it
+// since: StartAttemptAt equal to r's), by compare-and-set on the record's
+// revision, and only then its indexes, reservation and dedup slot. A record
+// a resume took over meanwhile is left to that resume's workflow. It
+// reports whether it deleted the record.
+func (s *Store) DeleteUnstarted(ctx context.Context, r Record) (bool, error) {
+	cur, rev, err := s.get(ctx, r.TaskID)
+	if errors.Is(err, ErrTaskNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if cur.Status.Terminal() || cur.Seq > 0 || !cur.StartAttemptAt.Equal(r.StartAttemptAt) {
+		return false, nil
+	}
+	if err := s.kv.Delete(ctx, "t."+r.TaskID, jetstream.LastRevision(rev)); err != nil {
+		if isCASConflict(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("tasks: delete %s: %w", r.TaskID, err)
+	}
+	return true, s.Delete(ctx, cur)
+}
+
 // Get returns a record by ID, whoever owns it.
 func (s *Store) Get(ctx context.Context, taskID string) (Record, error) {
 	r, _, err := s.get(ctx, taskID)
