@@ -15,21 +15,7 @@ import (
 // JetStream context connected to it.
 func Start(t testing.TB) (jetstream.JetStream, *nats.Conn) {
 	t.Helper()
-	srv, err := natsrv.Start(natsrv.Options{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js, nc
+	return start(t, func(srv *natsrv.Server) (*nats.Conn, error) { return nats.Connect(srv.URL()) })
 }
 
 // StartInProcess is Start connected in process (no socket), as
@@ -37,12 +23,17 @@ func Start(t testing.TB) (jetstream.JetStream, *nats.Conn) {
 // report the figures of that setup.
 func StartInProcess(t testing.TB) (jetstream.JetStream, *nats.Conn) {
 	t.Helper()
+	return start(t, func(srv *natsrv.Server) (*nats.Conn, error) { return srv.Connect() })
+}
+
+func start(t testing.TB, connect func(*natsrv.Server) (*nats.Conn, error)) (jetstream.JetStream, *nats.Conn) {
+	t.Helper()
 	srv, err := natsrv.Start(natsrv.Options{StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	nc, err := srv.Connect()
+	nc, err := connect(srv)
 	if err != nil {
 		t.Fatal(err)
 	}
