@@ -2,12 +2,15 @@ package mcpserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"mime"
 	"net/http"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/countersign/countersign/internal/authn"
 )
 
 // Notification streams: how clients learn that the tool list changed.
@@ -70,6 +73,28 @@ func (st *streams) watch(parent context.Context, principal string) (ctx context.
 			delete(st.enders, principal)
 		}
 	}
+}
+
+// stillAuthorized checks a stream's static bearer token again once the
+// stream is registered for EndStreams, and answers 401 if it has been
+// disabled or revoked since the request was authenticated. An OAuth access
+// token (not ended by EndStreams: it expires) and a token store that does
+// not answer now pass: a later revocation still ends the stream.
+func (s *Server) stillAuthorized(ctx context.Context, w http.ResponseWriter, r *http.Request) bool {
+	if s.opts.NoAuth {
+		return true
+	}
+	token := bearerToken(r)
+	if oauth := s.opts.OAuth; oauth != nil && oauth.Claims(token) {
+		return true
+	}
+	principal, err := s.opts.Authenticate(ctx, token)
+	if errors.Is(err, authn.ErrUnavailable) || (err == nil && principal != "") {
+		return true
+	}
+	s.log.InfoContext(ctx, "mcpserver: bearer token revoked as its stream opened", "err", err)
+	s.challenge(w, "invalid_token")
+	return false
 }
 
 // EndStreams ends principal's open notification streams, on this replica:
@@ -169,6 +194,9 @@ func (s *Server) admitStream(w http.ResponseWriter, r *http.Request, principal, 
 func (s *Server) serveListen(w http.ResponseWriter, r *http.Request, sdk http.Handler, principal string) {
 	ctx, ended := s.streams.watch(r.Context(), principal)
 	defer ended()
+	if !s.stillAuthorized(ctx, w, r) { // see serveGET
+		return
+	}
 	w.Header().Set("X-Accel-Buffering", "no")
 	sw := &sseWriter{ResponseWriter: w}
 	sw.onStart = func() { sw.onEnd = s.streams.started(principal) }
@@ -280,6 +308,15 @@ func (s *Server) serveGET(w http.ResponseWriter, r *http.Request, principal stri
 		return
 	}
 	defer release()
+	// The stream is registered for EndStreams before its 200 goes out, and
+	// the token checked once more after that: a revocation that landed
+	// since the request was authenticated would otherwise end nothing,
+	// and the stream would outlive it.
+	ctx, done := s.streams.watch(r.Context(), principal)
+	defer done()
+	if !s.stillAuthorized(ctx, w, r) {
+		return
+	}
 	changed := s.toolsChangedChan()
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -291,8 +328,6 @@ func (s *Server) serveGET(w http.ResponseWriter, r *http.Request, principal stri
 		return
 	}
 	defer s.streams.started(principal)()
-	ctx, done := s.streams.watch(r.Context(), principal)
-	defer done()
 	keep := time.NewTicker(s.opts.KeepAlive)
 	defer keep.Stop()
 	for {

@@ -5,10 +5,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -490,5 +492,31 @@ func TestEndStreams(t *testing.T) {
 	readUntil(t, otherLines, ": keep-alive") // the other principal's goes on
 	if n := h.srv.streams.openCount(q); n != 1 {
 		t.Fatalf("other principal: %d streams", n)
+	}
+}
+
+// TestStreamRevokedAsItOpens: a token revoked after its request was
+// authenticated but before its stream was registered for EndStreams (the
+// revocation's EndStreams found nothing to end) must not get a stream that
+// outlives it: the token is checked again once the stream is registered.
+func TestStreamRevokedAsItOpens(t *testing.T) {
+	var calls atomic.Int64
+	h, _ := newListHarness(t, func(o *Options) {
+		o.Authenticate = func(ctx context.Context, bearer string) (string, error) {
+			if bearer == "tok:late-revoked" && calls.Add(1)%2 == 0 {
+				return "", errors.New("revoked") // every second check: revoked meanwhile
+			}
+			return testAuth(ctx, bearer)
+		}
+	})
+	for _, listen := range []bool{false, true} {
+		r := openStream(t, h, "late-revoked", listen, nil)
+		r.Body.Close()
+		if r.StatusCode != http.StatusUnauthorized {
+			t.Errorf("listen=%v: HTTP %d, want 401", listen, r.StatusCode)
+		}
+	}
+	if n := h.srv.streams.openCount("late-revoked"); n != 0 {
+		t.Errorf("%d streams left open", n)
 	}
 }
