@@ -347,8 +347,11 @@ func (a *Activities) Reevaluate(ctx context.Context, in ReevaluateInput) (Reeval
 
 // ExecuteTool runs the held call once. It first recomputes the action hash
 // from the envelope's tool, arguments and server ID: if it does not match the
-// hash the approvers signed, the tool does not run. Any error after the tool
-// was invoked means its outcome is unknown.
+// hash the approvers signed, the tool does not run. Then it takes the task
+// record's execution fence (tasks.Store.ClaimExecution): a task the read
+// model says has ended, or whose execution was claimed before, is not run
+// ([ErrTypeExecutionNotClaimed]). Any error after the tool was invoked means
+// its outcome is unknown.
 func (a *Activities) ExecuteTool(ctx context.Context, in ExecuteToolInput) (ExecuteToolOutput, error) {
 	if err := checkVersion(in.Version); err != nil {
 		return ExecuteToolOutput{}, err
@@ -368,6 +371,10 @@ func (a *Activities) ExecuteTool(ctx context.Context, in ExecuteToolInput) (Exec
 			"activities: envelope does not match its action hash", ErrTypeEnvelopeMismatch, err)
 	}
 	stop := heartbeat(ctx)
+	if err := a.claimExecution(ctx, env.TaskID); err != nil {
+		stop()
+		return ExecuteToolOutput{}, err
+	}
 	a.crash(CrashExecute, env.TaskID)
 	res, err := a.Tools.Execute(ctx, env.Tool, gateway.Call{
 		IdempotencyKey: env.TaskID,
@@ -394,6 +401,49 @@ func (a *Activities) ExecuteTool(ctx context.Context, in ExecuteToolInput) (Exec
 	}
 	a.log().Info("activities: tool executed", "task_id", env.TaskID, "tool", env.Tool, "is_error", res.IsError)
 	return ExecuteToolOutput{Version: Version, Result: res}, nil
+}
+
+// claimTries bounds ExecuteTool's attempts at the execution fence while the
+// store cannot be written: the activity has one attempt (a retry after the
+// tool ran could run it twice), so a brief store outage is ridden out here.
+const claimTries = 5
+
+// claimExecution takes the task record's execution fence for ExecuteTool,
+// retrying a store that cannot be reached for a few seconds. Any failure is
+// a non-retryable [ErrTypeExecutionNotClaimed]: the tool has not run.
+func (a *Activities) claimExecution(ctx context.Context, taskID string) error {
+	settled := func(err error) bool {
+		return errors.Is(err, tasks.ErrTerminal) || errors.Is(err, tasks.ErrTaskNotFound) || errors.Is(err, tasks.ErrExecutionClaimed)
+	}
+	var err error
+	for try, wait := 1, 100*time.Millisecond; ; try, wait = try+1, 2*wait {
+		if err = a.Tasks.ClaimExecution(ctx, taskID); err == nil {
+			return nil
+		}
+		if settled(err) || try == claimTries {
+			break
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+			continue
+		case <-ctx.Done():
+			t.Stop()
+			err = errors.Join(err, ctx.Err())
+		}
+		break
+	}
+	var msg string
+	switch {
+	case errors.Is(err, tasks.ErrTerminal), errors.Is(err, tasks.ErrTaskNotFound):
+		msg = "The task had already ended (its start was judged failed); the tool did not run."
+	case errors.Is(err, tasks.ErrExecutionClaimed):
+		msg = "The task's execution was claimed before; the tool did not run again."
+	default:
+		msg = "The execution could not be recorded; the tool did not run."
+	}
+	a.log().Error("activities: execution not claimed; not executing", "task_id", taskID, "err", err)
+	return temporal.NewNonRetryableApplicationError(msg, ErrTypeExecutionNotClaimed, err)
 }
 
 // heartbeat tells Temporal that this activity's worker is alive, now and

@@ -155,6 +155,7 @@ func TestExecuteToolChecksActionHash(t *testing.T) {
 		wantRetry bool   // error is retryable (the workflow still gives ExecuteTool one attempt)
 		wantRun   bool
 		wantIsErr bool
+		record    func(*testing.T, tasks.Record) // changes the task's record before the run
 	}{
 		{name: "bound call runs", wantRun: true},
 		{name: "tool-level failure is a result", mutate: func(e *tasks.Envelope) { rebind(t, e, `{"amount":5000,"fail":true}`) },
@@ -173,12 +174,35 @@ func TestExecuteToolChecksActionHash(t *testing.T) {
 		}, wantErr: activities.ErrTypeUnknownTool},
 		{name: "unreachable backend", mutate: func(e *tasks.Envelope) { rebind(t, e, `{"amount":5000,"unreachable":true}`) },
 			wantRun: true, wantRetry: true},
+		// The execution fence (tasks.Store.ClaimExecution).
+		{name: "task already failed", record: func(t *testing.T, r tasks.Record) {
+			if _, err := w.store.Update(context.Background(), r.TaskID, func(cur *tasks.Record) error {
+				tasks.FailUnstarted(cur, time.Now(), "workflow start failed")
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}, wantErr: activities.ErrTypeExecutionNotClaimed},
+		{name: "record gone", record: func(t *testing.T, r tasks.Record) {
+			if err := w.store.Delete(context.Background(), r); err != nil {
+				t.Fatal(err)
+			}
+		}, wantErr: activities.ErrTypeExecutionNotClaimed},
+		{name: "execution claimed before", record: func(t *testing.T, r tasks.Record) {
+			if err := w.store.ClaimExecution(context.Background(), r.TaskID); err != nil {
+				t.Fatal(err)
+			}
+		}, wantErr: activities.ErrTypeExecutionNotClaimed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			env := envelope(t, "agent-1", `{"amount":5000,"to":"acme"}`)
 			if tt.mutate != nil {
 				tt.mutate(&env)
+			}
+			rec := w.createTask(t, env)
+			if tt.record != nil {
+				tt.record(t, rec)
 			}
 			before := len(w.toolCalls())
 			val, err := w.env.ExecuteActivity(w.acts.ExecuteTool, activities.ExecuteToolInput{Version: activities.Version, Envelope: env})
@@ -220,6 +244,19 @@ func TestExecuteToolChecksActionHash(t *testing.T) {
 				if out.Version != activities.Version || out.Result.IsError != tt.wantIsErr {
 					t.Errorf("output = %+v, want version %d, isError %v", out, activities.Version, tt.wantIsErr)
 				}
+			}
+			if !tt.wantRun {
+				return
+			}
+			// The tool ran (or may have): its execution is claimed in the
+			// record, and a second attempt does not run it again.
+			got, err := w.store.Get(context.Background(), env.TaskID)
+			if err != nil || got.ExecutionClaimedAt.IsZero() {
+				t.Fatalf("record after the run: claimed at %v (%v), want it claimed", got.ExecutionClaimedAt, err)
+			}
+			_, err = w.env.ExecuteActivity(w.acts.ExecuteTool, activities.ExecuteToolInput{Version: activities.Version, Envelope: env})
+			if typ, _ := appErrType(err); typ != activities.ErrTypeExecutionNotClaimed || len(w.toolCalls()) != before+1 {
+				t.Fatalf("second run: err %v, tool calls %d; want %s and no second call", err, len(w.toolCalls())-before, activities.ErrTypeExecutionNotClaimed)
 			}
 		})
 	}

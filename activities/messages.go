@@ -37,6 +37,12 @@ const (
 	ErrTypeTaskNotFound = "task_not_found"
 	// ErrTypeTaskTerminal: the record already ended with another status.
 	ErrTypeTaskTerminal = "task_terminal"
+	// ErrTypeExecutionNotClaimed: ExecuteTool could not take the task
+	// record's execution fence (tasks.Store.ClaimExecution): the task had
+	// ended or its record was gone (a start judged failed that landed
+	// late), its execution was claimed before, or the store could not be
+	// written. Nothing ran.
+	ErrTypeExecutionNotClaimed = "execution_not_claimed"
 )
 
 // RecordStateInput writes one non-terminal transition to the read model.

@@ -476,7 +476,10 @@ func (s *Service) resumeVerified(ctx context.Context, c Call, existing tasks.Rec
 }
 
 // startSettle is how long startOutcome waits before asking Temporal about a
-// start the client gave up on (tasks.StartMayLand).
+// start the client gave up on (tasks.StartMayLand). It spares tasks that
+// would have started: a start that lands later than this finds its task
+// failed (or, verified, deleted) and does not run the tool, because
+// ExecuteTool's execution fence (tasks.Store.ClaimExecution) is refused.
 const startSettle = 3 * time.Second
 
 // resume starts the workflow of a task whose record exists without one:
@@ -487,9 +490,9 @@ const startSettle = 3 * time.Second
 // act on, a dedup slot that hands the dead task to every identical call)
 // until the reconciler failed it.
 //
-// A record a workflow has written to (Seq > 0) is confirmed and left as it
-// is. An unconfirmed one is waited on until its last start attempt is
-// resumeAfter old (its own Open may still be starting it), then Temporal is
+// A record a workflow has written to (Seq > 0), or whose execution it has
+// claimed, is confirmed and left as it is. An unconfirmed one is waited on
+// until its last start attempt is resumeAfter old (its own Open may still be starting it), then Temporal is
 // asked; a workflow it has never heard of is started from the record (its
 // approval reference, creation time, requirement and expiry; the rest of
 // the input from c). Before the start the record is marked, by

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/countersign/countersign/activities"
 	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/approvals/approvalstest"
 	"github.com/countersign/countersign/pdp"
@@ -357,5 +359,75 @@ func TestStartThatLandsLate(t *testing.T) {
 	}
 	if ok, _ := f.engine.Running(ctx, o.Task.TaskID); !ok {
 		t.Fatal("no workflow")
+	}
+}
+
+// landsAfterFailure gives up on every workflow start (a deadline), and the
+// start reaches the engine all the same, but only once the task has been
+// judged never started and failed: a start later than any settle.
+type landsAfterFailure struct {
+	approvals.Engine
+	store  *tasks.Store
+	landed chan error
+}
+
+func (g landsAfterFailure) Start(ctx context.Context, in tasks.ApprovalInput) error {
+	go func() {
+		ctx := context.WithoutCancel(ctx)
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if r, err := g.store.Get(ctx, in.Envelope.TaskID); err == nil && r.Status.Terminal() {
+				break
+			}
+		}
+		g.landed <- g.Engine.Start(ctx, in)
+	}()
+	return fmt.Errorf("start: %w", context.DeadlineExceeded)
+}
+
+// TestStartThatLandsAfterItsTaskFailed: a task whose start was judged
+// failed ("the tool did not run") and whose workflow reaches the engine
+// later all the same never runs its tool: the workflow finds the record's
+// execution fence refused (tasks.Store.ClaimExecution) and ends, as the
+// record says, failed and not run. An unattended call, which runs at once,
+// is the sharp case; on both engines.
+func TestStartThatLandsAfterItsTaskFailed(t *testing.T) {
+	for _, eng := range []struct {
+		name  string
+		start func(*testing.T, *activities.Activities) approvals.Engine
+	}{{"temporal", temporalEngine}, {"memory", nil}} {
+		t.Run(eng.name, func(t *testing.T) {
+			f := newFixture(t, eng.start)
+			ctx := context.Background()
+			landed := make(chan error, 1)
+			svc := f.service(t, func(o *approvals.Options) {
+				o.Engine = landsAfterFailure{Engine: f.engine, store: f.store, landed: landed}
+			})
+			c := f.call(t, "agent-very-late", "transfer_funds", transfer(10, "very late start"), 0)
+			o, err := svc.Open(ctx, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := svc.WaitStart(ctx, o.Task.TaskID); err != nil {
+				t.Fatal(err)
+			}
+			failed, err := svc.Get(ctx, c.Principal, o.Task.TaskID)
+			if err != nil || failed.Status != tasks.StatusFailed {
+				t.Fatalf("task whose start failed: %s (%v); want failed", failed.Status, err)
+			}
+			if err := <-landed; err != nil {
+				t.Fatalf("the late start did not land: %v", err)
+			}
+			// The late workflow's end: its own failed event, or the tool's
+			// effect (whose end the terminal record refuses).
+			final := f.waitFor(t, o.Task, "the late workflow's end", func(r tasks.Record) bool {
+				return count(r, tasks.EventFailed) == 2 || f.effects(t, o.Task.TaskID) > 0
+			})
+			if n := f.effects(t, o.Task.TaskID); n != 0 {
+				t.Fatalf("the tool ran %d time(s) for a task that says it did not run", n)
+			}
+			if final.Status != tasks.StatusFailed || !strings.Contains(final.StatusMessage, "did not run") || !final.ExecutionClaimedAt.IsZero() {
+				t.Fatalf("final record: %s %q, claimed at %v; want failed, not run, never claimed", final.Status, final.StatusMessage, final.ExecutionClaimedAt)
+			}
+		})
 	}
 }

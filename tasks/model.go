@@ -144,6 +144,12 @@ type Record struct {
 	// orphan of a crash between the record and the start). With
 	// CreatedAt it dates the last start attempt; see [Record.Unconfirmed].
 	StartAttemptAt time.Time `json:"startAttemptAt,omitzero"`
+	// ExecutionClaimedAt is when the task's workflow took the record's
+	// execution fence ([Store.ClaimExecution]), right before it ran the
+	// tool. A record that has it is confirmed: no judgement of a start
+	// that failed or was lost fails, deletes or resumes it, and no second
+	// execution of the task is ever let through.
+	ExecutionClaimedAt time.Time `json:"executionClaimedAt,omitzero"`
 	// TraceParent is the W3C traceparent of the request that created the
 	// task (its tools/call span), when tracing was on: an approver's
 	// decision, a request of its own, links its span to it.
@@ -225,12 +231,12 @@ func ValidID(s string) bool {
 }
 
 // Unconfirmed reports whether no workflow has written to the record yet
-// (Seq 0) and, if so, how long ago the last start of its workflow was
+// (Seq 0) nor claimed its execution (ExecutionClaimedAt zero) and, if so, how long ago the last start of its workflow was
 // attempted (the creation, or a later resume). A start takes at most a
 // bounded time (approvals' start timeout), so an unconfirmed record older
 // than that, whose workflow Temporal does not know, is an orphan.
 func (r Record) Unconfirmed(now time.Time) (age time.Duration, ok bool) {
-	if r.Seq > 0 {
+	if r.Seq > 0 || !r.ExecutionClaimedAt.IsZero() {
 		return 0, false
 	}
 	return now.Sub(later(r.CreatedAt, r.StartAttemptAt)), true

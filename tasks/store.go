@@ -23,6 +23,9 @@ var (
 	ErrTaskNotFound = errors.New("tasks: task not found")
 	ErrTaskExists   = errors.New("tasks: task already exists")
 	ErrTerminal     = errors.New("tasks: task is terminal")
+	// ErrExecutionClaimed: the task's execution was claimed before
+	// ([Store.ClaimExecution]); its tool is not run again.
+	ErrExecutionClaimed = errors.New("tasks: task's execution already claimed")
 	// ErrPendingCapReached: the owner already holds as many pending
 	// reservations as the cap allows (see [Store.ReservePending]).
 	ErrPendingCapReached = errors.New("tasks: pending task cap reached")
@@ -254,7 +257,7 @@ func (s *Store) DeleteUnstarted(ctx context.Context, r Record) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if cur.Status.Terminal() || cur.Seq > 0 || !cur.StartAttemptAt.Equal(r.StartAttemptAt) {
+	if _, unconfirmed := cur.Unconfirmed(s.now()); cur.Status.Terminal() || !unconfirmed || !cur.StartAttemptAt.Equal(r.StartAttemptAt) {
 		return false, nil
 	}
 	if err := s.kv.Delete(ctx, "t."+r.TaskID, jetstream.LastRevision(rev)); err != nil {
@@ -264,6 +267,40 @@ func (s *Store) DeleteUnstarted(ctx context.Context, r Record) (bool, error) {
 		return false, fmt.Errorf("tasks: delete %s: %w", r.TaskID, err)
 	}
 	return true, s.Delete(ctx, cur)
+}
+
+// ClaimExecution takes the task record's execution fence, once, right
+// before its workflow runs the tool: by compare-and-set it marks the record
+// (ExecutionClaimedAt) if, and only if, the task has not ended and its
+// execution was never claimed. It fails with [ErrTerminal] when the task
+// has ended, [ErrTaskNotFound] when its record is gone, and
+// [ErrExecutionClaimed] when it was claimed already; then the tool must not
+// run.
+//
+// The workflow's own claim (package workflows) is what makes a task's call
+// run once against its decisions and its cancel. This fence makes the
+// record agree with it. A start whose client gave up (a deadline, a lost
+// connection) can land on the Temporal server after the task was judged
+// never started and failed, or, for a verified call, deleted: the
+// judgement and this fence are compare-and-sets on the same record, so
+// either the task is failed and its late workflow does not run the tool, or
+// the workflow claimed it first and the judgement leaves it alone
+// ([Record.Unconfirmed]). A second run of the same workflow ID (a reset, a
+// resume racing a late start) finds the fence taken and does not run the
+// tool twice.
+func (s *Store) ClaimExecution(ctx context.Context, taskID string) error {
+	now := s.now().UTC()
+	_, err := s.Update(ctx, taskID, func(r *Record) error {
+		switch {
+		case r.Status.Terminal():
+			return ErrTerminal
+		case !r.ExecutionClaimedAt.IsZero():
+			return ErrExecutionClaimed
+		}
+		r.ExecutionClaimedAt = now
+		return nil
+	})
+	return err
 }
 
 // Get returns a record by ID, whoever owns it.

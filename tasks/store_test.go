@@ -316,3 +316,86 @@ func TestNewIDShape(t *testing.T) {
 		seen[id] = true
 	}
 }
+
+// TestClaimExecutionExcludesTheStartJudgement: a workflow's execution fence
+// and the judgement of a start that failed (fail the task, or, for a
+// verified call, delete its record) race on the same record, many times at
+// the same instant. Exactly one wins each round, and the record says which:
+// a claimed task is never failed or deleted, a failed or deleted one is
+// never claimed (its tool does not run).
+func TestClaimExecutionExcludesTheStartJudgement(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	const rounds = 50
+	wins := map[string]int{}
+	for i := range rounds {
+		r := newRecord("alice")
+		if err := s.Create(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		deleting := i%2 == 1
+		var claimErr, judgeErr error
+		var deleted bool
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			<-start
+			claimErr = s.ClaimExecution(ctx, r.TaskID)
+		}()
+		go func() {
+			defer wg.Done()
+			<-start
+			if deleting {
+				deleted, judgeErr = s.DeleteUnstarted(ctx, r)
+				return
+			}
+			_, judgeErr = s.Update(ctx, r.TaskID, func(cur *Record) error {
+				if _, unconfirmed := cur.Unconfirmed(time.Now()); cur.Status.Terminal() || !unconfirmed {
+					return errors.New("confirmed")
+				}
+				FailUnstarted(cur, time.Now(), "workflow start failed")
+				return nil
+			})
+		}()
+		close(start)
+		wg.Wait()
+
+		judged := (deleting && deleted) || (!deleting && judgeErr == nil)
+		if deleting && judgeErr != nil {
+			t.Fatalf("round %d: DeleteUnstarted: %v", i, judgeErr)
+		}
+		if (claimErr == nil) == judged {
+			t.Fatalf("round %d (delete %v): claim err %v, judged %v: want exactly one to win", i, deleting, claimErr, judged)
+		}
+		got, err := s.Get(ctx, r.TaskID)
+		switch {
+		case claimErr == nil:
+			wins["claim"]++
+			if err != nil || got.Status.Terminal() || got.ExecutionClaimedAt.IsZero() {
+				t.Fatalf("round %d: claimed, but the record is %s, claimed at %v (%v)", i, got.Status, got.ExecutionClaimedAt, err)
+			}
+			if _, unconfirmed := got.Unconfirmed(time.Now()); unconfirmed {
+				t.Fatalf("round %d: a claimed record is unconfirmed", i)
+			}
+		case deleting:
+			wins["delete"]++
+			if !errors.Is(err, ErrTaskNotFound) || !errors.Is(claimErr, ErrTaskNotFound) {
+				t.Fatalf("round %d: deleted, but Get = %v and the claim = %v", i, err, claimErr)
+			}
+		default:
+			wins["fail"]++
+			if err != nil || got.Status != StatusFailed || !got.ExecutionClaimedAt.IsZero() || !errors.Is(claimErr, ErrTerminal) {
+				t.Fatalf("round %d: failed, but the record is %s, claimed at %v (%v), claim %v", i, got.Status, got.ExecutionClaimedAt, err, claimErr)
+			}
+		}
+		// The fence is taken once.
+		if claimErr == nil {
+			if err := s.ClaimExecution(ctx, r.TaskID); !errors.Is(err, ErrExecutionClaimed) {
+				t.Fatalf("round %d: second claim = %v, want ErrExecutionClaimed", i, err)
+			}
+		}
+	}
+	t.Logf("wins over %d rounds: %v", rounds, wins)
+}

@@ -509,11 +509,24 @@ func (w *approval) executed(out activities.ExecuteToolOutput, err error) *ending
 		case activities.ErrTypeUnknownTool:
 			w.log.Error("tool not available; not run", "error", err)
 			return denied(tasks.EventDenied, "The tool is not available.", "Denied: tool not available", tasks.ApprovalDenied)
+		case activities.ErrTypeExecutionNotClaimed:
+			w.log.Error("execution not claimed in the task's record; tool not run", "error", err)
+			return notClaimedEnding(appErr)
 		}
 	}
 	w.log.Error("execution outcome unknown", "error", err)
 	return &ending{status: tasks.StatusCompleted, disposition: tasks.OutcomeUnknown, approvalState: tasks.ApprovalFailed,
 		event: tasks.EventOutcomeUnknown, message: tasks.OutcomeText(tasks.EventOutcomeUnknown, tool, true)}
+}
+
+// notClaimedEnding is the end of a task whose ExecuteTool could not take
+// its record's execution fence: the task is failed, and the tool did not
+// run. The usual cause is a start judged failed (its task already failed in
+// the read model) that reached the Temporal server late all the same; the
+// end then states what the record already says.
+func notClaimedEnding(appErr *temporal.ApplicationError) *ending {
+	return &ending{status: tasks.StatusFailed, approvalState: tasks.ApprovalFailed,
+		event: tasks.EventFailed, detail: appErr.Message(), message: appErr.Message()}
 }
 
 func denied(event tasks.EventKind, detail, message string, state tasks.ApprovalState) *ending {

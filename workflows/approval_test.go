@@ -598,6 +598,28 @@ func TestExecuteRefusalBeforeRunningIsDenied(t *testing.T) {
 	}
 }
 
+// An execution the task's record refuses (tasks.Store.ClaimExecution: the
+// task was judged never started and failed) ends the task failed, saying
+// the tool did not run, as the record already does.
+func TestExecuteNotClaimedIsFailedNotRun(t *testing.T) {
+	h := newHarness(t, 1)
+	const why = "The task had already ended (its start was judged failed); the tool did not run."
+	h.execute = func(activities.ExecuteToolInput) (activities.ExecuteToolOutput, error) {
+		return activities.ExecuteToolOutput{}, temporal.NewNonRetryableApplicationError(why, activities.ErrTypeExecutionNotClaimed, nil)
+	}
+	h.decideAt(time.Hour, "upd-alice", approve("alice"))
+
+	out, err := h.run()
+	require.NoError(t, err)
+	require.Equal(t, tasks.ApprovalOutcome{Status: tasks.StatusFailed}, out)
+	h.env.AssertActivityNumberOfCalls(t, "ExecuteTool", 1)
+	c := h.complete()
+	require.Equal(t, tasks.ApprovalFailed, c.ApprovalState)
+	require.Equal(t, tasks.EventFailed, c.Event.Kind)
+	require.Equal(t, why, c.StatusMessage)
+	require.Nil(t, c.ToolResult)
+}
+
 func TestToolErrorIsExecutionError(t *testing.T) {
 	h := newHarness(t, 1)
 	h.execute = func(activities.ExecuteToolInput) (activities.ExecuteToolOutput, error) {

@@ -48,8 +48,10 @@
 //	    task ID as idempotency key. A result with IsError is execution-error;
 //	    any activity failure (timeout, crash, panic) is outcome-unknown, except
 //	    the activity's own refusals before running anything (envelope mismatch,
-//	    unknown tool), which are denied-not-executed. The tool is never called
-//	    a second time.
+//	    unknown tool), which are denied-not-executed, and a refused execution
+//	    fence (the task's record had ended, or was claimed before:
+//	    tasks.Store.ClaimExecution), which ends the task failed, not run. The
+//	    tool is never called a second time.
 //	  - A dead worker: the attempt heartbeats while the tool runs (every
 //	    fifth of its heartbeat timeout, sent at least every third), so a
 //	    slow tool on a live worker runs to its end, up to [ExecuteTimeout].

@@ -422,6 +422,11 @@ func (t *task) executed(out activities.ExecuteToolOutput, err error) *ending {
 				event: tasks.EventFailed, detail: appErr.Message(), message: tasks.OutcomeText(tasks.EventFailed, tool, false)}
 		case activities.ErrTypeUnknownTool:
 			return denied(tasks.EventDenied, "The tool is not available.", "Denied: tool not available", tasks.ApprovalDenied)
+		case activities.ErrTypeExecutionNotClaimed:
+			// The task's record had ended (or its execution was claimed
+			// before): the tool did not run.
+			return &ending{status: tasks.StatusFailed, approvalState: tasks.ApprovalFailed,
+				event: tasks.EventFailed, detail: appErr.Message(), message: appErr.Message()}
 		}
 	}
 	t.e.log.Error("approvalstest: execution outcome unknown", "task_id", t.id, "error", err)
