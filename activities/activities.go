@@ -436,7 +436,7 @@ func (a *Activities) claimExecution(ctx context.Context, taskID string) error {
 	var msg string
 	switch {
 	case errors.Is(err, tasks.ErrTerminal), errors.Is(err, tasks.ErrTaskNotFound):
-		msg = "The task had already ended (its start was judged failed); the tool did not run."
+		msg = "The task had already ended, or its record was gone, before its tool could run; the tool did not run."
 	case errors.Is(err, tasks.ErrExecutionClaimed):
 		msg = "The task's execution was claimed before; the tool did not run again."
 	default:

@@ -603,7 +603,7 @@ func TestExecuteRefusalBeforeRunningIsDenied(t *testing.T) {
 // the tool did not run, as the record already does.
 func TestExecuteNotClaimedIsFailedNotRun(t *testing.T) {
 	h := newHarness(t, 1)
-	const why = "The task had already ended (its start was judged failed); the tool did not run."
+	const why = "The task had already ended, or its record was gone, before its tool could run; the tool did not run."
 	h.execute = func(activities.ExecuteToolInput) (activities.ExecuteToolOutput, error) {
 		return activities.ExecuteToolOutput{}, temporal.NewNonRetryableApplicationError(why, activities.ErrTypeExecutionNotClaimed, nil)
 	}
