@@ -231,10 +231,11 @@ func ValidID(s string) bool {
 }
 
 // Unconfirmed reports whether no workflow has written to the record yet
-// (Seq 0) nor claimed its execution (ExecutionClaimedAt zero) and, if so, how long ago the last start of its workflow was
-// attempted (the creation, or a later resume). A start takes at most a
-// bounded time (approvals' start timeout), so an unconfirmed record older
-// than that, whose workflow Temporal does not know, is an orphan.
+// (Seq 0) nor claimed its execution (ExecutionClaimedAt zero) and, if so,
+// how long ago the last start of its workflow was attempted (the creation,
+// or a later resume). A start takes at most a bounded time (approvals'
+// start timeout), so an unconfirmed record older than that, whose workflow
+// Temporal does not know, is an orphan.
 func (r Record) Unconfirmed(now time.Time) (age time.Duration, ok bool) {
 	if r.Seq > 0 || !r.ExecutionClaimedAt.IsZero() {
 		return 0, false
