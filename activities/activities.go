@@ -415,9 +415,10 @@ func (a *Activities) claimExecution(ctx context.Context, taskID string) error {
 	settled := func(err error) bool {
 		return errors.Is(err, tasks.ErrTerminal) || errors.Is(err, tasks.ErrTaskNotFound) || errors.Is(err, tasks.ErrExecutionClaimed)
 	}
+	claim := tasks.NewID("exe_") // this attempt's: a retry after a lost answer finds the fence its own
 	var err error
 	for try, wait := 1, 100*time.Millisecond; ; try, wait = try+1, 2*wait {
-		if err = a.Tasks.ClaimExecution(ctx, taskID); err == nil {
+		if err = a.Tasks.ClaimExecution(ctx, taskID, claim); err == nil {
 			return nil
 		}
 		if settled(err) || try == claimTries {

@@ -189,7 +189,7 @@ func TestExecuteToolChecksActionHash(t *testing.T) {
 			}
 		}, wantErr: activities.ErrTypeExecutionNotClaimed},
 		{name: "execution claimed before", record: func(t *testing.T, r tasks.Record) {
-			if err := w.store.ClaimExecution(context.Background(), r.TaskID); err != nil {
+			if err := w.store.ClaimExecution(context.Background(), r.TaskID, "exe_other"); err != nil {
 				t.Fatal(err)
 			}
 		}, wantErr: activities.ErrTypeExecutionNotClaimed},

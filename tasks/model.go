@@ -150,6 +150,10 @@ type Record struct {
 	// that failed or was lost fails, deletes or resumes it, and no second
 	// execution of the task is ever let through.
 	ExecutionClaimedAt time.Time `json:"executionClaimedAt,omitzero"`
+	// ExecutionClaim identifies the execution attempt that took the fence
+	// (a token of its own), so that attempt taking it again, after a write
+	// whose answer was lost, finds it its own.
+	ExecutionClaim string `json:"executionClaim,omitempty"`
 	// TraceParent is the W3C traceparent of the request that created the
 	// task (its tools/call span), when tracing was on: an approver's
 	// decision, a request of its own, links its span to it.

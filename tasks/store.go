@@ -269,13 +269,15 @@ func (s *Store) DeleteUnstarted(ctx context.Context, r Record) (bool, error) {
 	return true, s.Delete(ctx, cur)
 }
 
-// ClaimExecution takes the task record's execution fence, once, right
+// ClaimExecution takes the task record's execution fence for one execution
+// attempt, named by claim (a token the attempt made for itself), right
 // before its workflow runs the tool: by compare-and-set it marks the record
-// (ExecutionClaimedAt) if, and only if, the task has not ended and its
-// execution was never claimed. It fails with [ErrTerminal] when the task
-// has ended, [ErrTaskNotFound] when its record is gone, and
-// [ErrExecutionClaimed] when it was claimed already; then the tool must not
-// run.
+// (ExecutionClaimedAt, ExecutionClaim) if, and only if, the task has not
+// ended and its execution was never claimed. The same claim taking it again
+// succeeds: a write that committed but whose answer was lost, retried. It
+// fails with [ErrTerminal] when the task has ended, [ErrTaskNotFound] when
+// its record is gone, and [ErrExecutionClaimed] when another attempt
+// claimed it; then the tool must not run.
 //
 // The workflow's own claim (package workflows) is what makes a task's call
 // run once against its decisions and its cancel. This fence makes the
@@ -288,20 +290,32 @@ func (s *Store) DeleteUnstarted(ctx context.Context, r Record) (bool, error) {
 // ([Record.Unconfirmed]). A second run of the same workflow ID (a reset, a
 // resume racing a late start) finds the fence taken and does not run the
 // tool twice.
-func (s *Store) ClaimExecution(ctx context.Context, taskID string) error {
+func (s *Store) ClaimExecution(ctx context.Context, taskID, claim string) error {
+	if claim == "" {
+		return errors.New("tasks: an execution claim needs a token")
+	}
 	now := s.now().UTC()
 	_, err := s.Update(ctx, taskID, func(r *Record) error {
 		switch {
 		case r.Status.Terminal():
 			return ErrTerminal
+		case r.ExecutionClaim == claim:
+			return errSameClaim
 		case !r.ExecutionClaimedAt.IsZero():
 			return ErrExecutionClaimed
 		}
-		r.ExecutionClaimedAt = now
+		r.ExecutionClaimedAt, r.ExecutionClaim = now, claim
 		return nil
 	})
+	if errors.Is(err, errSameClaim) {
+		return nil
+	}
 	return err
 }
+
+// errSameClaim ends ClaimExecution's update with nothing to write: the
+// fence is the caller's already.
+var errSameClaim = errors.New("tasks: execution claimed by this claim already")
 
 // Get returns a record by ID, whoever owns it.
 func (s *Store) Get(ctx context.Context, taskID string) (Record, error) {

@@ -342,7 +342,7 @@ func TestClaimExecutionExcludesTheStartJudgement(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			claimErr = s.ClaimExecution(ctx, r.TaskID)
+			claimErr = s.ClaimExecution(ctx, r.TaskID, "exe_a")
 		}()
 		go func() {
 			defer wg.Done()
@@ -390,10 +390,17 @@ func TestClaimExecutionExcludesTheStartJudgement(t *testing.T) {
 				t.Fatalf("round %d: failed, but the record is %s, claimed at %v (%v), claim %v", i, got.Status, got.ExecutionClaimedAt, err, claimErr)
 			}
 		}
-		// The fence is taken once.
+		// The fence is taken once: another attempt is refused, the same
+		// one (retrying a write whose answer it lost) finds it its own.
 		if claimErr == nil {
-			if err := s.ClaimExecution(ctx, r.TaskID); !errors.Is(err, ErrExecutionClaimed) {
-				t.Fatalf("round %d: second claim = %v, want ErrExecutionClaimed", i, err)
+			if err := s.ClaimExecution(ctx, r.TaskID, "exe_b"); !errors.Is(err, ErrExecutionClaimed) {
+				t.Fatalf("round %d: another attempt's claim = %v, want ErrExecutionClaimed", i, err)
+			}
+			if err := s.ClaimExecution(ctx, r.TaskID, "exe_a"); err != nil {
+				t.Fatalf("round %d: the same attempt's claim again = %v, want nil", i, err)
+			}
+			if got, err := s.Get(ctx, r.TaskID); err != nil || got.ExecutionClaim != "exe_a" {
+				t.Fatalf("round %d: the fence is %q (%v), want exe_a's", i, got.ExecutionClaim, err)
 			}
 		}
 	}
