@@ -492,8 +492,9 @@ const startSettle = 3 * time.Second
 //
 // A record a workflow has written to (Seq > 0), or whose execution it has
 // claimed, is confirmed and left as it is. An unconfirmed one is waited on
-// until its last start attempt is resumeAfter old (its own Open may still be starting it), then Temporal is
-// asked; a workflow it has never heard of is started from the record (its
+// until its last start attempt is resumeAfter old (its own Open may still
+// be starting it), then Temporal is asked; a workflow it has never heard
+// of is started from the record (its
 // approval reference, creation time, requirement and expiry; the rest of
 // the input from c). Before the start the record is marked, by
 // compare-and-set (tasks.Record.StartAttemptAt), and the reconciler fails
