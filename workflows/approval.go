@@ -140,11 +140,30 @@ const (
 // start, and the notice's outcome is what the notifier did (it may have
 // done it twice, from a discarded first task, and says so idempotently).
 // A discarded first task may write them again: Publish is idempotent per
-// entry. A batch that holds anything else, and any batch after the first,
-// goes through the Publish activity as before, so no decision or outcome
-// is ever written before the workflow task that decides it commits. If the
-// local activity fails, the same batch goes through the activity.
+// entry. A batch that holds anything else, and any batch after the first
+// (but the end of versionEndLocal, below), goes through the Publish
+// activity as before, so no decision or outcome is ever written before the
+// workflow task that decides it commits. If the local activity fails, the
+// same batch goes through the activity.
 const versionFirstBatchLocal = 2
+
+// versionEndLocal, the third version of changeFirstTask: the terminal
+// batch of a task whose end follows from its ExecuteTool attempt alone
+// (the tool's result, its error, or the attempt's timeout) is written by a
+// local activity inside the workflow task that reads that outcome, and the
+// workflow completes in the same task. Before it, the end went through a
+// Publish activity and one more workflow task: a verified call took three
+// workflow tasks and three activities, now two of each.
+//
+// That end states nothing the committed history does not already hold: the
+// attempt's outcome is an event committed before the workflow task that
+// reads it, and after the claim no update can change the end (a cancel is
+// refused, a decision has nothing to decide). A discarded task, retried,
+// reads the same event and decides the same end, and the terminal write
+// happens once. Only a batch that holds the end alone goes this way (an
+// entry an update produced in the same task waits for the task to commit);
+// if the local activity fails, the batch goes through the activity.
+const versionEndLocal = 3
 
 // a is the activities' method set, for references only.
 var a *activities.Activities
@@ -248,9 +267,10 @@ func (o Options) Approval(ctx workflow.Context, in tasks.ApprovalInput) (tasks.A
 	// Since versionFirstTask, the first workflow task does its work before
 	// the outbox takes a batch (see firstTask), so the task's first facts
 	// go out in one Publish.
-	version := workflow.GetVersion(ctx, changeFirstTask, workflow.DefaultVersion, versionFirstBatchLocal)
+	version := workflow.GetVersion(ctx, changeFirstTask, workflow.DefaultVersion, versionEndLocal)
 	firstTask := version >= versionFirstTask
 	w.out.firstLocal = version >= versionFirstBatchLocal && in.Mode == tasks.ModeApproval
+	w.out.endLocal = version >= versionEndLocal
 	w.out.hold = firstTask
 	w.emitAudit(ctx, activities.RecordAuditInput{Kind: activities.StepRequested, StepID: "requested", Input: &w.in})
 	w.emitState(ctx, tasks.NewEvent(tasks.EventRequested, in.Requirement.Reason))
@@ -360,8 +380,10 @@ func backoff(maxInterval time.Duration, attempts int32) *temporal.RetryPolicy {
 // nothing run as local activities: verification (its one write, the
 // challenge consume, is keyed by the update ID, so a workflow task that is
 // discarded and retried gets the same answer), re-evaluation (a read), the
-// request notice and the first outbox batch when it holds only the request
-// and the notice's outcome (changeFirstTask, versionFirstBatchLocal).
+// request notice, the first outbox batch when it holds only the request
+// and the notice's outcome (changeFirstTask, versionFirstBatchLocal), and
+// the terminal batch of an end that follows from the ExecuteTool attempt
+// alone (versionEndLocal).
 // A local activity runs inside a workflow task, before that task commits,
 // so anything that states a decision or an outcome is published through the
 // outbox instead (outbox.go).
@@ -372,9 +394,10 @@ func withLocalRetry(ctx workflow.Context, startToClose, maxInterval time.Duratio
 	})
 }
 
-// publishLocalCtx runs the first batch's Publish inside the first workflow
-// task (versionFirstBatchLocal): a few quick attempts, then the batch goes
-// through the Publish activity, whose retries never end.
+// publishLocalCtx runs a Publish inside a workflow task (the first batch,
+// versionFirstBatchLocal; the end after the tool, versionEndLocal): a few
+// quick attempts, then the batch goes through the Publish activity, whose
+// retries never end.
 func publishLocalCtx(ctx workflow.Context) workflow.Context {
 	return withLocalRetry(ctx, 5*time.Second, time.Second, 3)
 }
@@ -479,6 +502,9 @@ func (w *approval) reevaluateAndExecute(ctx workflow.Context) {
 		Version:  activities.Version,
 		Envelope: w.in.Envelope,
 	}).Get(ctx, &out)
+	// The end follows from the attempt's committed outcome alone unless
+	// something ended the task first (versionEndLocal).
+	w.out.endFromHistory = w.end == nil
 	w.endAs(w.executed(out, err))
 }
 

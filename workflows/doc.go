@@ -130,6 +130,16 @@
 //     them changes nothing. Any other batch, and a first batch the local
 //     activity cannot write in three quick attempts, goes through the
 //     Publish activity.
+//   - A third, since version 3 of that change (versionEndLocal): the
+//     terminal batch of a task whose end follows from its ExecuteTool
+//     attempt alone (endOnly, and nothing ended the task before the
+//     attempt returned) is written by a Publish local activity inside the
+//     workflow task that reads the attempt's outcome, and the workflow
+//     completes in that task. The outcome is an event committed before that
+//     task; after the claim no update can change the end, so a discarded
+//     task, retried, decides the same end, and the terminal write happens
+//     once. A verified call runs in two workflow tasks and two activities
+//     (the first batch beside ExecuteTool), not three of each.
 //
 // The decision update's ID is a digest of the approver's request
 // (tasks.DecisionUpdateID), and the challenge is consumed under it. A

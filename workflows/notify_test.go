@@ -215,14 +215,70 @@ func TestFirstBatchFallsBackToTheActivity(t *testing.T) {
 
 // Only approval mode writes its first batch in the first task: a verified
 // call's first batch holds its accepted assertion and claim, an
-// unattended task's its run.
+// unattended task's its run. The end after the tool is written inside the
+// workflow task that reads the tool's outcome, in every mode
+// (versionEndLocal).
 func TestFirstBatchLocalOnlyForApprovals(t *testing.T) {
 	h := unattendedHarness(t, time.Minute)
 	paths := h.publishPaths()
 	_, err := h.run()
 	require.NoError(t, err)
-	require.NotEmpty(t, *paths)
-	for _, p := range *paths {
+	require.Greater(t, len(*paths), 1)
+	require.Equal(t, "local:1", (*paths)[len(*paths)-1], "the end after the tool: %v", *paths)
+	for _, p := range (*paths)[:len(*paths)-1] {
 		require.NotContains(t, p, "local", "unattended: %v", *paths)
 	}
+}
+
+// An approved task's end after its tool is written by a local activity,
+// once, and the chain ends as before (versionEndLocal).
+func TestEndAfterTheToolIsWrittenInItsTask(t *testing.T) {
+	h := newHarness(t, 1)
+	paths := h.publishPaths()
+	// A slow tool: everything before the end is written before it, so the
+	// end is alone in its batch (an end batched with other entries goes
+	// through the activity).
+	h.executeAfter = time.Minute
+	h.decideAt(time.Hour, "upd-alice", approve("alice"))
+	out, err := h.run()
+	require.NoError(t, err)
+	require.Equal(t, tasks.ApprovedExecuted, out.Disposition)
+	require.Equal(t, "local:4", (*paths)[0], "the request and its notice: %v", *paths)
+	require.Equal(t, "local:1", (*paths)[len(*paths)-1], "the end: %v", *paths)
+	for _, p := range (*paths)[1 : len(*paths)-1] {
+		require.Contains(t, p, "activity", "a decision's batch waits for its task to commit: %v", *paths)
+	}
+	require.Equal(t, 1, h.executeCalls())
+	require.Equal(t, tasks.ApprovedExecuted, h.complete().Disposition)
+	require.Equal(t, 1, h.batches[len(h.batches)-1], "the end written once")
+}
+
+// An end the local activity cannot write (the store is down for its three
+// quick attempts) goes through the Publish activity: written once, last.
+func TestEndFallsBackToTheActivity(t *testing.T) {
+	h := verifiedHarness(t)
+	h.repeatsOK = true
+	paths := h.publishPaths()
+	h.env.OnActivity(acts.Publish, mock.Anything, mock.MatchedBy(func(in activities.PublishInput) bool {
+		return len(in.Entries) == 1 && in.Entries[0].End != nil
+	})).Return(errors.New("nats: no responders")).Times(3)
+	out, err := h.run()
+	require.NoError(t, err)
+	require.Equal(t, tasks.ApprovedExecuted, out.Disposition)
+	require.Regexp(t, `^activity:7 local:1 ((local|activity):1 )*activity:1$`, strings.Join(*paths, " "))
+	require.Equal(t, []int{7, 1}, h.batches, "each batch written once, in order")
+	require.Equal(t, 1, h.executeCalls())
+}
+
+// An end that does not follow from the tool's run (an approver denied the
+// call) goes through the Publish activity: it commits before it is written.
+func TestEndNotFromTheToolWaitsForItsTask(t *testing.T) {
+	h := newHarness(t, 1)
+	paths := h.publishPaths()
+	h.decideAt(time.Hour, "upd-bob", deny("bob", ""))
+	out, err := h.run()
+	require.NoError(t, err)
+	require.Equal(t, tasks.DeniedNotExecuted, out.Disposition)
+	require.Equal(t, []string{"local:4", "activity:2"}, *paths, "the denial and the end, after their task commits")
+	require.Equal(t, 0, h.executeCalls())
 }

@@ -26,6 +26,11 @@ type outbox struct {
 	// firstLocal: the first batch, if it states no decision, is written by
 	// a local activity (versionFirstBatchLocal).
 	firstLocal bool
+	// endLocal: a batch that holds only the end, when the end follows from
+	// the ExecuteTool attempt's committed outcome (endFromHistory), is
+	// written by a local activity (versionEndLocal).
+	endLocal       bool
+	endFromHistory bool
 }
 
 // emit queues one entry and returns its sequence. It never yields, so the
@@ -109,8 +114,9 @@ func publishCtx(ctx workflow.Context) workflow.Context {
 	})
 }
 
-// publishLoop writes the outbox, one Publish activity at a time, in order,
-// until the terminal entry is written. It runs on a disconnected context
+// publishLoop writes the outbox, one Publish at a time, in order, until the
+// terminal entry is written: an activity, or a local activity for the
+// batches versionFirstBatchLocal and versionEndLocal allow. It runs on a disconnected context
 // from the workflow's start: a cancelled workflow still writes its end.
 func (w *approval) publishLoop(ctx workflow.Context) {
 	o := &w.out
@@ -124,11 +130,13 @@ func (w *approval) publishLoop(ctx workflow.Context) {
 		o.queue = o.queue[n:]
 		in := activities.PublishInput{Version: activities.Version, TaskID: w.taskID, Entries: batch}
 		var err error
-		local := o.firstLocal && o.published == 0 && requestOnly(batch)
+		local := (o.firstLocal && o.published == 0 && requestOnly(batch)) ||
+			(o.endLocal && o.endFromHistory && endOnly(batch))
 		if local {
 			err = workflow.ExecuteLocalActivity(publishLocalCtx(ctx), a.Publish, in).Get(ctx, nil)
 			if err != nil {
-				w.log.Warn("first outbox batch not written in the first workflow task; publishing it as an activity", "error", err)
+				w.log.Warn("outbox batch not written inside the workflow task; publishing it as an activity",
+					"first_seq", batch[0].Seq, "error", err)
 			}
 		}
 		if !local || err != nil {
@@ -175,4 +183,10 @@ func requestOnly(batch []activities.Projection) bool {
 		}
 	}
 	return len(batch) > 0
+}
+
+// endOnly reports whether a batch holds the terminal entry and nothing
+// else (versionEndLocal).
+func endOnly(batch []activities.Projection) bool {
+	return len(batch) == 1 && batch[0].End != nil
 }

@@ -65,10 +65,14 @@ func TestVerifiedInputWithoutApproval(t *testing.T) {
 }
 
 // Its facts up to the claim (requested, the decision, re-evaluated,
-// claimed) go out in one Publish, with the tool's run; the end in another.
+// claimed) go out in one Publish activity, with the tool's run; the end in
+// another Publish, a local activity in the workflow task that reads the
+// tool's outcome (versionEndLocal).
 func TestVerifiedPublishesTwice(t *testing.T) {
 	h := verifiedHarness(t)
+	paths := h.publishPaths()
 	_, err := h.run()
 	require.NoError(t, err)
 	require.Equal(t, []int{7, 1}, h.batches)
+	require.Equal(t, []string{"activity:7", "local:1"}, *paths)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -131,6 +132,18 @@ func TestRecordHistories(t *testing.T) {
 		}
 		killHolder(t, pidFile)
 		rec(t, s, "approval-outcome-unknown", task.TaskID, tasks.ApprovalOutcome{Status: tasks.StatusCompleted, Disposition: tasks.OutcomeUnknown})
+	})
+
+	t.Run("verified-executed", func(t *testing.T) {
+		// A SEP-2672 call its caller signed in-band: an extra case, recorded
+		// since 2026-11-27 (the releases before recorded approvals only).
+		k := enrollInBand(t, s.Stack)
+		args := map[string]any{"symbol": "HIST", "side": "buy", "quantity": 1, "limit": 10}
+		taskID := ranTask(postVerified(http.DefaultClient, s.Base, s.AgentToken, args, k.evidence(t, s.Stack, args)))
+		if taskID == "" {
+			t.Fatal("the verified call did not run")
+		}
+		rec(t, s, "verified-executed", taskID, done)
 	})
 
 	// Expiry needs a policy whose approvals expire at once: a stack of its own.
