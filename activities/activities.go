@@ -447,14 +447,17 @@ func (a *Activities) claimExecution(ctx context.Context, taskID string) error {
 	return temporal.NewNonRetryableApplicationError(msg, ErrTypeExecutionNotClaimed, err)
 }
 
-// heartbeat tells Temporal that this activity's worker is alive, now and
-// every fifth of the activity's heartbeat timeout until stop is called, so
-// a tool that runs long is never cut off while a worker that dies mid-call
-// fails the attempt within that timeout (workflows.Options). The worker
-// sends at most one heartbeat per throttle interval (internal/app sets it
-// to a third of the timeout), the latest one recorded. Without a heartbeat
-// timeout (an attempt scheduled before it existed, a direct call in a
-// test) it does nothing.
+// heartbeat tells Temporal that this activity's worker is alive every
+// fifth of the activity's heartbeat timeout until stop is called, so a tool
+// that runs long is never cut off while a worker that dies mid-call fails
+// the attempt within that timeout (workflows.Options). The worker sends at
+// most one heartbeat per throttle interval (internal/app sets it to a third
+// of the timeout), the latest one recorded. The timeout runs from the
+// attempt's start, so none is sent at the start: a tool that answers within
+// a fifth of the timeout, as most do, costs no heartbeat (each one is a
+// write to the workflow's state on the Temporal server). Without a
+// heartbeat timeout (an attempt scheduled before it existed, a direct call
+// in a test) it does nothing.
 func heartbeat(ctx context.Context) (stop func()) {
 	if !activity.IsActivity(ctx) {
 		return func() {}
@@ -463,7 +466,6 @@ func heartbeat(ctx context.Context) (stop func()) {
 	if every <= 0 {
 		return func() {}
 	}
-	activity.RecordHeartbeat(ctx)
 	done := make(chan struct{})
 	go func() {
 		t := time.NewTicker(every)
