@@ -79,6 +79,7 @@ for target in \
   "FuzzParse ./txtoken" \
   "FuzzCanonicalize ./internal/canon" \
   "FuzzVerify ./audit" \
+  "FuzzSealLine ./audit" \
   "FuzzVerifyResponse ./passkey" \
   "FuzzEvidence ./mcpserver" \
   "FuzzJSONRPC ./mcpserver" \
