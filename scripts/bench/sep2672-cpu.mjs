@@ -43,13 +43,21 @@ const CONC = Number(process.env.CONCURRENCY ?? 4);
 const TCK = Number(process.env.CLK_TCK ?? 100);
 const agentToken = fs.readFileSync(path.join(dataDir, 'agent-token'), 'utf8').trim();
 
-// serverCPU is the server's user and system CPU so far, in ms.
-function serverCPU() {
-  const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+// SERVICES_PID, when set, is the process that holds Temporal and NATS
+// outside the server (EXTERNAL=1 in sep2672-cpu.sh): its CPU is reported
+// beside the server's.
+const servicesPid = Number(process.env.SERVICES_PID || 0);
+
+// cpuOf is a process's user and system CPU so far, in ms.
+function cpuOf(p) {
+  const stat = fs.readFileSync(`/proc/${p}/stat`, 'utf8');
   const f = stat.slice(stat.lastIndexOf(')') + 2).split(' '); // f[0] is field 3 (state)
   const utime = Number(f[11]), stime = Number(f[12]); // fields 14 and 15
   return { user: (utime * 1000) / TCK, sys: (stime * 1000) / TCK };
 }
+// serverCPU is the server's user and system CPU so far, in ms.
+const serverCPU = () => cpuOf(pid);
+const servicesCPU = () => (servicesPid ? cpuOf(servicesPid) : { user: 0, sys: 0 });
 const clientCPU = () => { const u = process.cpuUsage(); return (u.user + u.system) / 1000; };
 
 async function newClient(name) {
@@ -93,7 +101,7 @@ async function phase(name, n, workers, op) {
   if (process.env.PHASE_FILE) fs.writeFileSync(process.env.PHASE_FILE, `${name}\n`); // for a profiler
   const lat = [];
   let next = 0;
-  const s0 = serverCPU(), c0 = clientCPU(), t0 = performance.now();
+  const s0 = serverCPU(), x0 = servicesCPU(), c0 = clientCPU(), t0 = performance.now();
   await Promise.all(workers.map(async (w) => {
     while (next < n) {
       next++;
@@ -102,7 +110,7 @@ async function phase(name, n, workers, op) {
       lat.push(performance.now() - t);
     }
   }));
-  const wall = performance.now() - t0, s1 = serverCPU(), c1 = clientCPU();
+  const wall = performance.now() - t0, s1 = serverCPU(), x1 = servicesCPU(), c1 = clientCPU();
   const user = s1.user - s0.user, sys = s1.sys - s0.sys;
   const r = {
     phase: name, n, concurrency: workers.length,
@@ -110,6 +118,7 @@ async function phase(name, n, workers, op) {
     serverUserMsPerOp: +(user / n).toFixed(3), serverSysMsPerOp: +(sys / n).toFixed(3),
     serverCpuCores: +((user + sys) / wall).toFixed(2),
     clientCpuMsPerOp: +((c1 - c0) / n).toFixed(3),
+    ...(servicesPid ? { servicesCpuMsPerOp: +((x1.user + x1.sys - x0.user - x0.sys) / n).toFixed(3) } : {}),
     wallP50Ms: +pct(lat, 50).toFixed(2), wallP95Ms: +pct(lat, 95).toFixed(2),
     perSecond: +((n * 1000) / wall).toFixed(1),
   };
@@ -121,11 +130,12 @@ async function phase(name, n, workers, op) {
 // (Temporal's and NATS's timers) that every phase also includes.
 async function idle(seconds) {
   if (process.env.PHASE_FILE) fs.writeFileSync(process.env.PHASE_FILE, 'idle\n');
-  const s0 = serverCPU();
+  const s0 = serverCPU(), x0 = servicesCPU();
   await new Promise((r) => setTimeout(r, seconds * 1000));
-  const s1 = serverCPU();
+  const s1 = serverCPU(), x1 = servicesCPU();
   const ms = s1.user + s1.sys - s0.user - s0.sys;
-  console.log(JSON.stringify({ phase: 'idle', seconds, serverCpuMsPerSecond: +(ms / seconds).toFixed(2) }));
+  console.log(JSON.stringify({ phase: 'idle', seconds, serverCpuMsPerSecond: +(ms / seconds).toFixed(2),
+    ...(servicesPid ? { servicesCpuMsPerSecond: +((x1.user + x1.sys - x0.user - x0.sys) / seconds).toFixed(2) } : {}) }));
 }
 
 async function main() {
