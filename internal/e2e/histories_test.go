@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net/http"
 	"os"
@@ -17,6 +18,7 @@ import (
 
 	enumspb "go.temporal.io/api/enums/v1"
 	historypb "go.temporal.io/api/history/v1"
+	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/api/temporalproto"
 	"go.temporal.io/sdk/client"
 	tlog "go.temporal.io/sdk/log"
@@ -182,6 +184,7 @@ func workflowHistory(t *testing.T, s *stack, taskID string, want *tasks.Approval
 	tc := s.App.Temporal()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	awaitStarted(ctx, t, tc, taskID)
 	if want.Status == tasks.StatusWorking {
 		awaitQuiet(ctx, t, tc, taskID)
 	} else {
@@ -210,6 +213,29 @@ func workflowHistory(t *testing.T, s *stack, taskID string, want *tasks.Approval
 		t.Fatalf("today's workflow does not replay its own history of %s: %v", taskID, err)
 	}
 	return hist
+}
+
+// awaitStarted waits until the task's workflow exists. Open records the
+// task and answers before the workflow starts (approvals/start.go), so a
+// history asked for at once can find none yet: approval-expired, which
+// waits for nothing else, did so about one run in fifteen.
+func awaitStarted(ctx context.Context, t *testing.T, tc client.Client, taskID string) {
+	t.Helper()
+	for {
+		_, err := tc.DescribeWorkflowExecution(ctx, taskID, "")
+		var notFound *serviceerror.NotFound
+		if !errors.As(err, &notFound) {
+			if err != nil {
+				t.Fatalf("describe %s: %v", taskID, err)
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("workflow %s never started", taskID)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // awaitQuiet waits until a running workflow has no activity, workflow task
