@@ -224,11 +224,11 @@ func awaitStarted(ctx context.Context, t *testing.T, tc client.Client, taskID st
 	for {
 		_, err := tc.DescribeWorkflowExecution(ctx, taskID, "")
 		var notFound *serviceerror.NotFound
-		if !errors.As(err, &notFound) {
-			if err != nil {
-				t.Fatalf("describe %s: %v", taskID, err)
-			}
+		switch {
+		case err == nil:
 			return
+		case !errors.As(err, &notFound):
+			t.Fatalf("describe %s: %v", taskID, err)
 		}
 		select {
 		case <-ctx.Done():
