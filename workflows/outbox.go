@@ -116,8 +116,9 @@ func publishCtx(ctx workflow.Context) workflow.Context {
 
 // publishLoop writes the outbox, one Publish at a time, in order, until the
 // terminal entry is written: an activity, or a local activity for the
-// batches versionFirstBatchLocal and versionEndLocal allow. It runs on a disconnected context
-// from the workflow's start: a cancelled workflow still writes its end.
+// batches versionFirstBatchLocal and versionEndLocal allow. It runs on a
+// disconnected context from the workflow's start: a cancelled workflow
+// still writes its end.
 func (w *approval) publishLoop(ctx workflow.Context) {
 	o := &w.out
 	for {
