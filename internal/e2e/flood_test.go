@@ -39,6 +39,8 @@ func TestDecisionFlood(t *testing.T) {
 		bad := testpasskey.FlipSignature(t, resp)
 
 		barrier := make(chan struct{})
+		firstAnswer := make(chan struct{})
+		var answered sync.Once
 		var wg sync.WaitGroup
 		answers := make([]httpAnswer, forged)
 		took := make([]time.Duration, forged)
@@ -51,12 +53,17 @@ func TestDecisionFlood(t *testing.T) {
 				<-barrier
 				answers[i] = send(client, req)
 				took[i] = time.Since(released)
+				answered.Do(func() { close(firstAnswer) })
 			})
 		}
 		valid := r.decisionRequest(ref, decisionBody(c.ChallengeID, "approve", resp))
 		wg.Go(func() {
 			<-barrier
-			time.Sleep(5 * time.Millisecond) // among the flood, not ahead of it
+			// Among the flood, not ahead of it: a forged decision is
+			// answered once its rejection is recorded (or dropped with the
+			// task's quota already in line), so after the first answer the
+			// task holds at least one rejection while the rest are in flight.
+			<-firstAnswer
 			approval = send(client, valid)
 			approvalAt = time.Since(released)
 		})
