@@ -26,6 +26,9 @@ import (
 func TestDecisionFlood(t *testing.T) {
 	forged := envIntDefault(t, "COUNTERSIGN_FLOOD", 300)
 	rounds := envIntDefault(t, "COUNTERSIGN_FLOOD_ROUNDS", 3)
+	if forged < 1 {
+		t.Fatalf("COUNTERSIGN_FLOOD=%d: the approval waits for a forged decision's answer, so at least 1", forged)
+	}
 	s := startStack(t, "", 0)
 	r := &racer{s: s}
 	ann := s.Enroll("ann", "approvers")
