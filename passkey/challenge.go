@@ -146,6 +146,10 @@ func validateChallengeRequest(req *ChallengeRequest) error {
 	if inBand {
 		return nil
 	}
+	if req.Group == InBandGroup {
+		// Any agent can enroll into it in-band: it decides no task.
+		return fmt.Errorf("%w: group %q decides no task", ErrInvalidArgument, InBandGroup)
+	}
 	return validateGroup(req.Group)
 }
 

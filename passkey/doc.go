@@ -18,11 +18,13 @@
 // SEP-2672 on the MCP endpoint itself: the caller's own passkey signs its
 // own call. The caller is the bearer principal, and its passkeys are those of
 // the approvers mapped to it ([Approver.MappedTo]: explicitly, never by
-// display name). [Service.BeginPrincipalEnrollment] and
+// display name, byte for byte). [Service.BeginPrincipalEnrollment] and
 // [Service.FinishPrincipalEnrollment] enroll one (approval/enroll/begin and
-// finish) onto the first approver mapped to the principal, or onto an
-// approver they create for it (derived id, group [InBandGroup]); the passkey
-// is then an approver credential like any other, visible to admins. The
+// finish) onto the principal's own in-band approver (derived id, group
+// [InBandGroup], created on first use), never onto an approver an admin
+// created: enrollment needs only the bearer token, and an admin's approver
+// may hold groups that decide other principals' tasks. The passkey is then
+// an approver credential like any other, visible to admins. The
 // pending registration lives 5 minutes in the invites bucket under a key
 // derived from the principal. A challenge with ChallengeRequest.Principal
 // lists only that principal's passkeys (class-filtered), and Verify with

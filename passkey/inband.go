@@ -7,11 +7,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/go-webauthn/webauthn/protocol"
 	"github.com/go-webauthn/webauthn/webauthn"
-	"golang.org/x/text/unicode/norm"
 )
 
 // In-band verified approval (SEP-2672 on the MCP endpoint itself): the
@@ -19,30 +19,28 @@ import (
 // principal; its passkeys are the credentials of every approver mapped to
 // it ([Approver.MappedTo]). A passkey enrolled in-band
 // ([Service.BeginPrincipalEnrollment]) is stored exactly like one enrolled
-// on the approver site, on an approver mapped to the principal: admins see
-// it, and one enrolled on the approver site by an approver an admin mapped
-// to the principal works in-band.
+// on the approver site, on the principal's own in-band approver (never on
+// an approver an admin created): admins see it, and one enrolled on the
+// approver site by an approver an admin mapped to the principal works
+// in-band.
 
-// InBandGroup is the group of the approver that in-band enrollment creates
-// for a principal no approver is mapped to yet. The group grants nothing
-// unless a policy names it as an approver group.
+// InBandGroup is the group of the approvers that in-band enrollment
+// creates, one per principal. Any agent can enroll a passkey into it with
+// its bearer token alone, so it decides no task: a task challenge for it
+// is refused, Verify never finds an approver eligible through it, and a
+// policy decision naming it as approver_group is refused
+// (pdp.InBandGroup).
 const InBandGroup = "in-band"
 
 // MappedTo reports whether the approver is explicitly mapped to principal:
-// it is one of their Principals (exact, after NFC). Unlike [Approver.ActsAs]
-// there is no fallback to the display name: a mapping grants the use of
-// passkeys for the principal's own calls, so it must be explicit.
+// it is one of their Principals, byte for byte. Unlike [Approver.ActsAs]
+// there is no fallback to the display name and no normalization: a mapping
+// grants the use of passkeys for the principal's own calls, so it must name
+// exactly that principal (the principals an admin maps are stored in NFC,
+// as every agent name is; an OAuth subject spelled otherwise is a
+// different principal and maps to nothing).
 func (a Approver) MappedTo(principal string) bool {
-	if principal == "" {
-		return false
-	}
-	p := norm.NFC.String(principal)
-	for _, q := range a.Principals {
-		if norm.NFC.String(q) == p {
-			return true
-		}
-	}
-	return false
+	return principal != "" && slices.Contains(a.Principals, principal)
 }
 
 // principalApprovers returns the approvers mapped to principal, ordered by id.
@@ -93,38 +91,61 @@ func (s *Service) PrincipalCredentials(ctx context.Context, principal, class str
 // principal: derived, so concurrent first enrollments of one principal, on
 // any replica, create one approver.
 func inBandApproverID(principal string) string {
-	sum := sha256.Sum256([]byte("countersign in-band approver\x00" + norm.NFC.String(principal)))
+	sum := sha256.Sum256([]byte("countersign in-band approver\x00" + principal))
 	return hex.EncodeToString(sum[:approverIDSz])
 }
 
 // pendingKey is the invites-bucket key of principal's pending in-band
 // enrollment. Invite keys are 64 hex characters; this one cannot collide.
 func pendingKey(principal string) string {
-	sum := sha256.Sum256([]byte(norm.NFC.String(principal)))
+	sum := sha256.Sum256([]byte(principal))
 	return "inband." + hex.EncodeToString(sum[:])
 }
 
 // enrollingApprover returns the approver a passkey enrolled in-band by
-// principal belongs to: the first approver mapped to it, or else a new one
-// (name = the principal when it is a valid name, group [InBandGroup]).
+// principal belongs to: the principal's own in-band approver (derived id,
+// name = the principal when it is a valid name, group [InBandGroup],
+// mapped to the principal), created on first use; and every approver
+// mapped to the principal, whose passkeys a new one must not duplicate.
+//
+// Never an approver an admin created. In-band enrollment is authorized by
+// the bearer token alone, and an admin's approver may hold groups that
+// decide other principals' tasks: a mapping to the principal (which also
+// keeps that approver from deciding the principal's own calls) must not
+// let whoever holds the token add a passkey that carries those groups.
+// Passkeys enrolled on the approver site by an approver mapped to the
+// principal still work in-band (PrincipalCredentials lists them).
+//
+// The principal is taken byte for byte: one that is not in Unicode NFC is
+// refused, so two spellings of one name never share an approver or a
+// pending enrollment.
 func (s *Service) enrollingApprover(ctx context.Context, principal string) (Approver, []Approver, error) {
 	p, err := validatePrincipal(principal)
 	if err != nil {
 		return Approver{}, nil, err
 	}
+	if p != principal {
+		return Approver{}, nil, fmt.Errorf("%w: the principal is not in Unicode NFC; in-band enrollment needs its exact name", ErrInvalidArgument)
+	}
 	mapped, err := s.principalApprovers(ctx, p)
 	if err != nil {
 		return Approver{}, nil, err
 	}
-	if len(mapped) > 0 {
-		return mapped[0], mapped, nil
+	id := inBandApproverID(p)
+	for _, m := range mapped {
+		if m.ID == id {
+			if !m.Active() {
+				return Approver{}, nil, fmt.Errorf("%w: the principal's in-band approver %s is %s by an admin", ErrInvalidArgument, id, m.Status())
+			}
+			return m, mapped, nil
+		}
 	}
 	name := p
 	if validateName(name) != nil {
-		name = "in-band " + inBandApproverID(p)[:12]
+		name = "in-band " + id[:12]
 	}
 	a := Approver{
-		ID:            inBandApproverID(p),
+		ID:            id,
 		Name:          name,
 		Groups:        []string{InBandGroup},
 		Principals:    []string{p},
@@ -135,18 +156,23 @@ func (s *Service) enrollingApprover(ctx context.Context, principal string) (Appr
 		if !isConflict(err) {
 			return Approver{}, nil, fmt.Errorf("passkey: add in-band approver: %w", err)
 		}
+		// Created concurrently, or unmapped from the principal by an
+		// admin since: only the former may be used.
 		if a, err = s.Approver(ctx, a.ID); err != nil {
 			return Approver{}, nil, err
 		}
 		if !a.MappedTo(p) {
-			// Its passkeys would never verify for this principal: refuse
-			// rather than enroll an unusable one.
 			return Approver{}, nil, fmt.Errorf("%w: the in-band approver %s is not mapped to this principal", ErrInvalidArgument, a.ID)
 		}
+		if !a.Active() {
+			return Approver{}, nil, fmt.Errorf("%w: the principal's in-band approver %s is %s by an admin", ErrInvalidArgument, a.ID, a.Status())
+		}
+		mapped = append(mapped, a)
 	} else {
 		s.log.InfoContext(ctx, "approver added for in-band enrollment", "approver_id", a.ID, "principal", p)
+		mapped = append(mapped, a)
 	}
-	return a, []Approver{a}, nil
+	return a, mapped, nil
 }
 
 // BeginPrincipalEnrollment starts the in-band enrollment of a passkey for
@@ -192,7 +218,7 @@ func (s *Service) BeginPrincipalEnrollment(ctx context.Context, principal string
 // stored. The pending registration is used up only when the credential is
 // stored.
 func (s *Service) FinishPrincipalEnrollment(ctx context.Context, principal string, response []byte) (credentialID string, createdAt time.Time, err error) {
-	if _, err := validatePrincipal(principal); err != nil {
+	if p, err := validatePrincipal(principal); err != nil || p != principal {
 		return "", time.Time{}, newError(ReasonNoPendingEnrollment, err)
 	}
 	key := pendingKey(principal)
@@ -206,6 +232,19 @@ func (s *Service) FinishPrincipalEnrollment(ctx context.Context, principal strin
 	}
 	if !inv.UsedAt.IsZero() {
 		return "", time.Time{}, newError(ReasonNoPendingEnrollment, errors.New("pending enrollment already used"))
+	}
+	// Only onto the principal's own in-band approver, still mapped to it
+	// (an admin may have changed the mapping since the begin).
+	if inv.ApproverID != inBandApproverID(principal) {
+		return "", time.Time{}, newError(ReasonNoPendingEnrollment, errors.New("pending enrollment is not for the principal's in-band approver"))
+	}
+	if a, err := s.Approver(ctx, inv.ApproverID); err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return "", time.Time{}, newError(ReasonNoPendingEnrollment, err)
+		}
+		return "", time.Time{}, err
+	} else if !a.MappedTo(principal) {
+		return "", time.Time{}, newError(ReasonNoPendingEnrollment, errors.New("the in-band approver is no longer mapped to the principal"))
 	}
 	credID, err := s.completeEnrollment(ctx, key, inv, rev, response)
 	if err != nil {

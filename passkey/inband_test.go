@@ -11,6 +11,7 @@ import (
 
 	"github.com/countersign/countersign/internal/testpasskey"
 	"github.com/countersign/countersign/passkey"
+	"github.com/countersign/countersign/pdp"
 )
 
 // enrollInBand enrolls a passkey for principal through the in-band methods
@@ -292,5 +293,111 @@ func TestInBandHappyTamperReplay(t *testing.T) {
 	_, err = e.svc.IssueChallenge(ctx, passkey.ChallengeRequest{Tool: "t", ActionHash: c.Req.ActionHash, Principal: "agent-a", Group: "approvers", DisplayText: "x"})
 	if !errors.Is(err, passkey.ErrInvalidArgument) {
 		t.Fatalf("principal and group: %v", err)
+	}
+}
+
+// In-band enrollment is authorized by the bearer token alone, so it never
+// adds a passkey to an approver an admin created: mapping alice (group
+// approvers) to agent-a, which also keeps her from deciding agent-a's own
+// calls, must not let agent-a's token add a passkey that decides other
+// principals' tasks as alice. The passkey lands on agent-a's own in-band
+// approver, works for agent-a's in-band calls, and decides nothing else.
+func TestInBandEnrollNeverOntoAnAdminsApprover(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	alice := e.enrollMapped(t, "alice", "agent-a", "usb")
+	k := e.enrollInBand(t, "agent-a", "usb")
+
+	as, err := e.svc.Approvers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range as {
+		if a.ID == alice.A.ID && len(a.CredentialIDs) != 1 {
+			t.Fatalf("alice's passkeys = %v, want only her own", a.CredentialIDs)
+		}
+		if a.ID != alice.A.ID && (!a.MappedTo("agent-a") || len(a.Groups) != 1 || a.Groups[0] != passkey.InBandGroup || len(a.CredentialIDs) != 1 || a.CredentialIDs[0] != k.CredID) {
+			t.Fatalf("in-band approver = %+v, want agent-a's, in group %s, holding %s", a, passkey.InBandGroup, k.CredID)
+		}
+	}
+	if len(as) != 2 {
+		t.Fatalf("approvers = %+v, want alice and agent-a's in-band approver", as)
+	}
+
+	// A task of another principal, for alice's group: the agent's passkey
+	// is not offered, and its assertion decides nothing.
+	c := e.issue(t, "tsk_other", "approvers", "")
+	if n := len(c.Ch.RequestOptions.AllowedCredentials); n != 1 {
+		t.Fatalf("allowCredentials = %d, want alice's only", n)
+	}
+	req := c.verifyReq(k.sign(t, e.rp, c.Ch))
+	req.Requester = "agent-b"
+	_, err = e.svc.Verify(ctx, req)
+	wantReason(t, err, passkey.ReasonApproverNotEligible)
+
+	// Nor can a task name the in-band group, which any agent can join
+	// (policy refuses such a decision too: pdp.InBandGroup).
+	if pdp.InBandGroup != passkey.InBandGroup {
+		t.Fatalf("pdp.InBandGroup = %q, passkey.InBandGroup = %q", pdp.InBandGroup, passkey.InBandGroup)
+	}
+	_, err = e.svc.IssueChallenge(ctx, passkey.ChallengeRequest{TaskID: "tsk_ib", Tool: "t", ActionHash: c.Req.ActionHash, Group: passkey.InBandGroup, DisplayText: "x"})
+	if !errors.Is(err, passkey.ErrInvalidArgument) {
+		t.Fatalf("task challenge for the in-band group: %v, want ErrInvalidArgument", err)
+	}
+
+	// Both passkeys still sign agent-a's own in-band calls.
+	for _, signer := range []*kit{k, alice} {
+		ib, err := e.issueInBand(t, "agent-a", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(ib.Ch.RequestOptions.AllowedCredentials); n != 2 {
+			t.Fatalf("in-band allowCredentials = %d, want 2", n)
+		}
+		if _, err := e.svc.Verify(ctx, inBandReq(ib, "agent-a", signer.sign(t, e.rp, ib.Ch))); err != nil {
+			t.Fatalf("in-band with %s: %v", signer.CredID, err)
+		}
+	}
+}
+
+// A principal is taken byte for byte: the decomposed spelling of a mapped
+// principal maps to nothing and cannot enroll in-band, so it can neither
+// add a passkey to the composed one's approver nor replace its pending
+// enrollment.
+func TestInBandPrincipalIsExact(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	composed, decomposed := "oauth:jos\u00e9", "oauth:jose\u0301"
+	e.enrollInBand(t, composed, "usb")
+	as, err := e.svc.Approvers(ctx)
+	if err != nil || len(as) != 1 {
+		t.Fatalf("approvers = %+v, %v", as, err)
+	}
+	if !as[0].MappedTo(composed) || as[0].MappedTo(decomposed) {
+		t.Errorf("MappedTo: composed %v, decomposed %v; want true, false", as[0].MappedTo(composed), as[0].MappedTo(decomposed))
+	}
+	if _, err := e.svc.BeginPrincipalEnrollment(ctx, decomposed); !errors.Is(err, passkey.ErrInvalidArgument) {
+		t.Errorf("begin for the decomposed spelling: %v, want ErrInvalidArgument", err)
+	}
+	if _, _, err := e.svc.FinishPrincipalEnrollment(ctx, decomposed, []byte(`{}`)); passkey.ReasonOf(err) != passkey.ReasonNoPendingEnrollment {
+		t.Errorf("finish for the decomposed spelling: %v, want no_pending_enrollment", err)
+	}
+}
+
+// The in-band approver an admin disabled cannot enroll: begin says so at
+// once, rather than a finish that can never succeed.
+func TestInBandEnrollDisabledApprover(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.enrollInBand(t, "agent-a", "usb")
+	as, err := e.svc.Approvers(ctx)
+	if err != nil || len(as) != 1 {
+		t.Fatalf("approvers = %+v, %v", as, err)
+	}
+	if _, _, err := e.svc.SetApproverStatus(ctx, as[0].ID, passkey.ActionDisable); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.svc.BeginPrincipalEnrollment(ctx, "agent-a"); !errors.Is(err, passkey.ErrInvalidArgument) {
+		t.Errorf("begin with a disabled in-band approver: %v, want ErrInvalidArgument", err)
 	}
 }

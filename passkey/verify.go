@@ -293,7 +293,7 @@ func (s *Service) verify(ctx context.Context, req *VerifyRequest) (Verified, err
 	}
 	// 12a (Countersign). Approver is in the group, both the caller's and
 	// the challenge's (in-band: mapped to the principal, checked in step 8).
-	if req.Principal == "" && (req.Group == "" || !inGroup(a, req.Group) || !inGroup(a, ch.Group)) {
+	if req.Principal == "" && (req.Group == "" || req.Group == InBandGroup || !inGroup(a, req.Group) || !inGroup(a, ch.Group)) {
 		return Verified{}, newError(ReasonApproverNotEligible, nil)
 	}
 	// 12b (Countersign). Not the requester: an identity the approver acts

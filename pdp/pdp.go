@@ -122,6 +122,13 @@ const (
 	EffectVerify Effect = "verify"
 )
 
+// InBandGroup is the group of the approvers that in-band enrollment
+// creates (passkey.InBandGroup): any agent can put a passkey into it with
+// its bearer token alone, so a decision naming it as approver_group would
+// let every agent decide every other agent's tasks. Such a decision is
+// refused like any malformed one (the call is denied).
+const InBandGroup = "in-band"
+
 // ActionIssueToken is the action name of a request for a transaction token
 // (the input's action.name; tool calls are "tools/call"). The subject,
 // resource and context are those of the call the token would authorize.
@@ -272,6 +279,9 @@ func (e *Engine) parse(v any) (Decision, error) {
 
 	if d.ApproverGroup, err = str(obj, "approver_group", true); err != nil {
 		return Decision{}, err
+	}
+	if d.ApproverGroup == InBandGroup {
+		return Decision{}, fmt.Errorf("approver_group %q is the group of in-band enrolled passkeys, which any agent can join; name a group of approvers", InBandGroup)
 	}
 	quorum, err := positiveInt(obj, "quorum")
 	if err != nil {
