@@ -379,6 +379,9 @@ func (s *Server) callVerified(ctx context.Context, c *gatedCall, meta mcp.Meta) 
 		Response:           ev.response,
 	})
 	if err != nil {
+		if passkey.ReasonOf(err) == passkey.ReasonChallengeConsumed {
+			return nil, s.verifyFailed(s.consumedError(ctx, c.info.principal, ev.challengeID))
+		}
 		return nil, s.verifyFailed(fromPasskey(err))
 	}
 	s.log.InfoContext(ctx, "mcpserver: verified approval accepted", "tool", c.tool.Name, "principal", c.info.principal,
@@ -396,13 +399,7 @@ func (s *Server) callVerified(ctx context.Context, c *gatedCall, meta mcp.Meta) 
 		// The challenge's task was opened already: this is a second
 		// submission of the same evidence, by the challenge's own
 		// principal (Verify passed under this evidence's consumer key).
-		// SEP-2672 answers it challenge_consumed; data.taskId names the
-		// task, so a client whose first answer was lost (a crash, a
-		// dropped connection) reads the outcome with tasks/get or
-		// countersign_await instead of guessing.
-		e := approvalError(passkey.ReasonChallengeConsumed, nil)
-		e.data, _ = json.Marshal(map[string]string{"reason": passkey.ReasonChallengeConsumed, "taskId": call.TaskID})
-		return nil, s.verifyFailed(e)
+		return nil, s.verifyFailed(consumedWithTask(call.TaskID))
 	}
 	if err != nil {
 		return refusal(c, err)
@@ -417,6 +414,28 @@ func (s *Server) callVerified(ctx context.Context, c *gatedCall, meta mcp.Meta) 
 		return nil, err
 	}
 	return s.finalResult(c.info, rec)
+}
+
+// consumedError answers challenge_consumed for a call of principal with
+// challengeID, naming the challenge's task when it was opened (consumedWithTask).
+// Only the challenge's own principal gets this far (another one's call is
+// challenge_unknown), and only its own task is found.
+func (s *Server) consumedError(ctx context.Context, principal, challengeID string) *rpcError {
+	id := verifiedTaskID(challengeID)
+	if _, err := s.opts.Approvals.Get(ctx, principal, id); err == nil {
+		return consumedWithTask(id)
+	}
+	return approvalError(passkey.ReasonChallengeConsumed, nil)
+}
+
+// consumedWithTask is SEP-2672's challenge_consumed with data.taskId naming
+// the task the challenge opened, so a client whose first answer was lost (a
+// crash, a dropped connection) reads the outcome with tasks/get or
+// countersign_await instead of guessing.
+func consumedWithTask(taskID string) *rpcError {
+	e := approvalError(passkey.ReasonChallengeConsumed, nil)
+	e.data, _ = json.Marshal(map[string]string{"reason": passkey.ReasonChallengeConsumed, "taskId": taskID})
+	return e
 }
 
 // verifiedTaskID is the task a challenge's verified call runs as: derived

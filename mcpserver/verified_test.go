@@ -855,6 +855,70 @@ func TestVerifiedRetryAfterLostConsume(t *testing.T) {
 	}
 }
 
+// The client's retry of a signed call whose first attempt consumed the
+// challenge is held to what that call could still do: within the
+// challenge's lifetime counted from the consume, and only while the passkey
+// is usable. Once its task exists, the answer names it, whenever it comes.
+func TestVerifiedRetryHeldToItsWindow(t *testing.T) {
+	h := newVerifiedHarness(t)
+	ctx := context.Background()
+	p := freshPrincipal(t, "a")
+	k := h.enroll(t, p, "usb")
+	consume := func(args any) (challengeEnv, map[string]any) {
+		t.Helper()
+		env := h.challenge(t, p, args)
+		resp := k.sign(t, env)
+		ev, err := parseEvidence(mcp.Meta{MetaVerifiedApproval: mustAny(t, evidenceOf(env, resp))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hash, _ := canon.Hash("place_trade", mustJSON(t, args), "countersign-test")
+		// The first attempt consumed the challenge, then died (or was
+		// refused) before its task.
+		if _, err := h.pk.Verify(ctx, passkey.VerifyRequest{ChallengeID: env.ChallengeID, Tool: "place_trade",
+			ActionHash: hash, Principal: p, ConsumerKey: verifiedConsumerKey(ev), Method: "webauthn", Response: ev.response}); err != nil {
+			t.Fatal(err)
+		}
+		return env, resp
+	}
+
+	// Past the window: consumed, and nothing runs.
+	env, resp := consume(trade(5))
+	h.clock.Advance(passkey.DefaultInBandChallengeTTL)
+	late := h.callWith(t, p, trade(5), evidenceOf(env, resp))
+	wantReason(t, late, passkey.ReasonChallengeConsumed)
+	if strings.Contains(string(late.Error.Data), "taskId") {
+		t.Errorf("no task was opened, yet the answer names one: %s", late.Error.Data)
+	}
+
+	// Once its task exists, a late retry is told which task it is.
+	env, resp = consume(trade(6))
+	h.callWith(t, p, trade(6), evidenceOf(env, resp)).ok(t, nil)
+	h.clock.Advance(passkey.DefaultInBandChallengeTTL)
+	named := h.callWith(t, p, trade(6), evidenceOf(env, resp))
+	wantReason(t, named, passkey.ReasonChallengeConsumed)
+	if want := verifiedTaskID(env.ChallengeID); !strings.Contains(string(named.Error.Data), want) {
+		t.Errorf("data = %s, want taskId %s", named.Error.Data, want)
+	}
+
+	// Within the window, after an admin revoked the passkey: refused (as
+	// a passkey not enrolled, SEP-2672's reason), and nothing runs.
+	env, resp = consume(trade(7))
+	var approverID string
+	for _, a := range mustApprovers(t, h.pk) {
+		if a.MappedTo(p) {
+			approverID = a.ID
+		}
+	}
+	if _, _, err := h.pk.SetPasskeyStatus(ctx, approverID, k.credID, passkey.ActionRevoke); err != nil {
+		t.Fatal(err)
+	}
+	wantReason(t, h.callWith(t, p, trade(7), evidenceOf(env, resp)), passkey.ReasonUnknownCredential)
+	if n := h.trades(t, p); n != 1 {
+		t.Fatalf("trades = %d, want 1 (the one whose task was opened)", n)
+	}
+}
+
 // mustAny round-trips v through JSON, as the SDK hands _meta to the server.
 func mustAny(tb testing.TB, v any) any {
 	tb.Helper()

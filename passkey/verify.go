@@ -96,11 +96,14 @@ type Verified struct {
 //  1. missing_evidence: empty or malformed evidence or response
 //  2. unsupported_method: method other than "webauthn"
 //  3. challenge_unknown
-//  4. challenge_consumed (a retry with the consuming ConsumerKey succeeds again)
+//  4. challenge_consumed (a retry with the consuming ConsumerKey succeeds
+//     again; in-band, only within the challenge's lifetime from the consume
+//     and while the passkey is still usable: see replay)
 //  5. challenge_expired
 //  6. challenge_wrong_task, then challenge_wrong_tool
 //  7. unknown_credential, then credential_revoked, credential_disabled,
-//     approver_revoked, approver_disabled (an admin's action, read now)
+//     approver_revoked, approver_disabled (an admin's action, read now;
+//     unknown_credential to an in-band call, whose reasons are §4.10's)
 //  8. authenticator_class_mismatch
 //  9. signature_verification_failed: any WebAuthn failure (signature, origin,
 //     RP id, user verification, challenge)
@@ -235,16 +238,16 @@ func (s *Service) verify(ctx context.Context, req *VerifyRequest) (Verified, err
 		}
 		return Verified{}, err
 	}
-	// 8a (Countersign). Neither the passkey nor its approver is disabled or
-	// revoked by an admin: read now, at decision time, on every replica.
-	if err := usable(a, cred); err != nil {
-		return Verified{}, err
-	}
 	if !slices.Contains(a.CredentialIDs, credID) {
 		return Verified{}, newError(ReasonUnknownCredential, errors.New("credential not linked to its approver"))
 	}
 	if req.Principal != "" && !a.MappedTo(req.Principal) {
 		return Verified{}, newError(ReasonUnknownCredential, errors.New("credential not enrolled for this principal"))
+	}
+	// 8a (Countersign). Neither the passkey nor its approver is disabled or
+	// revoked by an admin: read now, at decision time, on every replica.
+	if err := usable(a, cred); err != nil {
+		return Verified{}, inBandReason(req, err)
 	}
 	// 9. Authenticator class: both the caller's and the challenge's.
 	if !classAllows(reqClass, cred.Credential.Transport) || !classAllows(ch.AuthenticatorClass, cred.Credential.Transport) {
@@ -358,10 +361,27 @@ func (s *Service) verify(ctx context.Context, req *VerifyRequest) (Verified, err
 // It must carry the same call and credential; it re-applies the counter
 // update, which may not have happened if the first attempt failed after the
 // consume.
+//
+// An in-band retry (the client's own: the same signed call sent again, to
+// recover a first attempt that died, or was refused, after the consume) is
+// held to what that act could still do now: it comes within the challenge's
+// own lifetime counted from the consume (else the challenge is consumed and
+// that is the answer), and neither the passkey nor its approver has been
+// disabled or revoked since, nor unmapped from the principal. Without these
+// a client could keep a consumed assertion and replay it hours later, after
+// an admin revoked the passkey. A task decision's retry is the workflow's
+// (its activity, retried by Temporal, under the update's id), for a decision
+// the workflow already holds: it is answered whenever it comes, and quorum
+// re-reads the approver's status anyway.
 func (s *Service) replay(ctx context.Context, req *VerifyRequest, ch *challengeRecord, credID string) (Verified, error) {
 	if ch.Result == nil || ch.TaskID != req.TaskID || ch.Tool != req.Tool ||
 		ch.ActionHash != req.ActionHash.String() || ch.Result.CredentialID != credID {
 		return Verified{}, newError(ReasonChallengeConsumed, errors.New("consumer key reused for a different call"))
+	}
+	if req.Principal != "" {
+		if err := s.replayable(ctx, req, ch, credID); err != nil {
+			return Verified{}, err
+		}
 	}
 	if req.CheckOnly {
 		return *ch.Result, nil
@@ -370,6 +390,44 @@ func (s *Service) replay(ctx context.Context, req *VerifyRequest, ch *challengeR
 		return Verified{}, err
 	}
 	return *ch.Result, nil
+}
+
+// replayable reports whether an in-band retry may still have its consumed
+// challenge's result (see replay).
+func (s *Service) replayable(ctx context.Context, req *VerifyRequest, ch *challengeRecord, credID string) error {
+	if life := ch.ExpiresAt.Sub(ch.CreatedAt); !s.now().Before(ch.ConsumedAt.Add(life)) {
+		return newError(ReasonChallengeConsumed, fmt.Errorf("retry %s after the consume, past the challenge's lifetime", s.now().Sub(ch.ConsumedAt).Round(time.Second)))
+	}
+	var cred credentialRecord
+	if _, err := getJSON(ctx, s.credentials, credID, &cred); err != nil {
+		if isNotFound(err) {
+			return newError(ReasonUnknownCredential, nil)
+		}
+		return fmt.Errorf("passkey: get credential: %w", err)
+	}
+	a, err := s.Approver(ctx, cred.ApproverID)
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return newError(ReasonUnknownCredential, err)
+		}
+		return err
+	}
+	if !a.MappedTo(req.Principal) {
+		return newError(ReasonUnknownCredential, errors.New("credential no longer enrolled for this principal"))
+	}
+	return inBandReason(req, usable(a, cred))
+}
+
+// inBandReason keeps an in-band rejection within SEP-2672 §4.10's reasons:
+// to the caller of an in-band call, a passkey or approver an admin disabled
+// or revoked is a passkey not enrolled (unknown_credential; the admin's
+// action stays in the cause, for the log). Task decisions keep the
+// specific reason their approver is shown.
+func inBandReason(req *VerifyRequest, err error) error {
+	if err == nil || req.Principal == "" {
+		return err
+	}
+	return newError(ReasonUnknownCredential, err)
 }
 
 // advanceCounter raises the stored signature counter to count (never lowers
