@@ -286,7 +286,9 @@ func (a *Activities) VerifyDecision(ctx context.Context, in VerifyDecisionInput)
 // Reevaluate asks the current policy about the same envelope with the
 // approvals as input. Approvers' groups are read now, not when they approved,
 // so an approver removed from a group meanwhile no longer counts for it, and
-// one an admin disabled or revoked meanwhile counts for no group.
+// an approval whose approver or passkey an admin disabled or revoked
+// meanwhile counts for no group (a stolen phone's approval, its passkey
+// revoked, does not make up a quorum).
 func (a *Activities) Reevaluate(ctx context.Context, in ReevaluateInput) (ReevaluateOutput, error) {
 	if err := checkVersion(in.Version); err != nil {
 		return ReevaluateOutput{}, err
@@ -299,15 +301,14 @@ func (a *Activities) Reevaluate(ctx context.Context, in ReevaluateInput) (Reeval
 			continue
 		}
 		var groups []string
-		ap, err := a.Passkeys.Approver(ctx, e.ApproverID)
-		switch {
-		case err == nil && ap.Active():
-			groups = ap.Groups
-		case err == nil, errors.Is(err, passkey.ErrNotFound):
-			// Removed, disabled or revoked since approving: the approval
-			// counts for no group.
-		default:
+		ap, standing, err := a.Passkeys.Standing(ctx, e.ApproverID, e.CredentialID)
+		if err != nil {
 			return ReevaluateOutput{}, fmt.Errorf("activities: reevaluate %s: approver: %w", env.TaskID, err)
+		}
+		// An approver or passkey removed, disabled or revoked since
+		// approving: the approval counts for no group.
+		if standing {
+			groups = ap.Groups
 		}
 		approvals = append(approvals, pdp.Approval{
 			ApproverID:   e.ApproverID,

@@ -275,8 +275,9 @@ func rebind(t *testing.T, e *tasks.Envelope, args string) {
 // approver is an enrolled approver with a virtual authenticator.
 type approver struct {
 	passkey.Approver
-	auth virtualwebauthn.Authenticator
-	cred virtualwebauthn.Credential
+	auth   virtualwebauthn.Authenticator
+	cred   virtualwebauthn.Credential
+	credID string // base64url, as stored
 }
 
 var rp = virtualwebauthn.RelyingParty{ID: testRPID, Name: "Countersign", Origin: testOrigin}
@@ -303,11 +304,12 @@ func (w *world) enroll(t *testing.T, name string, groups ...string) *approver {
 	auth := virtualwebauthn.NewAuthenticatorWithOptions(virtualwebauthn.AuthenticatorOptions{UserHandle: []byte(a.ID)})
 	cred := testpasskey.NewEC2Credential()
 	resp := virtualwebauthn.CreateAttestationResponse(rp, auth, cred, *opts)
-	if _, err := w.passkeys.FinishEnrollment(ctx, token, []byte(resp)); err != nil {
+	credID, err := w.passkeys.FinishEnrollment(ctx, token, []byte(resp))
+	if err != nil {
 		t.Fatal(err)
 	}
 	auth.AddCredential(cred)
-	return &approver{Approver: a, auth: auth, cred: cred}
+	return &approver{Approver: a, auth: auth, cred: cred, credID: credID}
 }
 
 // challenge issues a challenge for env and returns it.
@@ -454,9 +456,17 @@ func TestReevaluateUsesCurrentPolicyAndGroups(t *testing.T) {
 	w := newWorld(t)
 	alice := w.enroll(t, "alice", "approvers")
 	bob := w.enroll(t, "bob", "finance")
+	carol := w.enroll(t, "carol", "approvers") // her passkey revoked since approving
+	if _, _, err := w.passkeys.SetPasskeyStatus(context.Background(), carol.ID, carol.credID, passkey.ActionRevoke); err != nil {
+		t.Fatal(err)
+	}
 	at := time.Date(2026, 3, 2, 15, 0, 0, 0, time.UTC)
 	approval := func(a *approver, decision string) tasks.ApprovalEntry {
-		return tasks.ApprovalEntry{ApproverID: a.ID, ApproverName: a.Name, CredentialID: "c", Decision: decision, At: at}
+		return tasks.ApprovalEntry{ApproverID: a.ID, ApproverName: a.Name, CredentialID: a.credID, Decision: decision, At: at}
+	}
+	withCred := func(e tasks.ApprovalEntry, credID string) tasks.ApprovalEntry {
+		e.CredentialID = credID
+		return e
 	}
 	tests := []struct {
 		name      string
@@ -470,6 +480,9 @@ func TestReevaluateUsesCurrentPolicyAndGroups(t *testing.T) {
 		{"approver outside the group", `{"amount":5000,"to":"acme"}`, []tasks.ApprovalEntry{approval(bob, tasks.DecisionApprove)}, false, "requestable"},
 		{"unknown approver", `{"amount":5000,"to":"acme"}`, []tasks.ApprovalEntry{{ApproverID: "gone", ApproverName: "ghost",
 			Decision: tasks.DecisionApprove, At: at}}, false, "requestable"},
+		{"passkey revoked since approving", `{"amount":5000,"to":"acme"}`, []tasks.ApprovalEntry{approval(carol, tasks.DecisionApprove)}, false, "requestable"},
+		{"another approver's passkey", `{"amount":5000,"to":"acme"}`, []tasks.ApprovalEntry{withCred(approval(alice, tasks.DecisionApprove), bob.credID)}, false, "requestable"},
+		{"unknown passkey", `{"amount":5000,"to":"acme"}`, []tasks.ApprovalEntry{withCred(approval(alice, tasks.DecisionApprove), "bm9uZQ")}, false, "requestable"},
 		{"deny entries do not count", `{"amount":5000,"to":"acme"}`, []tasks.ApprovalEntry{approval(alice, tasks.DecisionDeny)}, false, "requestable"},
 		{"hard deny stays deny", `{"amount":5000000,"to":"acme"}`, []tasks.ApprovalEntry{approval(alice, tasks.DecisionApprove)}, false, "deny"},
 	}

@@ -209,3 +209,37 @@ func (s *Service) SetPasskeyStatus(ctx context.Context, approverID, credentialID
 	}
 	return PasskeyInfo{}, Change{}, errCASExhausted
 }
+
+// Standing reports whether an approval given by approverID with the passkey
+// credentialID still stands: the approver exists and is active, and so is
+// the passkey, still one of the approver's. It returns the approver (whose
+// groups the approval counts for) when it does. Read now, with no cache, so
+// an admin's disable or revoke of either takes an earlier approval back
+// from a quorum not yet reached. An empty credentialID checks the approver
+// alone.
+func (s *Service) Standing(ctx context.Context, approverID, credentialID string) (Approver, bool, error) {
+	a, err := s.Approver(ctx, approverID)
+	if errors.Is(err, ErrNotFound) {
+		return Approver{}, false, nil
+	}
+	if err != nil || !a.Active() {
+		return Approver{}, false, err
+	}
+	if credentialID == "" {
+		return a, true, nil
+	}
+	if raw, err := base64.RawURLEncoding.DecodeString(credentialID); err != nil || len(raw) == 0 || len(raw) > maxCredentialIDBytes {
+		return Approver{}, false, nil
+	}
+	var rec credentialRecord
+	if _, err := getJSON(ctx, s.credentials, credentialID, &rec); err != nil {
+		if isNotFound(err) {
+			return Approver{}, false, nil
+		}
+		return Approver{}, false, fmt.Errorf("passkey: get credential: %w", err)
+	}
+	if rec.ApproverID != a.ID || usable(a, rec) != nil {
+		return Approver{}, false, nil
+	}
+	return a, true, nil
+}
