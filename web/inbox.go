@@ -211,7 +211,7 @@ func (h *Handler) eligible(a passkey.Approver, rec tasks.Record) bool {
 	if !inGroup {
 		return false
 	}
-	if o := strings.TrimSpace(rec.Owner); strings.EqualFold(o, a.Name) || o == a.ID {
+	if a.ActsAs(strings.TrimSpace(rec.Owner)) { // as the workflow's self_approval check
 		return false
 	}
 	for _, d := range rec.Approvals {
@@ -234,6 +234,10 @@ func (h *Handler) inboxPage(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		if errors.Is(err, errApproverNotFound) {
 			h.renderError(w, r, http.StatusNotFound)
+			return
+		}
+		if ae := (*apiError)(nil); errors.As(err, &ae) && ae.Status == http.StatusForbidden {
+			h.renderError(w, r, http.StatusForbidden)
 			return
 		}
 		h.log.ErrorContext(r.Context(), "web: inbox page", "route", r.Pattern, "error", err)

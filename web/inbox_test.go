@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -32,6 +33,20 @@ func TestInbox(t *testing.T) {
 	bob := e.enroll(t, "Bob", "finance", "ops")
 	cat := e.enroll(t, "Cat", "ops")
 	self := e.enroll(t, testRequester, "finance") // the requester is an approver too
+	// An approver an admin mapped to the requester's principal: not by
+	// name, by principal (the rule the workflow's self_approval applies).
+	dee, deeToken, err := e.passkeys.AddApprover(t.Context(), "Dee", []string{"finance"}, passkey.WithPrincipals(testRequester))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deeDev := e.enrollDevice(t, dee.ID, deeToken)
+	// Named like the requester, but mapped to another principal: the
+	// requester's calls are theirs to decide.
+	namesake, namesakeToken, err := e.passkeys.AddApprover(t.Context(), strings.ToUpper(testRequester), []string{"finance"}, passkey.WithPrincipals("someone-else"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	namesakeDev := e.enrollDevice(t, namesake.ID, namesakeToken)
 
 	mine := e.newTask(t, taskSpec{display: "Transfer 100 EUR to acct-42"})
 	ops := e.newTask(t, taskSpec{group: "ops", tool: "deploy_service", args: `{"service":"api"}`, display: "Deploy api"})
@@ -70,6 +85,8 @@ func TestInbox(t *testing.T) {
 		{"every group I am in", bob.id, bob, "Bob", mine.DisplayText + "|" + ops.DisplayText + "|" + decided.DisplayText},
 		{"other group only", cat.id, cat, "Cat", ops.DisplayText},
 		{"never my own requests", self.id, self, testRequester, ""},
+		{"never my principal's requests", dee.ID, deeDev, "Dee", ""},
+		{"a namesake mapped elsewhere decides them", namesake.ID, namesakeDev, strings.ToUpper(testRequester), mine.DisplayText + "|" + decided.DisplayText},
 		{"the signer's list, whoever's link", ann.id, bob, "Bob", mine.DisplayText + "|" + ops.DisplayText + "|" + decided.DisplayText},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -103,6 +120,13 @@ func TestInbox(t *testing.T) {
 	})
 
 	t.Run("bad input", func(t *testing.T) {
+		disabled, _, err := e.passkeys.AddApprover(t.Context(), "Gone", []string{"finance"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := e.passkeys.SetApproverStatus(t.Context(), disabled.ID, passkey.ActionDisable); err != nil {
+			t.Fatal(err)
+		}
 		ch := e.inboxChallenge(t, ann.id)
 		assertion := e.assert(t, ann, ch.RequestOptions)
 		// An approval challenge's assertion is not an inbox assertion.
@@ -118,6 +142,7 @@ func TestInbox(t *testing.T) {
 			code                     string
 		}{
 			{"unknown approver page", "GET", "/inbox/0123456789abcdef0123456789abcdef", "", nil, 404, ""},
+			{"disabled approver page", "GET", "/inbox/" + disabled.ID, "", nil, 403, ""},
 			{"malformed approver page", "GET", "/inbox/not-an-id", "", nil, 404, ""},
 			{"unknown approver", "POST", "/approver/v1/inbox/0123456789abcdef0123456789abcdef/challenge", "", nil, 404, "not_found"},
 			{"empty list body", "POST", "/approver/v1/inbox/" + ann.id + "/list", "", nil, 400, "invalid_request"},

@@ -115,7 +115,12 @@ type errorPage struct {
 func (h *Handler) renderError(w http.ResponseWriter, r *http.Request, status int) {
 	data := errorPage{pageBase: h.base("error", "Not found"), Heading: "Page not found",
 		Message: "This link is not valid. Check that you opened it exactly as you received it."}
-	if status != http.StatusNotFound {
+	switch status {
+	case http.StatusNotFound:
+	case http.StatusForbidden:
+		data = errorPage{pageBase: h.base("error", "Not allowed"), Heading: "Not allowed",
+			Message: "An admin has disabled or revoked this approver. Ask an admin if you think this is a mistake."}
+	default:
 		data = errorPage{pageBase: h.base("error", "Error"), Heading: "Something went wrong",
 			Message: "The server could not show this page. Try again in a moment."}
 	}
