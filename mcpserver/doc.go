@@ -314,12 +314,18 @@
 // reads the body once under MaxBodyBytes (413 and a JSON-RPC -32600 when
 // larger; nothing runs), answers framing errors itself (-32700 for invalid
 // JSON, -32600 for batches and non-request values; the SDK would answer
-// those in plain text), checks the Mcp-Name rule for tasks/get, tasks/update
-// and tasks/cancel in 2026-07-28 (the header must equal params.taskId, else
-// HTTP 400 and -32020; the SDK checks Mcp-Name only for tools/call,
-// prompts/get and resources/read), and passes what it learned in the
-// request context: the principal, the HTTP request's context, and whether a
-// tools/call carried params.task, which mcp.CallToolParamsRaw drops. The SDK
+// those in plain text), reads members by their exact names as the SDK does
+// (of duplicate keys the last) and answers HTTP 400 and -32600 to a key
+// that differs only in letter case from a name it reads (jsonrpc, id,
+// method, params; _meta, task and name in tools/call params; _meta and
+// taskId in tasks/get, tasks/update and tasks/cancel params), so that no
+// request is budgeted or checked as one message and run as another, checks
+// the Mcp-Name rule for tasks/get, tasks/update and tasks/cancel in
+// 2026-07-28 (the header must equal params.taskId, else HTTP 400 and
+// -32020; the SDK checks Mcp-Name only for tools/call, prompts/get and
+// resources/read), and passes what it learned in the request context: the
+// principal, the HTTP request's context, and whether a tools/call carried
+// params.task, which mcp.CallToolParamsRaw drops. The SDK
 // derives handler contexts from the HTTP request's context ("to allow
 // middleware to add context values", as its transport says); every test here
 // relies on it, and the middleware fails closed (-32603) if the values are

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -36,6 +38,15 @@ func FuzzJSONRPC(f *testing.F) {
 		`{"jsonrpc":"2.0","id":16,"result":{}}`,
 		`{"jsonrpc":"2.0","id":17,"method":"ping"}`,
 		strings.Repeat(`{"a":`, 2000) + strings.Repeat(`}`, 2000),
+		// Keys that differ only in letter case from a member the HTTP layer
+		// reads, and keys the SDK reads as that member.
+		`{"jsonrpc":"2.0","id":18,"method":"tools/call","params":{"name":"countersign_await","arguments":{"taskId":"tsk_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa","waitSeconds":1}},"Method":"tasks/result"}`,
+		`{"jsonrpc":"2.0","id":19,"Method":"tasks/result","method":"tools/call","params":{"name":"transfer_funds","arguments":{}}}`,
+		`{"JSONRPC":"2.0","jsonrpc":"2.0","ID":20,"id":20,"method":"ping","PARAMS":{}}`,
+		`{"jsonrpc":"2.0","id":21,"method":"tasks/get","params":{"taskId":"tsk_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa","TASKID":"decoy"}}`,
+		`{"jsonrpc":"2.0","id":22,"method":"tasks/cancel","params":{"taskId":"decoy","TaskId":"tsk_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa","_META":{}}}`,
+		`{"jsonrpc":"2.0","id":23,"method":"tools/call","params":{"name":"transfer_funds","NAME":"x","Task":{"ttl":1},"tas\u212a":{}}}`,
+		`{"jsonrpc":"2.0","id":24,"method":"tools/call","\u006dethod":"tasks/result","method":"ping"}`,
 	}
 	for _, s := range seeds {
 		f.Add([]byte(s), false, "")
@@ -61,6 +72,20 @@ func FuzzJSONRPC(f *testing.F) {
 		}
 		if logs := h.log.String(); strings.Contains(logs, "panic") {
 			t.Fatalf("panic logged for %q:\n%s", body, logs)
+		}
+		// The HTTP layer reads the method the SDK reads, or refuses the
+		// message.
+		var facts requestFacts
+		if _, rerr, _ := inspect(body, http.Header{}, &facts); rerr == nil {
+			if msg, err := jsonrpc.DecodeMessage(body); err == nil {
+				sdk := ""
+				if req, ok := msg.(*jsonrpc.Request); ok {
+					sdk = req.Method
+				}
+				if sdk != facts.method {
+					t.Fatalf("for %q the SDK reads method %q, the HTTP layer %q", body, sdk, facts.method)
+				}
+			}
 		}
 	})
 }

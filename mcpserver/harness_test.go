@@ -283,14 +283,15 @@ type rpc struct {
 
 // call describes one request.
 type call struct {
-	token   string            // bearer token; "" sends none
-	era     tasks.Era         // wire era
-	tasks   bool              // 2026: declare the tasks extension
-	caps    map[string]any    // 2026: more client capabilities
-	method  string            // JSON-RPC method
-	params  map[string]any    // params (a _meta is added for 2026)
-	headers map[string]string // extra or overriding headers
-	raw     []byte            // raw body, overrides everything above
+	token   string              // bearer token; "" sends none
+	era     tasks.Era           // wire era
+	tasks   bool                // 2026: declare the tasks extension
+	caps    map[string]any      // 2026: more client capabilities
+	method  string              // JSON-RPC method
+	params  map[string]any      // params (a _meta is added for 2026)
+	headers map[string]string   // extra or overriding headers
+	raw     []byte              // raw body, overrides everything above
+	edit    func([]byte) []byte // rewrites the body built from the fields above
 }
 
 var nextID atomic.Int64
@@ -353,6 +354,9 @@ func (h *harness) try(c call) (rpc, error) {
 		body, err = json.Marshal(map[string]any{"jsonrpc": "2.0", "id": nextID.Add(1), "method": c.method, "params": params})
 		if err != nil {
 			return rpc{}, err
+		}
+		if c.edit != nil {
+			body = c.edit(body)
 		}
 	}
 	for k, v := range c.headers {

@@ -346,8 +346,9 @@ func (s *Server) refuseKnownOverBudget(w http.ResponseWriter, r *http.Request, b
 			return principal, true
 		}
 		*body = b
-		var msg envelope
-		if json.Unmarshal(b, &msg) == nil {
+		// Read as inspect reads it; a message it would refuse is charged
+		// as one that holds a slot.
+		if msg, rerr := decodeEnvelope(bytes.TrimSpace(b)); rerr == nil {
 			method, id = msg.Method, validID(msg.ID)
 		}
 	}
@@ -564,10 +565,88 @@ func (s *Server) challenge(w http.ResponseWriter, errCode string) {
 
 // envelope is the part of a JSON-RPC message the HTTP layer looks at.
 type envelope struct {
-	JSONRPC string          `json:"jsonrpc"`
-	ID      json.RawMessage `json:"id"`
-	Method  string          `json:"method"`
-	Params  json.RawMessage `json:"params"`
+	JSONRPC string
+	ID      json.RawMessage
+	Method  string
+	Params  json.RawMessage
+}
+
+// The member names the HTTP layer reads: of every message, and of the
+// params of the methods whose params it reads.
+var (
+	envelopeNames   = []string{"jsonrpc", "id", "method", "params"}
+	toolCallNames   = []string{"_meta", "task", "name"}
+	taskMethodNames = []string{"_meta", "taskId"}
+)
+
+// The HTTP layer must read a message exactly as the SDK does, or a request
+// is budgeted and checked as one thing and run as another. The SDK decodes
+// member names exactly, and of duplicate keys keeps the last (as it does
+// for a key spelled with escapes); encoding/json into a struct matches
+// names case-insensitively, so "Method":"tasks/result" after
+// "method":"tools/call" was budgeted as tasks/result (a token, no in-flight
+// slot) and run as tools/call, and a "TASKID" after params.taskId was
+// compared with Mcp-Name in its place. So the layer decodes into maps,
+// which keep keys as sent (the last duplicate winning, unescaped, as in the
+// SDK), and takes exactly the member the SDK takes; and it refuses, with
+// HTTP 400 and -32600, a message with a key that equals a name it reads
+// under case folding without being that name. With no such key, a
+// case-sensitive and a case-insensitive reader take the same member, so no
+// decoder in the SDK or behind it can be shown another. No JSON-RPC or MCP
+// member is spelled that way; no client sends one.
+
+// decodeMembers decodes a JSON object into its members, keyed as sent, and
+// checks that no key differs only in letter case from one of names. It
+// returns an error for a value that is not an object (or null), and
+// caseOK false for such a key.
+func decodeMembers(b []byte, names []string) (m map[string]json.RawMessage, caseOK bool, err error) {
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, false, err
+	}
+	return m, exactKeys(m, names...), nil
+}
+
+// exactKeys reports whether every key of m that matches one of names
+// case-insensitively is that name exactly.
+func exactKeys(m map[string]json.RawMessage, names ...string) bool {
+	for k := range m {
+		for _, n := range names {
+			if k != n && strings.EqualFold(k, n) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// caseVariant is the error for a message with a key that differs only in
+// letter case from a name the HTTP layer reads (see decodeMembers).
+func caseVariant(where string, names []string) *rpcError {
+	return &rpcError{code: codeInvalidRequest, msg: fmt.Sprintf(
+		"Invalid Request: a %s member name differs only in letter case from %s; member names are case-sensitive",
+		where, strings.Join(names, ", "))}
+}
+
+// decodeEnvelope reads a JSON-RPC message's envelope as the SDK does. A
+// member of the wrong type, or a key that differs only in case from an
+// envelope name, is -32600; the envelope read so far comes with it.
+func decodeEnvelope(b []byte) (envelope, *rpcError) {
+	bad := &rpcError{code: codeInvalidRequest, msg: "Invalid Request"}
+	m, caseOK, err := decodeMembers(b, envelopeNames)
+	if err != nil || m == nil {
+		return envelope{}, bad
+	}
+	msg := envelope{ID: m["id"], Params: m["params"]}
+	if !caseOK {
+		return msg, caseVariant("message", envelopeNames)
+	}
+	if json.Unmarshal(m["jsonrpc"], &msg.JSONRPC) != nil || msg.JSONRPC != "2.0" {
+		return msg, bad
+	}
+	if v, ok := m["method"]; ok && json.Unmarshal(v, &msg.Method) != nil {
+		return msg, bad
+	}
+	return msg, nil
 }
 
 // inspect validates the framing of one JSON-RPC message, records facts the
@@ -585,37 +664,49 @@ func inspect(body []byte, h http.Header, facts *requestFacts) (json.RawMessage, 
 	case trimmed[0] != '{':
 		return nil, &rpcError{code: codeInvalidRequest, msg: "Invalid Request: not a JSON-RPC object"}, http.StatusBadRequest
 	}
-	var msg envelope
-	if err := json.Unmarshal(trimmed, &msg); err != nil || msg.JSONRPC != "2.0" {
-		return validID(msg.ID), &rpcError{code: codeInvalidRequest, msg: "Invalid Request"}, http.StatusBadRequest
+	msg, rerr := decodeEnvelope(trimmed)
+	if rerr != nil {
+		return validID(msg.ID), rerr, http.StatusBadRequest
 	}
 	if msg.Method == "" {
 		return nil, nil, 0 // a response to a server request; the SDK handles it
 	}
 	facts.method, facts.id = msg.Method, validID(msg.ID)
-	var params struct {
-		Meta   map[string]json.RawMessage `json:"_meta"`
-		Task   json.RawMessage            `json:"task"`
-		TaskID json.RawMessage            `json:"taskId"`
-		Name   json.RawMessage            `json:"name"`
+	var names []string
+	switch msg.Method {
+	case "tools/call":
+		names = toolCallNames
+	case "tasks/get", "tasks/update", "tasks/cancel":
+		names = taskMethodNames
+	default:
+		return nil, nil, 0 // params the layer does not read
 	}
-	if len(msg.Params) > 0 && json.Unmarshal(msg.Params, &params) != nil {
+	params, caseOK, err := decodeMembers(msg.Params, names)
+	switch {
+	case len(msg.Params) == 0:
+	case err != nil:
 		return nil, nil, 0 // params is not an object: the SDK answers -32602
+	case !caseOK:
+		return validID(msg.ID), caseVariant("params", names), http.StatusBadRequest
+	}
+	var meta map[string]json.RawMessage
+	if present(params["_meta"]) && json.Unmarshal(params["_meta"], &meta) != nil {
+		return nil, nil, 0 // _meta is not an object: the SDK answers -32602
 	}
 	switch msg.Method {
 	case "tools/call":
-		task := bytes.TrimSpace(params.Task)
+		task := bytes.TrimSpace(params["task"])
 		facts.legacyTask = len(task) > 0 && task[0] == '{'
-		_ = json.Unmarshal(params.Name, &facts.tool) // not a string: the SDK answers -32602
-		facts.wantsNotes = present(params.Meta["progressToken"]) || present(params.Meta[metaLogLevel])
-	case "tasks/get", "tasks/update", "tasks/cancel":
+		_ = json.Unmarshal(params["name"], &facts.tool) // not a string: the SDK answers -32602
+		facts.wantsNotes = present(meta["progressToken"]) || present(meta[metaLogLevel])
+	default: // tasks/get, tasks/update, tasks/cancel
 		var metaVersion string
-		_ = json.Unmarshal(params.Meta["io.modelcontextprotocol/protocolVersion"], &metaVersion)
+		_ = json.Unmarshal(meta["io.modelcontextprotocol/protocolVersion"], &metaVersion)
 		if h.Get(headerProtocolVersion) < modernVersion && metaVersion < modernVersion {
 			break // 2025-11-25 has no Mcp-Name rule
 		}
 		var taskID string
-		if json.Unmarshal(params.TaskID, &taskID) != nil {
+		if json.Unmarshal(params["taskId"], &taskID) != nil {
 			break // no string taskId: the handler answers -32602
 		}
 		if name, ok := decodeHeaderValue(h.Get(headerName)); !ok || name != taskID {

@@ -156,21 +156,6 @@ func isLoopback(addr string) bool {
 	return err == nil && ip.IsLoopback()
 }
 
-// exactKeys reports whether every key of m that matches one of names
-// case-insensitively is that name exactly. The SDK decodes
-// case-sensitively and encoding/json does not; a request that spells a
-// member differently is left to the SDK.
-func exactKeys(m map[string]json.RawMessage, names ...string) bool {
-	for k := range m {
-		for _, n := range names {
-			if k != n && strings.EqualFold(k, n) {
-				return false
-			}
-		}
-	}
-	return true
-}
-
 // sdkID returns a request id as the SDK's JSON-RPC layer keeps it (a
 // string, or a number as an int64) for the answer, or false if the message
 // is not a call the SDK would answer.
