@@ -164,7 +164,7 @@
 // exist and the arguments validate (else -32602, as tools/call), and
 // policy is asked with action.name "transaction-token/issue" and the same
 // subject, resource and context as the call. Only "allow" issues; anything
-// else is the JSON-RPC error CodeTokenRefused (-32030) whose data is the
+// else is the JSON-RPC error CodeTokenRefused (-31030) whose data is the
 // RFC's error_handling object (error_type "permission_denied", reason
 // "policy"). The result is {token, jti, kid, sub, tool, parameters_hash,
 // issued_at, expires_at, metaKey}. Issuance is audited before the token is
@@ -289,7 +289,7 @@
 // do the notification streams, which have a cap of their own (see
 // Notification streams).
 // Over budget the answer is HTTP 429 with Retry-After (whole seconds) and
-// the JSON-RPC error CodeTooManyRequests (-32029) "Too many requests: …"
+// the JSON-RPC error CodeTooManyRequests (-31029) "Too many requests: …"
 // with the request's id; nothing runs, and no other principal is slowed.
 // The refusal is answered after a pause of one to one and a half seconds
 // (or when the client hangs up): an agent that ignores Retry-After and retries in a tight loop
@@ -299,12 +299,13 @@
 // authenticates.
 // The same code answers HTTP 503 when the server-wide guard sheds a slow
 // request body (internal/httplimit, through WriteHTTPError); a body that
-// does not arrive within the read deadline is HTTP 408 with -32600. -32029
+// does not arrive within the read deadline is HTTP 408 with -32600. -31029
 // is one code for "refused for load, retry later", distinct from every
-// code that says something about the request itself; it is in JSON-RPC's
-// implementation-defined range and unused by the SDKs and the
-// specification. Buckets of idle principals are forgotten, so memory stays
-// bounded. The budget is per process, like the task creation rate.
+// code that says something about the request itself; it is an application
+// code outside -32768 to -32000, the range JSON-RPC reserves (MCP defines
+// its own codes in -32020 to -32099 and forbids emitting others there).
+// Buckets of idle principals are forgotten, so memory stays bounded. The
+// budget is per process, like the task creation rate.
 //
 // # Bridging the SDK
 //
@@ -418,7 +419,7 @@
 //
 // A stream lasts as long as its client, so it spends one request token but
 // holds no in-flight slot, and a principal may hold MaxStreamsPerPrincipal
-// (16) at once: the next is HTTP 429 with -32029 "Too many open
+// (16) at once: the next is HTTP 429 with -31029 "Too many open
 // notification streams…". The server sets no write deadline (no
 // WriteTimeout in internal/app; internal/httplimit only sets read
 // deadlines, which net/http clears once a body is read), so nothing cuts a

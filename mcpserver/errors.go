@@ -25,10 +25,11 @@ const (
 	// CodeTooManyRequests answers a request refused for load, never for
 	// what it asked: over the caller's request budget (HTTP 429) or while
 	// the server sheds slow request bodies (HTTP 503). Retry-After says
-	// when to retry. An implementation-defined code (JSON-RPC reserves
-	// -32000 to -32099 for those) that neither the SDKs nor the MCP
-	// specification use.
-	CodeTooManyRequests = -32029
+	// when to retry. An application code (429, as in HTTP), outside
+	// -32768 to -32000, which JSON-RPC reserves: MCP keeps -32020 to -32099
+	// for codes its specification defines and forbids emitting any other
+	// there, and allocates nothing new in -32000 to -32019.
+	CodeTooManyRequests = -31029
 )
 
 // Fixed client-facing messages.

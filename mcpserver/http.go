@@ -369,8 +369,8 @@ func (s *Server) refuseKnownOverBudget(w http.ResponseWriter, r *http.Request, b
 // holds one of the principal's in-flight slots until release, except
 // 2025-11-25 tasks/result, which waits for its task by design and only
 // spends a token (so do notification streams: admitStream). Refused, admit
-// answers HTTP 429 with Retry-After and a -32029 error for id, and returns
-// false.
+// answers HTTP 429 with Retry-After and a CodeTooManyRequests error for id,
+// and returns false.
 func (s *Server) admit(w http.ResponseWriter, r *http.Request, principal, method string, id json.RawMessage) (release func(), ok bool) {
 	now := s.now()
 	var retry time.Duration

@@ -114,14 +114,14 @@ type Options struct {
 	// MaxInFlightPerPrincipal caps its concurrent requests (default 16;
 	// 2025-11-25 tasks/result, which waits for the task by design, spends a
 	// token but holds no slot). Over budget the request is answered HTTP 429
-	// with Retry-After and JSON-RPC error -32029, and nothing runs.
+	// with Retry-After and JSON-RPC error -31029, and nothing runs.
 	RequestsPerSecond       float64
 	RequestBurst            int
 	MaxInFlightPerPrincipal int
 	// MaxStreamsPerPrincipal caps one principal's open notification
 	// streams (default 16): 2026-07-28 subscriptions/listen and 2025-11-25
 	// GET. Opening one spends a request token but holds no in-flight slot;
-	// over the cap the answer is HTTP 429 and -32029.
+	// over the cap the answer is HTTP 429 and -31029.
 	MaxStreamsPerPrincipal int
 	// KeepAlive is the interval of the SSE comments on a quiet
 	// notification stream (default DefaultKeepAlive).

@@ -26,9 +26,9 @@ const ExtTransactionTokens = "io.countersign/transaction-tokens"
 
 // CodeTokenRefused answers a transaction-token request policy does not
 // allow: its data is the RFC's error_handling object (error_type
-// "permission_denied", reason "policy"). Implementation-defined, like
-// CodeTooManyRequests.
-const CodeTokenRefused = -32030
+// "permission_denied", reason "policy"). An application code outside
+// JSON-RPC's reserved range, like CodeTooManyRequests.
+const CodeTokenRefused = -31030
 
 // MetaTokenError is the _meta key of a tools/call result whose token was
 // rejected: the RFC's error_handling object plus the specific reason.

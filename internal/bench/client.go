@@ -115,7 +115,7 @@ func (e *rpcError) Error() string {
 
 // codeTooManyRequests is mcpserver.CodeTooManyRequests: the request budget
 // and the task-creation rate.
-const codeTooManyRequests = -32029
+const codeTooManyRequests = -31029
 
 // errorKind names an error for a report: rate-limited, rpc-CODE, http-STATUS,
 // timeout, transport or other.
