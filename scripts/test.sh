@@ -78,6 +78,7 @@ for target in \
   "FuzzBearerToken ./internal/authn" \
   "FuzzParse ./txtoken" \
   "FuzzCanonicalize ./internal/canon" \
+  "FuzzNumber ./internal/canon" \
   "FuzzVerify ./audit" \
   "FuzzSealLine ./audit" \
   "FuzzVerifyResponse ./passkey" \

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"os"
 	"testing"
 
@@ -32,7 +33,13 @@ type interopVector struct {
 // kept raw), keys sorted by UTF-16 code units, numbers in ECMAScript form
 // (2^53+1 rounds to a double, -0 is 0, 1e21 switches to exponent form),
 // nesting, key order and whitespace of the input, the empty object.
+//
+// The hash is computed from the canonical bytes with canon.HashCanonical,
+// because canon.Hash refuses arguments holding a number JCS changes in value
+// (2^53+1 in "big and small numbers"); for every other vector canon.Hash
+// must give the same hash.
 func TestInteropVectors(t *testing.T) {
+	refused := map[string]bool{"big and small numbers": true}
 	b, err := os.ReadFile("testdata/sep2672-vectors.json")
 	if err != nil {
 		t.Fatal(err)
@@ -53,12 +60,19 @@ func TestInteropVectors(t *testing.T) {
 			if string(c) != v.Canonical {
 				t.Errorf("canonical:\n got %s\nwant %s", c, v.Canonical)
 			}
-			h, err := canon.Hash(v.Tool, []byte(v.Arguments), v.ServerID)
-			if err != nil {
-				t.Fatal(err)
-			}
+			h := canon.HashCanonical(v.Tool, c, v.ServerID)
 			if h.String() != v.ActionHash {
 				t.Errorf("action hash %s, want %s", h, v.ActionHash)
+			}
+			switch got, err := canon.Hash(v.Tool, []byte(v.Arguments), v.ServerID); {
+			case refused[v.Name]:
+				if !errors.Is(err, canon.ErrInexactNumber) {
+					t.Errorf("canon.Hash: got %v, want the inexact number refused", err)
+				}
+			case err != nil:
+				t.Errorf("canon.Hash: %v", err)
+			case got != h:
+				t.Errorf("canon.Hash %s, want %s", got, h)
 			}
 			nonce, err := hex.DecodeString(v.Nonce)
 			if err != nil || len(nonce) != 32 {
