@@ -20,6 +20,10 @@
 //  3. The action hash canon.Hash(tool, arguments, ServerID), over the
 //     arguments exactly as received: no defaults, no coercion. The policy
 //     input, the envelope and the approver's challenge all bind these bytes.
+//     Arguments holding a number whose value JCS would change (one not
+//     exactly representable as an IEEE-754 double, canon.ErrInexactNumber)
+//     are -32602 as in step 2, naming the number; nothing runs. The same
+//     check answers countersign/transactionToken and approval/challenge/create.
 //  4. pdp.Evaluate. An evaluation error is a deny (cause logged, generic
 //     reason sent).
 //  5. allow: the tool runs once now (fresh idempotency key) and its result

@@ -480,6 +480,46 @@ func TestUnknownToolAndInvalidArguments(t *testing.T) {
 	}
 }
 
+// A number JCS would round (2^53+1 rounds to 2^53) gives the action hash of
+// another value: every tools/call refuses it as invalid arguments, before
+// policy, and nothing is stored or run (canon.Hash).
+func TestInexactNumberRefused(t *testing.T) {
+	h := newHarness(t, nil)
+	p := principal(t, "a")
+	for _, era := range eras {
+		status := map[tasks.Era]int{tasks.Era2026: http.StatusBadRequest, tasks.Era2025: http.StatusOK}[era]
+		for _, tc := range []struct{ name, amount, nearest string }{
+			{"held for approval", "5000.000000000000000001", "5000"},
+			{"allowed", "250.00000000000000001", "250"},
+			{"2^53+1", "9007199254740993", "9007199254740992"},
+		} {
+			t.Run(tc.name+"/"+string(era), func(t *testing.T) {
+				to := acct(t, "inexact")
+				args := json.RawMessage(`{"to":"` + to + `","amount":` + tc.amount + `,"currency":"EUR"}`)
+				c := call{token: tok(p), era: era, tasks: true, method: "tools/call", params: map[string]any{"name": "transfer_funds", "arguments": args}}
+				if era == tasks.Era2025 {
+					c.params["task"] = map[string]any{"ttl": 60000}
+				}
+				r := h.do(t, c)
+				r.fails(t, status, codeInvalidParams)
+				want := `invalid arguments for tool transfer_funds: number ` + tc.amount + ` at "/amount" is not exactly representable as an IEEE-754 double (nearest: ` + tc.nearest + `)`
+				if r.Error.Message != want {
+					t.Errorf("message %q, want %q", r.Error.Message, want)
+				}
+				if n := h.transfersTo(t, to); n != 0 {
+					t.Errorf("%d transfers", n)
+				}
+			})
+		}
+	}
+	if n, _ := h.env.store.CountPending(context.Background(), p); n != 0 {
+		t.Errorf("%d pending tasks after refused calls", n)
+	}
+	if strings.Contains(h.log.String(), "tools/call decided") {
+		t.Errorf("a refused call reached policy:\n%s", h.log.String())
+	}
+}
+
 func TestDedupReturnsSameTask(t *testing.T) {
 	h := newHarness(t, nil)
 	p, to := principal(t, "a"), acct(t, "dup")

@@ -218,6 +218,45 @@ func TestTokenRejectionsChangeNothing(t *testing.T) {
 	}
 }
 
+// A token issued for 5000 binds the action hash of 5000; a call with a
+// number that JCS rounds to 5000 would have carried the same hash. It is
+// refused as invalid arguments, the token stays unspent and no audit record
+// is written; nor is a token issued for such a number.
+func TestTokenInexactNumber(t *testing.T) {
+	h, _, l, keys := tokenHarness(t, nil)
+	for _, era := range []tasks.Era{tasks.Era2025, tasks.Era2026} {
+		t.Run(string(era), func(t *testing.T) {
+			bad := map[tasks.Era]int{tasks.Era2026: http.StatusBadRequest, tasks.Era2025: http.StatusOK}[era]
+			who, to := principal(t, "a"), principal(t, "acct")
+			inexact := json.RawMessage(`{"to":"` + to + `","amount":5000.000000000000000001,"currency":"EUR"}`)
+			h.requestToken(t, era, who, "transfer_funds", inexact).fails(t, bad, codeInvalidParams)
+
+			args := transferArgs(to, 5000)
+			tok := h.mustToken(t, era, who, "transfer_funds", args)
+			r := h.do(t, call{token: "tok:" + who, era: era, method: "tools/call", params: map[string]any{
+				"name": "transfer_funds", "arguments": inexact, "_meta": map[string]any{txtoken.MetaKey: tok.Token}}})
+			r.fails(t, bad, codeInvalidParams)
+			if n := h.transfersTo(t, to); n != 0 {
+				t.Fatalf("%d transfers after the refused call", n)
+			}
+			lines, err := l.Chain(context.Background(), tok.JTI)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, recs, err := audit.CheckChain(tok.JTI, lines, audit.CheckOptions{Keys: keys.PublicKeys()}); err != nil || len(recs) != 1 || recs[0].Kind != audit.KindTokenIssued {
+				t.Fatalf("the refused call left audit records: %v, %d records", err, len(recs))
+			}
+			// The token is unspent: it runs its own call, once.
+			if res := h.callWithToken(t, era, who, "transfer_funds", args, tok.Token); res.IsError {
+				t.Fatalf("rightful call after the refusal: %s", res.text())
+			}
+			if n := h.transfersTo(t, to); n != 1 {
+				t.Fatalf("%d transfers, want 1", n)
+			}
+		})
+	}
+}
+
 func TestTokenIssuanceRefusals(t *testing.T) {
 	h, _, _, _ := tokenHarness(t, nil)
 	for _, era := range []tasks.Era{tasks.Era2025, tasks.Era2026} {

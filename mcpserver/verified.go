@@ -255,10 +255,15 @@ func isJSONObject(b json.RawMessage) bool {
 // evaluate asks policy about a call: action is "tools/call", or
 // pdp.ActionIssueToken for a token request. The action hash binds the
 // arguments exactly as received, at now. An evaluation error is a deny (the
-// cause logged, a generic reason sent); only arguments that are not JSON
-// are an error.
+// cause logged, a generic reason sent); only arguments that are not JSON,
+// or that hold a number the action hash cannot bind exactly
+// (canon.ErrInexactNumber), are an error: -32602, nothing stored.
 func (s *Server) evaluate(ctx context.Context, info *callInfo, action string, tool gateway.Tool, args json.RawMessage, now time.Time) (canon.ActionHash, pdp.Decision, error) {
 	hash, err := canon.Hash(tool.Name, args, s.opts.ServerID)
+	if errors.Is(err, canon.ErrInexactNumber) {
+		// Like a schema failure: -32602 naming the number (wireError).
+		return hash, pdp.Decision{}, &gateway.ArgumentError{Tool: tool.Name, Reason: strings.TrimPrefix(err.Error(), "canon: ")}
+	}
 	if err != nil {
 		return hash, pdp.Decision{}, invalidParams("Invalid arguments: not valid JSON")
 	}

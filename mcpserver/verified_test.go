@@ -489,6 +489,35 @@ func TestVerifiedHappyTamperReplay(t *testing.T) {
 	}
 }
 
+// An assertion over quantity 100 binds the action hash of 100; a quantity
+// that JCS rounds to 100 would have carried the same hash. Neither a
+// challenge nor a verified call accepts it, and the challenge stays
+// unconsumed.
+func TestVerifiedInexactNumber(t *testing.T) {
+	h := newVerifiedHarness(t)
+	p := freshPrincipal(t, "a")
+	k := h.enroll(t, p, "hybrid", "internal")
+	inexact := json.RawMessage(`{"symbol":"AAPL","side":"buy","quantity":100.00000000000000001,"limit":150}`)
+	h.challengeRPC(t, p, "place_trade", inexact).fails(t, http.StatusOK, codeInvalidParams)
+
+	env := h.challenge(t, p, trade(100))
+	evidence := evidenceOf(env, k.sign(t, env))
+	r := h.callWith(t, p, inexact, evidence)
+	r.fails(t, http.StatusOK, codeInvalidParams)
+	if !strings.Contains(r.Error.Message, `number 100.00000000000000001 at "/quantity"`) {
+		t.Errorf("message %q", r.Error.Message)
+	}
+	if n := h.trades(t, p); n != 0 {
+		t.Fatalf("the refused call executed %d trades", n)
+	}
+	// The challenge was not consumed: the signed call runs, once.
+	var res toolCallResult
+	h.callWith(t, p, trade(100), evidence).ok(t, &res)
+	if res.IsError || h.trades(t, p) != 1 {
+		t.Fatalf("signed call after the refusal: %+v", res)
+	}
+}
+
 func mustJSON(tb testing.TB, v any) json.RawMessage {
 	tb.Helper()
 	b, err := json.Marshal(v)
