@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"strings"
 	"sync"
 	"time"
 
@@ -320,6 +321,9 @@ func (s *Service) Issue(ctx context.Context, r Request) (Issued, error) {
 		return Issued{}, errors.New("txtoken: principal, tool and issuer are required")
 	}
 	hash, err := canon.Hash(r.Tool, r.Arguments, s.opts.ServerID)
+	if errors.Is(err, canon.ErrInexactNumber) {
+		return Issued{}, fmt.Errorf("%w: invalid arguments for tool %s: %s", ErrInvalidRequest, r.Tool, strings.TrimPrefix(err.Error(), "canon: "))
+	}
 	if err != nil {
 		return Issued{}, err
 	}
@@ -369,7 +373,9 @@ func (s *Service) Issue(ctx context.Context, r Request) (Issued, error) {
 }
 
 // ErrInvalidRequest marks a token request that names no known tool or
-// whose arguments do not validate; its message is safe to show the caller.
+// whose arguments do not validate, or hold a number the action hash cannot
+// bind exactly (canon.ErrInexactNumber); its message is safe to show the
+// caller.
 var ErrInvalidRequest = errors.New("txtoken: invalid token request")
 
 // Rotate makes a new signing key current, for every replica (each follows

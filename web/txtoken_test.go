@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/txtoken"
@@ -104,6 +106,25 @@ func TestAdminIssuesTransactionToken(t *testing.T) {
 	}
 	if _, err := svc.Redeem(context.Background(), got.Token, txtoken.Expect{Principal: testRequester, Tool: "transfer_funds", ActionHash: got.ParametersHash}); err != nil {
 		t.Fatalf("redeem: %v", err)
+	}
+}
+
+// A number JCS rounds would give the token the action hash of another
+// value: the request is a 400 that names the number, and nothing is issued.
+func TestAdminRefusesInexactNumber(t *testing.T) {
+	var svc *txtoken.Service
+	var l *audit.Log
+	e := newEnv(t, withTokens(t, &svc, &l))
+	args := json.RawMessage(`{"to":"acct","amount":5000.000000000000000001,"currency":"EUR"}`)
+	body := map[string]any{"principal": testRequester, "tool": "transfer_funds", "arguments": args}
+	r := e.do(t, http.MethodPost, "/admin/v1/transaction-tokens", body, e.adminAuth()...)
+	want := `invalid arguments for tool transfer_funds: number 5000.000000000000000001 at \"/amount\" is not exactly representable as an IEEE-754 double (nearest: 5000)`
+	if r.code != http.StatusBadRequest || !strings.Contains(string(r.body), want) {
+		t.Fatalf("got %v, want 400 with %s", r, want)
+	}
+	n := 0
+	if err := l.Export(context.Background(), time.Time{}, func([]byte) error { n++; return nil }); err != nil || n != 0 {
+		t.Fatalf("%d audit records after the refusal (%v)", n, err)
 	}
 }
 
