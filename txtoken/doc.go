@@ -48,7 +48,10 @@
 //  11. mcp.parameters_hash: the action hash of the call's arguments;
 //  12. use: the jti is consumed by a create-only write to UsedBucket (TTL
 //     UsedTTL, longer than any token lives plus the skew). Of any number of
-//     concurrent uses, on any replicas, exactly one create succeeds.
+//     concurrent uses, on any replicas, exactly one create succeeds. A
+//     write answered by another error (a timeout) may have landed: the
+//     entry is read back, and is this request's if it holds this
+//     redemption's nonce.
 //
 // The first failing check is the answer, as an *Error: the RFC's
 // error_handling object (status_code, error_type, message, retry_allowed)
@@ -87,18 +90,26 @@
 // the jti when the token verified): nobody but the token's principal can
 // grow its chain, so nobody else can fill it and block the token's use.
 // A token whose issuance cannot be recorded is not returned; a consumption
-// that cannot be recorded does not run the call. A rejection's record is
-// best effort (logged when it fails; the rejection stands), and the
-// records a caller can cause with garbage tokens are bounded by its
-// request budget (mcpserver).
+// that cannot be recorded does not run the call. Once the jti is consumed,
+// its records (the consumption, the result, a failure) are written
+// without the request's cancellation, within a bound (settleTimeout): a
+// caller that hangs up or cancels does not leave a spent token without
+// them. A redemption a store failure stops (the key, its retirement or
+// the consume could not be read or written) is a "token-rejected" of
+// type TypeInternal (reason "internal"), in the token's chain for a
+// failed consume, else in a chain of its own; the caller gets an error,
+// not a rejection. A rejection's record is best effort (logged when it
+// fails; the rejection stands), and the records a caller can cause with
+// garbage tokens are bounded by its request budget (mcpserver).
 //
 // # Crash semantics
 //
 // The jti is consumed before the call runs, and the call runs only in the
-// request that consumed it. A process that dies after the consume and
-// before (or during) the call leaves the token spent and a chain ending in
-// "token-consumed" without a "token-result": the call ran at most once,
-// possibly not at all, and the same token can never run it again. The
-// caller then needs a new token. "Ran twice" is impossible by
-// construction; "did not run, token spent" is the price.
+// request that consumed it, to its end even if the caller goes away
+// (mcpserver detaches it from the request's cancellation). A process that
+// dies after the consume and before (or during) the call leaves the token
+// spent and a chain ending in "token-consumed" without a "token-result":
+// the call ran at most once, possibly not at all, and the same token can
+// never run it again. The caller then needs a new token. "Ran twice" is
+// impossible by construction; "did not run, token spent" is the price.
 package txtoken

@@ -45,6 +45,16 @@ const (
 	ReasonAlreadyUsed      = "already_used"          // the jti was consumed before
 )
 
+// TypeInternal and ReasonInternal mark, in the audit log only, a
+// redemption that failed on this server's side: the key store or the
+// used-token store could not be read or written, so nothing ran. They are
+// not one of the RFC's error types: the caller gets an internal error, not
+// a token rejection.
+const (
+	TypeInternal   = "internal_error"
+	ReasonInternal = "internal"
+)
+
 // Error is a rejected token: nothing ran and, but for the audit record,
 // nothing changed. Its wire form is the RFC's error_handling object plus
 // the specific reason.
@@ -198,7 +208,11 @@ type Redemption struct {
 // outcome is audited: a rejection (*Error) is recorded, then returned; a
 // consumption is recorded before Redeem returns, and a consumption that
 // could not be recorded returns an error, so the call does not run.
-// Any other error means nothing runs; the token may be spent.
+// Any other error (a store that failed) is recorded as a rejection of
+// type TypeInternal, and nothing runs; the token may be spent.
+//
+// Once the jti is consumed, ctx's cancellation no longer counts: the
+// caller hanging up must not leave a spent token without its record.
 func (s *Service) Redeem(ctx context.Context, raw string, x Expect) (*Redemption, error) {
 	var kid string
 	c, err := Parse(raw, func(k string) (ed25519.PublicKey, error) { kid = k; return s.publicKey(ctx, k) })
@@ -208,10 +222,16 @@ func (s *Service) Redeem(ctx context.Context, raw string, x Expect) (*Redemption
 		return nil, rej
 	}
 	if err != nil {
+		// The key store failed before the token verified: no jti.
+		s.rejected(ctx, "", internalError(""), x)
 		return nil, err
 	}
 	retired, err := s.retiredAt(ctx, kid)
 	if err != nil {
+		// The token verified, but whether its key was retired before
+		// it was signed is unknown: its jti is named, not trusted with
+		// its chain.
+		s.rejected(ctx, "", internalError(c.ID), x)
 		return nil, err
 	}
 	if !retired.IsZero() && time.Unix(c.IssuedAt, 0).After(retired) {
@@ -235,27 +255,93 @@ func (s *Service) Redeem(ctx context.Context, raw string, x Expect) (*Redemption
 		return nil, rej
 	}
 	consumed := audit.TokenConsumed{JTI: c.ID, Principal: x.Principal, Tool: x.Tool, ActionHash: x.ActionHash, At: now.UTC()}
-	val, _ := json.Marshal(consumed)
-	if _, err := s.used.Create(ctx, c.ID, val); err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			rej := reject(ReasonAlreadyUsed, "the token has already been used")
-			rej.JTI = c.ID
-			s.rejected(ctx, c.ID, rej, x)
-			return nil, rej
-		}
-		return nil, fmt.Errorf("txtoken: consume %s: %w", c.ID, err)
+	ours, err := s.consume(ctx, consumed)
+	// From here on the jti may be spent: record whatever happens, even if
+	// the caller has gone.
+	dctx, cancel := detach(ctx)
+	defer cancel()
+	if err != nil {
+		s.rejected(dctx, c.ID, internalError(c.ID), x)
+		return nil, err
 	}
-	if err := s.record(ctx, c.ID, audit.Step{ID: audit.StepTokenConsumed, Kind: audit.KindTokenConsumed, At: now.UTC(), Body: consumed}); err != nil {
+	if !ours {
+		rej := reject(ReasonAlreadyUsed, "the token has already been used")
+		rej.JTI = c.ID
+		s.rejected(dctx, c.ID, rej, x)
+		return nil, rej
+	}
+	if err := s.record(dctx, c.ID, audit.Step{ID: audit.StepTokenConsumed, Kind: audit.KindTokenConsumed, At: now.UTC(), Body: consumed}); err != nil {
 		return nil, fmt.Errorf("txtoken: audit consumption of %s (token spent, call not run): %w", c.ID, err)
 	}
 	s.log.InfoContext(ctx, "txtoken: consumed", "jti", c.ID, "principal", x.Principal, "tool", x.Tool)
 	return &Redemption{Claims: c, s: s}, nil
 }
 
+// usedEntry is the value of a consumed jti's entry in UsedBucket: the
+// consumption, and a nonce of the redemption that wrote it, so a request
+// whose write's answer was lost can tell its own write from another's.
+type usedEntry struct {
+	audit.TokenConsumed
+	Redemption string `json:"redemption"`
+}
+
+// consume takes the consumption's jti with a create-only write, and
+// reports whether this request took it (false: it was taken before). A
+// write whose answer is an error other than "key exists" (a timeout, say)
+// may have landed all the same: the entry is read back, without ctx's
+// cancellation, and is this request's if it holds this request's nonce.
+// An error means the store does not show this request's write (then the
+// token may yet be spent by it) or could not be read.
+func (s *Service) consume(ctx context.Context, consumed audit.TokenConsumed) (bool, error) {
+	val, err := json.Marshal(usedEntry{TokenConsumed: consumed, Redemption: newID("")})
+	if err != nil {
+		return false, err
+	}
+	_, err = s.used.Create(ctx, consumed.JTI, val)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrKeyExists):
+		return false, nil
+	}
+	rctx, cancel := detach(ctx)
+	defer cancel()
+	e, gerr := s.used.Get(rctx, consumed.JTI)
+	switch {
+	case gerr == nil:
+		s.log.WarnContext(ctx, "txtoken: consume answered an error, read back", "jti", consumed.JTI, "ours", bytes.Equal(e.Value(), val), "err", err)
+		return bytes.Equal(e.Value(), val), nil
+	case errors.Is(gerr, jetstream.ErrKeyNotFound):
+		return false, fmt.Errorf("txtoken: consume %s (not in the store; nothing ran): %w", consumed.JTI, err)
+	}
+	return false, fmt.Errorf("txtoken: consume %s (outcome unknown, token may be spent; nothing ran; read back: %v): %w", consumed.JTI, gerr, err)
+}
+
+// internalError is the rejection recorded for a redemption a store
+// failure stopped (TypeInternal); jti is set once the token verified.
+func internalError(jti string) *Error {
+	return &Error{StatusCode: 500, ErrorType: TypeInternal, Reason: ReasonInternal,
+		Message: "the token could not be checked or consumed: a store failed; nothing ran", JTI: jti}
+}
+
+// settleTimeout bounds what is done after the jti is consumed without the
+// caller's cancellation: the consumption and result records, and reading
+// back a consume whose answer was lost. It exceeds recordPatience.
+const settleTimeout = 2 * recordPatience
+
+// detach is ctx without its cancellation, bounded by settleTimeout.
+func detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+}
+
 // Finish records what the one run returned: its disposition and the
-// digest of its result (audit.Digest). A failure is logged: the call has
-// run, and the chain then shows a consumption without a result.
+// digest of its result (audit.Digest). It is recorded without ctx's
+// cancellation: the call has run, whether or not its caller is still
+// there. A failure is logged, and the chain then shows a consumption
+// without a result.
 func (r *Redemption) Finish(ctx context.Context, disposition string, result any) {
+	ctx, cancel := detach(ctx)
+	defer cancel()
 	at := r.s.opts.Now().UTC()
 	resultDigest, err := audit.Digest(result)
 	if err != nil {
