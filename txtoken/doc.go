@@ -29,7 +29,10 @@
 // the old one ("retired.<kid>" = when); every replica follows "current" when
 // it next issues, and a retired key's token verifies only if issued before
 // the retirement, so once those have expired the old key mints nothing
-// that passes.
+// that passes. A failed compare-and-set is judged by what "current" holds
+// afterwards (a timeout may come after the write landed): only a revision
+// conflict with another new key current means another rotation won, and a
+// key that is current is never retired.
 //
 // # Verification, in order
 //

@@ -378,40 +378,65 @@ func (s *Service) Issue(ctx context.Context, r Request) (Issued, error) {
 // caller.
 var ErrInvalidRequest = errors.New("txtoken: invalid token request")
 
+// Rotation is what [Service.Rotate] did.
+type Rotation struct {
+	// KeyID is the key that signs from now on.
+	KeyID string
+	// Retired is the key this rotation replaced and retired; empty when a
+	// concurrent rotation won (it made KeyID current and retires the old
+	// key itself).
+	Retired string
+}
+
 // Rotate makes a new signing key current, for every replica (each follows
 // "current" when it next issues), and retires the one it replaces: a token
 // of a retired key verifies only if it was issued before the retirement, so
 // once the last of them has expired (MaxLifetime plus the skew) the old key
 // can mint nothing that passes. Concurrent rotations are safe: "current"
 // moves by compare-and-set, and the loser's key is retired at once, unused.
-func (s *Service) Rotate(ctx context.Context) (string, error) {
+//
+// A failed compare-and-set is judged by what "current" holds afterwards,
+// since a timeout may come after the write landed: the new key current
+// means the rotation happened; a revision conflict with another new key
+// current means another rotation won; anything else is an error, and no
+// key is retired. A key that is current is never retired.
+func (s *Service) Rotate(ctx context.Context) (Rotation, error) {
 	e, err := s.keys.Get(ctx, currentKey)
 	if err != nil {
-		return "", fmt.Errorf("txtoken: read current key: %w", err)
+		return Rotation{}, fmt.Errorf("txtoken: read current key: %w", err)
 	}
 	old := string(e.Value())
 	kid, err := s.newKey(ctx)
 	if err != nil {
-		return "", err
+		return Rotation{}, err
 	}
 	now := s.opts.Now().UTC()
-	retire := old
+	out, retire := Rotation{KeyID: kid, Retired: old}, old
 	if _, err := s.keys.Update(ctx, currentKey, []byte(kid), e.Revision()); err != nil {
-		// Another rotation won: this key never signed anything.
-		retire = kid
+		ce, gerr := s.keys.Get(ctx, currentKey)
+		if gerr != nil {
+			return Rotation{}, fmt.Errorf("txtoken: make %s current: %w (then reading the current key: %v)", kid, err, gerr)
+		}
+		switch cur := string(ce.Value()); {
+		case cur == kid:
+			// The write landed; its answer was lost.
+		case !errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+			return Rotation{}, fmt.Errorf("txtoken: make %s current: %w", kid, err)
+		case cur == old:
+			return Rotation{}, fmt.Errorf("txtoken: make %s current: a revision conflict, yet %s is still current: %w", kid, old, err)
+		default:
+			// Another rotation won: this key never signed anything.
+			out, retire = Rotation{KeyID: cur}, kid
+		}
 	}
 	if _, err := s.keys.Create(ctx, "retired."+retire, []byte(now.Format(time.RFC3339Nano))); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
-		return "", fmt.Errorf("txtoken: retire key %s: %w", retire, err)
+		return Rotation{}, fmt.Errorf("txtoken: retire key %s: %w", retire, err)
 	}
-	cur, err := s.keys.Get(ctx, currentKey)
-	if err != nil {
-		return "", fmt.Errorf("txtoken: read current key: %w", err)
+	if err := s.use(ctx, out.KeyID); err != nil {
+		return Rotation{}, err
 	}
-	if err := s.use(ctx, string(cur.Value())); err != nil {
-		return "", err
-	}
-	s.log.InfoContext(ctx, "txtoken: signing key rotated", "kid", string(cur.Value()), "retired", retire)
-	return string(cur.Value()), nil
+	s.log.InfoContext(ctx, "txtoken: signing key rotated", "kid", out.KeyID, "retired", retire)
+	return out, nil
 }
 
 // retiredAt returns when kid was retired, or the zero time for a key in

@@ -488,9 +488,10 @@ func TestRotate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kid, err := a.svc.Rotate(ctx)
-	if err != nil || kid == old || a.svc.CurrentKeyID() != kid {
-		t.Fatalf("rotate: %q %v", kid, err)
+	rot, err := a.svc.Rotate(ctx)
+	kid := rot.KeyID
+	if err != nil || kid == old || rot.Retired != old || a.svc.CurrentKeyID() != kid {
+		t.Fatalf("rotate: %+v %v", rot, err)
 	}
 	after := b.issue(t)
 	if after.KeyID != kid || b.svc.CurrentKeyID() != kid {
@@ -535,5 +536,90 @@ func TestConcurrentRotate(t *testing.T) {
 	}
 	if r, err := a.svc.retiredAt(ctx, ia.KeyID); err != nil || !r.IsZero() {
 		t.Fatalf("the current key is retired: %v %v", r, err)
+	}
+}
+
+// TestRotateUpdateTimeout: the compare-and-set of "current" times out,
+// before or after its write lands. Before: Rotate fails and changes
+// nothing (the old key stays current and unretired, to be rotated again).
+// After: the rotation happened, and Rotate says so; the new key is
+// current, not retired, and its tokens verify.
+func TestRotateUpdateTimeout(t *testing.T) {
+	ctx := context.Background()
+	t.Run("before the write", func(t *testing.T) {
+		f := newFixture(t)
+		old := f.svc.CurrentKeyID()
+		f.svc.keys = &faultyKV{KeyValue: f.svc.keys, key: currentKey, onWrite: timeoutBefore}
+		if rot, err := f.svc.Rotate(ctx); err == nil || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("rotate: %+v %v", rot, err)
+		}
+		if r, err := f.svc.retiredAt(ctx, old); err != nil || !r.IsZero() {
+			t.Fatalf("the current key was retired: %v %v", r, err)
+		}
+		if is := f.issue(t); is.KeyID != old {
+			t.Fatalf("signs with %s, want %s", is.KeyID, old)
+		}
+	})
+	t.Run("after the write", func(t *testing.T) {
+		f := newFixture(t)
+		old := f.svc.CurrentKeyID()
+		f.svc.keys = &faultyKV{KeyValue: f.svc.keys, key: currentKey, onWrite: timeoutAfter}
+		rot, err := f.svc.Rotate(ctx)
+		if err != nil || rot.KeyID == old || rot.Retired != old {
+			t.Fatalf("rotate: %+v %v", rot, err)
+		}
+		if r, err := f.svc.retiredAt(ctx, rot.KeyID); err != nil || !r.IsZero() {
+			t.Fatalf("the new current key is retired: %v %v", r, err)
+		}
+		if r, err := f.svc.retiredAt(ctx, old); err != nil || r.IsZero() {
+			t.Fatalf("the old key is not retired: %v %v", r, err)
+		}
+		f.advance(2 * DefaultSkew)
+		is := f.issue(t)
+		if _, err := f.svc.Redeem(ctx, is.Token, expect(t)); is.KeyID != rot.KeyID || err != nil {
+			t.Fatalf("token of %s (want %s): %v", is.KeyID, rot.KeyID, err)
+		}
+	})
+}
+
+// TestRotateConflict: another replica rotates between this one's read of
+// "current" and its compare-and-set. This rotation loses: the winner's
+// key is current and unretired, this one's key is retired unused, and a
+// conflict that leaves the old key current is an error, not a success.
+func TestRotateConflict(t *testing.T) {
+	ctx := context.Background()
+	a := newFixture(t)
+	b := newFixtureOn(t, a.js, serverID)
+	old := a.svc.CurrentKeyID()
+	var won Rotation
+	a.svc.keys = &faultyKV{KeyValue: a.svc.keys, key: currentKey, onWrite: func(write func() (uint64, error)) (uint64, error) {
+		var err error
+		if won, err = b.svc.Rotate(ctx); err != nil {
+			return 0, err
+		}
+		return write()
+	}}
+	rot, err := a.svc.Rotate(ctx)
+	if err != nil || rot.KeyID != won.KeyID || rot.Retired != "" || won.Retired != old {
+		t.Fatalf("rotate: %+v %v (winner %+v)", rot, err, won)
+	}
+	if r, err := a.svc.retiredAt(ctx, won.KeyID); err != nil || !r.IsZero() {
+		t.Fatalf("the winner's key is retired: %v %v", r, err)
+	}
+	if is := a.issue(t); is.KeyID != won.KeyID {
+		t.Fatalf("signs with %s, want %s", is.KeyID, won.KeyID)
+	}
+
+	// A conflict, yet the old key still current: an error.
+	c := newFixture(t)
+	old = c.svc.CurrentKeyID()
+	c.svc.keys = &faultyKV{KeyValue: c.svc.keys, key: currentKey, onWrite: func(func() (uint64, error)) (uint64, error) {
+		return 0, jetstream.ErrKeyRevisionMismatch
+	}}
+	if rot, err := c.svc.Rotate(ctx); err == nil {
+		t.Fatalf("rotate: %+v", rot)
+	}
+	if r, err := c.svc.retiredAt(ctx, old); err != nil || !r.IsZero() {
+		t.Fatalf("the current key was retired: %v %v", r, err)
 	}
 }

@@ -17,7 +17,7 @@ import (
 // and rotates the signing key (txtoken.Service.Rotate).
 type TokenIssuer interface {
 	IssueFor(ctx context.Context, principal, tool string, arguments json.RawMessage, issuedBy string) (txtoken.Issued, error)
-	Rotate(ctx context.Context) (kid string, err error)
+	Rotate(ctx context.Context) (txtoken.Rotation, error)
 }
 
 var errTokensOff = notFound("transaction tokens are not enabled on this server")
@@ -83,10 +83,10 @@ func (h *Handler) rotateTokenKey(w http.ResponseWriter, r *http.Request) error {
 	if err := h.decodeJSON(w, r, &struct{}{}, false); err != nil {
 		return err
 	}
-	kid, err := h.txtokens.Rotate(r.Context())
+	rot, err := h.txtokens.Rotate(r.Context())
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, rotateKeyResponse{KeyID: kid})
+	writeJSON(w, http.StatusCreated, rotateKeyResponse{KeyID: rot.KeyID})
 	return nil
 }

@@ -32,7 +32,7 @@ func (s schemaIssuer) IssueFor(ctx context.Context, principal, tool string, args
 	return s.svc.Issue(ctx, txtoken.Request{Principal: principal, Tool: tool, Arguments: args, IssuedBy: by})
 }
 
-func (s schemaIssuer) Rotate(ctx context.Context) (string, error) { return s.svc.Rotate(ctx) }
+func (s schemaIssuer) Rotate(ctx context.Context) (txtoken.Rotation, error) { return s.svc.Rotate(ctx) }
 
 func withTokens(t *testing.T, out **txtoken.Service, log **audit.Log) envOption {
 	return func(e *env, s *setup) {

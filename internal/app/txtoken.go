@@ -28,4 +28,4 @@ func (t tokenIssuer) IssueFor(ctx context.Context, principal, tool string, args 
 	return t.svc.Issue(ctx, txtoken.Request{Principal: principal, Tool: tl.Name, Arguments: args, IssuedBy: issuedBy})
 }
 
-func (t tokenIssuer) Rotate(ctx context.Context) (string, error) { return t.svc.Rotate(ctx) }
+func (t tokenIssuer) Rotate(ctx context.Context) (txtoken.Rotation, error) { return t.svc.Rotate(ctx) }
