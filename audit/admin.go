@@ -11,10 +11,11 @@ import (
 
 // Admin chains. An admin's action on an identity (the bootstrap or rotation
 // of an admin token; disabling, enabling or revoking an agent, an approver
-// or one of an approver's passkeys) is an "admin" record in the chain of
-// that identity, named by [AdminChainID]: "admin-agent-…", "admin-admin-…"
-// (a hash of the name) or "admin-approver-<approver id>" (the approver's
-// passkeys share their approver's chain). Every record of an admin chain is
+// or one of an approver's passkeys; the rotation of the transaction-token
+// signing key) is an "admin" record in the chain of that identity, named
+// by [AdminChainID]: "admin-agent-…", "admin-admin-…", "admin-txtoken-key-…"
+// (a hash of the name or key ID) or "admin-approver-<approver id>" (the
+// approver's passkeys share their approver's chain). Every record of an admin chain is
 // an "admin" record; after a target's revocation no record acts on that
 // target again ([RuleAdmin]). Admin chains have no outcome record: each
 // record is final when written. At most [MaxChainLen] actions per identity.
@@ -30,17 +31,22 @@ const (
 	TargetApprover = "approver"
 	TargetPasskey  = "passkey"
 	TargetAdmin    = "admin"
+	// TargetTokenKey is a transaction-token signing key (package
+	// txtoken); its ID is the key ID.
+	TargetTokenKey = "txtoken-key"
 )
 
 // Admin actions: disable, enable and revoke an agent, an approver or a
 // passkey; create or rotate an admin token (admin init, the admin token
-// file).
+// file); make a transaction-token signing key current in place of another,
+// which is retired (AdminKeyRotate, the target the new key).
 const (
 	AdminDisable     = "disable"
 	AdminEnable      = "enable"
 	AdminRevoke      = "revoke"
 	AdminTokenCreate = "token-create"
 	AdminTokenRotate = "token-rotate"
+	AdminKeyRotate   = "key-rotate"
 )
 
 // AdminTarget names what an admin acted on.
@@ -64,7 +70,9 @@ type AdminAction struct {
 	// "server:admin-token-file".
 	By string `json:"by"`
 	// Token is the fingerprint (first 16 hex of its SHA-256) of an admin
-	// token created; Replaced, of the token it replaced and revoked.
+	// token created; Replaced, of the token it replaced and revoked, or,
+	// for AdminKeyRotate, the ID of the signing key it replaced and
+	// retired.
 	Token    string    `json:"token,omitempty"`
 	Replaced string    `json:"replaced,omitempty"`
 	At       time.Time `json:"at"`
@@ -113,7 +121,7 @@ func checkAdminTarget(t AdminTarget) error {
 		return fmt.Errorf("audit: approver id %q", t.ID)
 	case t.Type == TargetPasskey && (t.Approver == "" || !ValidTaskID("a"+t.Approver)):
 		return fmt.Errorf("audit: passkey %q without a valid approver", t.ID)
-	case t.Type != TargetAgent && t.Type != TargetApprover && t.Type != TargetPasskey && t.Type != TargetAdmin:
+	case t.Type != TargetAgent && t.Type != TargetApprover && t.Type != TargetPasskey && t.Type != TargetAdmin && t.Type != TargetTokenKey:
 		return fmt.Errorf("audit: unknown admin target type %q", t.Type)
 	}
 	return nil
@@ -126,6 +134,7 @@ var adminStatus = map[string]string{
 	AdminRevoke:      "revoked",
 	AdminTokenCreate: "active",
 	AdminTokenRotate: "active",
+	AdminKeyRotate:   "active",
 }
 
 // verifyAdminChain checks an admin chain by RuleAdmin. Links and step

@@ -25,6 +25,8 @@ func TestRecordAdmin(t *testing.T) {
 		{AdminAction{Action: AdminRevoke, Target: AdminTarget{Type: TargetAgent, ID: "Billing.Bot@x"}, Status: "revoked", By: "admin:admin", At: at}, 4},
 		{AdminAction{Action: AdminRevoke, Target: AdminTarget{Type: TargetPasskey, ID: "cred-AbC_1", Approver: approver}, Status: "revoked", By: "admin:admin", At: at}, 5},
 		{AdminAction{Action: AdminDisable, Target: AdminTarget{Type: TargetApprover, ID: approver}, Status: "disabled", By: "admin:admin", At: at}, 6},
+		{AdminAction{Action: AdminKeyRotate, Target: AdminTarget{Type: TargetTokenKey, ID: "ed25519-00112233445566778899aabbccddeeff"}, Status: "active", By: "admin:admin",
+			Replaced: "ed25519-ffeeddccbbaa99887766554433221100", At: at}, 0},
 	}
 	for _, a := range acts {
 		id, r, err := l.RecordAdmin(ctx, a.a, a.key)
@@ -57,7 +59,7 @@ func TestRecordAdmin(t *testing.T) {
 		t.Fatal(err)
 	}
 	rep := Verify(export, keys.PublicKeys(), VerifyOptions{})
-	if !rep.OK || len(rep.Tasks) != 3 {
+	if !rep.OK || len(rep.Tasks) != 4 {
 		t.Fatalf("verify: %+v", rep)
 	}
 	for _, v := range rep.Tasks {

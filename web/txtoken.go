@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 
+	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/txtoken"
 )
@@ -70,15 +72,26 @@ func (h *Handler) issueToken(w http.ResponseWriter, r *http.Request) error {
 }
 
 type rotateKeyResponse struct {
-	KeyID string `json:"kid"`
+	KeyID       string `json:"kid"`
+	Retired     string `json:"retired,omitempty"`
+	AuditChain  string `json:"auditChain,omitempty"`
+	AuditRecord string `json:"auditRecord,omitempty"`
 }
 
-// rotateTokenKey: POST /admin/v1/transaction-tokens/keys → 201 {kid}: a new
-// signing key for every replica; the old one is retired (its tokens issued
-// before now still verify until they expire).
+// rotateTokenKey: POST /admin/v1/transaction-tokens/keys → 201 {kid,
+// retired, auditChain, auditRecord}: a new signing key for every replica;
+// the old one is retired (its tokens issued before now still verify until
+// they expire). The rotation is an admin record (audit.AdminKeyRotate) in
+// the new key's chain: who rotated, the new key and the one it retired.
+// When a concurrent rotation won, this one made no key current: it
+// answers the winner's key, without "retired", and records nothing (the
+// winner does).
 func (h *Handler) rotateTokenKey(w http.ResponseWriter, r *http.Request) error {
 	if h.txtokens == nil {
 		return errTokensOff
+	}
+	if err := h.canRecord(); err != nil {
+		return err
 	}
 	if err := h.decodeJSON(w, r, &struct{}{}, false); err != nil {
 		return err
@@ -87,6 +100,18 @@ func (h *Handler) rotateTokenKey(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, rotateKeyResponse{KeyID: rot.KeyID})
+	out := rotateKeyResponse{KeyID: rot.KeyID, Retired: rot.Retired}
+	if rot.Retired != "" {
+		// Key 0: a key becomes current once, so its chain holds one
+		// rotation, and a retry of the record writes nothing new.
+		chain, rec, err := h.audit.RecordAdmin(r.Context(), audit.AdminAction{Action: audit.AdminKeyRotate,
+			Target: audit.AdminTarget{Type: audit.TargetTokenKey, ID: rot.KeyID}, Status: "active",
+			By: h.actor(r), Replaced: rot.Retired, At: h.now().UTC()}, 0)
+		if err != nil {
+			return fmt.Errorf("web: record the rotation to %s (done; not recorded): %w", rot.KeyID, err)
+		}
+		out.AuditChain, out.AuditRecord = chain, rec.RecordRef
+	}
+	writeJSON(w, http.StatusCreated, out)
 	return nil
 }

@@ -50,6 +50,7 @@ func withTokens(t *testing.T, out **txtoken.Service, log **audit.Log) envOption 
 		}
 		*out, *log = svc, l
 		s.site.Transactions = schemaIssuer{svc}
+		s.site.Audit = l
 	}
 }
 
@@ -147,9 +148,22 @@ func TestAdminRotatesTransactionTokenKey(t *testing.T) {
 	}
 	r := e.do(t, http.MethodPost, path, nil, e.adminAuth()...)
 	var got struct {
-		KeyID string `json:"kid"`
+		KeyID       string `json:"kid"`
+		Retired     string `json:"retired"`
+		AuditChain  string `json:"auditChain"`
+		AuditRecord string `json:"auditRecord"`
 	}
-	if r.code != http.StatusCreated || json.Unmarshal(r.body, &got) != nil || got.KeyID == old || got.KeyID != svc.CurrentKeyID() {
+	if r.code != http.StatusCreated || json.Unmarshal(r.body, &got) != nil || got.KeyID == old || got.KeyID != svc.CurrentKeyID() || got.Retired != old {
 		t.Fatalf("rotate: %v (old %s)", r, old)
+	}
+	// The rotation is an admin record: who, the new key, the retired one.
+	target := audit.AdminTarget{Type: audit.TargetTokenKey, ID: got.KeyID}
+	if got.AuditChain != audit.AdminChainID(target) || got.AuditRecord != got.AuditChain+"/0" {
+		t.Fatalf("audit %s %s", got.AuditChain, got.AuditRecord)
+	}
+	recs := adminChain(t, l, got.AuditChain)
+	if len(recs) != 1 || recs[0].Action != audit.AdminKeyRotate || recs[0].Target != target || recs[0].By != "admin:root" ||
+		recs[0].Replaced != old || recs[0].Status != "active" {
+		t.Fatalf("admin records %+v", recs)
 	}
 }
