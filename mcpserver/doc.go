@@ -193,8 +193,13 @@
 // retirement, audience, issued-at, lifetime, expiry with a small skew, subject, tool,
 // parameters hash, then the atomic consume). Then the call runs once on the
 // same path as an allowed call (execute), and the run's disposition and
-// result digest are audited. An allowed call ignores a token it carries
-// (nothing is consumed); a denied one is denied whatever it carries.
+// result digest are audited. Once the token is consumed, the run and its
+// records no longer follow the request's cancellation: a caller that sends
+// notifications/cancelled, or whose connection fails, does not cut the
+// authorized call half-way (an approved task's activity does not stop
+// either); the run is bounded by the tool's own limit. An allowed call
+// ignores a token it carries (nothing is consumed); a denied one is denied
+// whatever it carries.
 //
 // A missing or rejected token is an isError CallToolResult built by
 // tasks.Outcome(denied-not-executed), its text naming the error type and
@@ -204,8 +209,10 @@
 // its jti. It is a result and not a JSON-RPC error for the reason a denial
 // is (below): the request was understood and answered "did not run". A
 // missing token is error_type "permission_denied", reason "missing_token",
-// retry_allowed true. The token store or the audit log failing is -32603:
-// nothing ran (the token may be spent).
+// retry_allowed true; it is not audited, since no token was issued or
+// used. The token store or the audit log failing is -32603: nothing ran
+// (the token may be spent), and the failure is audited as a
+// "token-rejected" of type internal_error (package txtoken, "Audit").
 //
 // Exactly once: the jti consume is a create-only write to NATS KV, so of
 // any number of calls with one token, on any replicas, one runs. No

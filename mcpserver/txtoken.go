@@ -131,6 +131,14 @@ func tokenFrom(meta mcp.Meta) (raw string, present bool) {
 // does the call run, once, on the same path as an allowed call. A missing
 // or rejected token is an isError result saying the call did NOT run, with
 // the RFC's error object under MetaTokenError.
+//
+// A consumed token's call runs to its end and its result is recorded even
+// if ctx is cancelled (the SDK cancels it for notifications/cancelled, or
+// when the connection fails): the call was authorized and the token is
+// spent, so cutting it half-way would leave an outcome nobody knows and a
+// token nobody can use again. An approved task's run is the same: its
+// activity does not stop when the agent goes away. The run is bounded by
+// the tool's own limit (an upstream's per-call timeout).
 func (s *Server) runWithToken(ctx context.Context, c *gatedCall) (tasks.CallToolResult, error) {
 	if s.opts.Tokens == nil {
 		return tasks.Outcome(tasks.DeniedNotExecuted, c.tool.Name,
@@ -151,7 +159,7 @@ func (s *Server) runWithToken(ctx context.Context, c *gatedCall) (tasks.CallTool
 		// The token store or the audit log failed: nothing ran.
 		return tasks.CallToolResult{}, internal(err)
 	}
-	res := s.execute(ctx, c)
+	res := s.execute(context.WithoutCancel(ctx), c)
 	disposition := "executed"
 	switch d, _ := res.Meta[tasks.MetaDisposition].(string); {
 	case c.protocolErr != nil:

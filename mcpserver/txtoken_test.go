@@ -7,12 +7,15 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/countersign/countersign/audit"
+	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
 	"github.com/countersign/countersign/txtoken"
@@ -384,5 +387,81 @@ func TestTokenCapability(t *testing.T) {
 		if ok != on || (on && (ext["method"] != MethodTransactionToken || ext["metaKey"] != txtoken.MetaKey)) {
 			t.Fatalf("tokens %v: extension %v %v", on, ok, ext)
 		}
+	}
+}
+
+// deployTool replaces deploy_service (a token-mode tool of tokenPolicy)
+// with run, in a registry of its own.
+func deployTool(t *testing.T, run func(ctx context.Context, call gateway.Call) (tasks.CallToolResult, error)) func(*Options) {
+	t.Helper()
+	reg, err := gateway.NewRegistry(gateway.Tool{
+		Name:        "deploy_service",
+		Description: "Deploys a service (test double).",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"service":{"type":"string"}},"required":["service"],"additionalProperties":false}`),
+		Describe:    func(json.RawMessage) string { return "Deploy a service" },
+		Run:         run,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(o *Options) { o.Tools = reg }
+}
+
+// tokenChainKinds reads a token's chain, checked, as its record kinds, and
+// the last record's disposition.
+func tokenChainKinds(t *testing.T, l *audit.Log, keys *audit.Keyring, jti string) ([]string, string) {
+	t.Helper()
+	lines, err := l.Chain(context.Background(), jti)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, recs, err := audit.CheckChain(jti, lines, audit.CheckOptions{Keys: keys.PublicKeys()})
+	if err != nil || !v.OK {
+		t.Fatalf("chain %s: %v %+v", jti, err, v)
+	}
+	var kinds []string
+	for _, r := range recs {
+		kinds = append(kinds, r.Kind)
+	}
+	return kinds, v.Disposition
+}
+
+// TestTokenCallOutlivesCancel: the request's context is cancelled (the
+// go-sdk cancels it for notifications/cancelled) while its token call
+// runs. The token is spent, so the call runs to its end, uncancelled, and
+// its result is recorded: the chain is issued, consumed, result.
+func TestTokenCallOutlivesCancel(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	ranOut := make(chan error, 1)
+	h, _, l, keys := tokenHarness(t, deployTool(t, func(ctx context.Context, _ gateway.Call) (tasks.CallToolResult, error) {
+		close(started)
+		<-release
+		ranOut <- ctx.Err()
+		return tasks.CallToolResult{Content: []json.RawMessage{tasks.TextContent("deployed")}}, nil
+	}))
+	who := principal(t, "a")
+	tok := h.mustToken(t, tasks.Era2026, who, "deploy_service", map[string]any{"service": "api"})
+	info := &callInfo{principal: who, era: tasks.Era2026}
+	c, _, err := h.srv.decide(context.Background(), info, &mcp.CallToolParamsRaw{Name: "deploy_service",
+		Arguments: json.RawMessage(`{"service":"api"}`), Meta: mcp.Meta{txtoken.MetaKey: tok.Token}})
+	if err != nil || c.decision.Effect != pdp.EffectToken {
+		t.Fatalf("decide: %+v %v", c, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-started
+		cancel()
+		close(release)
+	}()
+	res, err := h.srv.runWithToken(ctx, c)
+	if err != nil || res.IsError {
+		t.Fatalf("run: %+v %v", res, err)
+	}
+	if err := <-ranOut; err != nil {
+		t.Fatalf("the tool's context was cancelled: %v", err)
+	}
+	kinds, disposition := tokenChainKinds(t, l, keys, tok.JTI)
+	if got := strings.Join(kinds, ","); got != "token-issued,token-consumed,token-result" || disposition != "executed" {
+		t.Fatalf("chain %s (%s)", got, disposition)
 	}
 }
