@@ -403,9 +403,14 @@ func (s *Server) execute(ctx context.Context, c *gatedCall) (res tasks.CallToolR
 		},
 	})
 	if errors.Is(err, gateway.ErrNotSent) {
-		// Nothing reached the tool: say so, and that it is safe to retry.
+		// Nothing reached the tool: say so, and that it is safe to retry
+		// (with a new token in the token mode: this one is spent).
 		s.log.WarnContext(ctx, "mcpserver: tool unreachable; call not sent", "tool", c.tool.Name, "err", err)
-		return tasks.Outcome(tasks.DeniedNotExecuted, c.tool.Name, "Its server could not be reached, so nothing was sent; try again later.", nil)
+		msg := "Its server could not be reached, so nothing was sent; try again later."
+		if c.decision.Effect == pdp.EffectToken {
+			msg = "Its server could not be reached, so nothing was sent. The transaction token is spent: to try again later, request a new token for this call."
+		}
+		return tasks.Outcome(tasks.DeniedNotExecuted, c.tool.Name, msg, nil)
 	}
 	var pe *gateway.ProtocolError
 	if errors.As(err, &pe) {

@@ -197,9 +197,10 @@
 // records no longer follow the request's cancellation: a caller that sends
 // notifications/cancelled, or whose connection fails, does not cut the
 // authorized call half-way (an approved task's activity does not stop
-// either); the run is bounded by the tool's own limit. An allowed call
-// ignores a token it carries (nothing is consumed); a denied one is denied
-// whatever it carries.
+// either); the run is bounded by the tool's own limit. A tool whose server
+// cannot be reached is denied-not-executed, saying that the token is spent
+// and a retry needs a new one. An allowed call ignores a token it carries
+// (nothing is consumed); a denied one is denied whatever it carries.
 //
 // A missing or rejected token is an isError CallToolResult built by
 // tasks.Outcome(denied-not-executed), its text naming the error type and

@@ -465,3 +465,23 @@ func TestTokenCallOutlivesCancel(t *testing.T) {
 		t.Fatalf("chain %s (%s)", got, disposition)
 	}
 }
+
+// TestTokenCallToolUnreachable: a token call whose tool cannot be reached
+// did not run, and its answer says the token is spent (a retry with it is
+// token_consumed), not merely "try again later".
+func TestTokenCallToolUnreachable(t *testing.T) {
+	h, _, _, _ := tokenHarness(t, deployTool(t, func(context.Context, gateway.Call) (tasks.CallToolResult, error) {
+		return tasks.CallToolResult{}, fmt.Errorf("%w: dial tcp: connection refused", gateway.ErrNotSent)
+	}))
+	who := principal(t, "a")
+	args := map[string]any{"service": "api"}
+	tok := h.mustToken(t, tasks.Era2026, who, "deploy_service", args)
+	res := h.callWithToken(t, tasks.Era2026, who, "deploy_service", args, tok.Token)
+	if !res.IsError || res.Meta[tasks.MetaDisposition] != string(tasks.DeniedNotExecuted) ||
+		!strings.Contains(res.text(), "nothing was sent. The transaction token is spent: to try again later, request a new token for this call.") {
+		t.Fatalf("got %+v: %s", res, res.text())
+	}
+	if e := tokenError(t, h.callWithToken(t, tasks.Era2026, who, "deploy_service", args, tok.Token)); e.ErrorType != txtoken.TypeTokenConsumed {
+		t.Fatalf("retry with the spent token: %+v", e)
+	}
+}
