@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/countersign/countersign/tasks"
@@ -29,19 +30,23 @@ func (s *Service) Get(ctx context.Context, owner, taskID string) (tasks.Record, 
 	return rec, nil
 }
 
-// List returns a page of owner's tasks, newest first, after cursor (the last
+// List returns a page of owner's tasks that have not expired (those Get
+// answers ErrExpired are left out), newest first, after cursor (the last
 // task ID of the previous page; ErrUnknownCursor unless one of owner's
-// tasks), and the cursor of the next page ("" at the end).
+// tasks), and the cursor of the next page ("" at the end). A page may be
+// shorter than limit with a next cursor: see tasks.Store.List for what a
+// page reads.
 func (s *Service) List(ctx context.Context, owner, cursor string, limit int) ([]tasks.Record, string, error) {
-	if cursor != "" {
-		if _, err := s.store.GetOwned(ctx, cursor, owner); err != nil {
-			if errors.Is(err, tasks.ErrTaskNotFound) {
-				return nil, "", ErrUnknownCursor
-			}
-			return nil, "", err
-		}
+	page, next, err := s.store.List(ctx, owner, cursor, limit)
+	if errors.Is(err, tasks.ErrInvalidCursor) {
+		return nil, "", ErrUnknownCursor
 	}
-	return s.store.List(ctx, owner, cursor, limit)
+	if err != nil {
+		return nil, "", err
+	}
+	// The store left out what had expired by its clock; this is Get's.
+	now := s.now()
+	return slices.DeleteFunc(page, func(r tasks.Record) bool { return r.Expired(now) }), next, nil
 }
 
 // Await waits until owner's task is terminal and returns it, or until ctx

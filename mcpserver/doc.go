@@ -484,7 +484,9 @@
 // is terminal (or the client hangs up) and returns the stored CallToolResult
 // with _meta "io.modelcontextprotocol/related-task", the stored JSON-RPC
 // error for a failed task, and for a cancelled task an isError result saying
-// the call did not run; tasks/list pages through the caller's tasks only;
+// the call did not run; tasks/list pages through the caller's tasks only,
+// leaving out those tasks/get answers expired (a page may be shorter than
+// its size and still have a nextCursor: tasks.Store.List);
 // tasks/cancel returns the task as cancelled once the workflow has accepted
 // the cancel (waiting briefly for the read model), and -32602 for a terminal
 // task or one whose execution has started.

@@ -1068,3 +1068,13 @@ func TestVerifiedSameSignedCallAtOnce(t *testing.T) {
 		t.Errorf("pending reservations after the tasks ended: %d, %v; want 0", n, err)
 	}
 }
+
+// A verified call's task ID is derived from its challenge, and the same
+// signed call sent again re-opens the task when its record is missing: the
+// retention sweep must not delete the record while the challenges bucket
+// still remembers the consume (the replay is challenge_unknown after).
+func TestRetentionGraceOutlivesChallenges(t *testing.T) {
+	if tasks.RetentionGrace <= passkey.ChallengeRetention {
+		t.Fatalf("tasks.RetentionGrace %s must outlive passkey.ChallengeRetention %s", tasks.RetentionGrace, passkey.ChallengeRetention)
+	}
+}

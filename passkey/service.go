@@ -35,15 +35,18 @@ const (
 	DefaultInBandChallengeTTL = 60 * time.Second
 	DefaultInviteTTL          = 72 * time.Hour
 	// MaxChallengeTTL bounds ChallengeTTL so that the challenges bucket's
-	// housekeeping age (challengeRetention) always outlives a challenge.
+	// housekeeping age (ChallengeRetention) always outlives a challenge.
 	MaxChallengeTTL = 24 * time.Hour
 	// enrollmentTTL is how long a registration challenge from BeginEnrollment
 	// stays valid (SEP-2672 §4.4.1 SHOULD default).
 	enrollmentTTL = 5 * time.Minute
-	// challengeRetention is the challenges bucket MaxAge: housekeeping only.
+	// ChallengeRetention is the challenges bucket MaxAge: housekeeping only.
 	// Expiry is always checked on read; a purged challenge reads as unknown,
-	// which still rejects.
-	challengeRetention = 2 * MaxChallengeTTL
+	// which still rejects. A consumed challenge is purged this long after
+	// its consume; until then the same signed evidence is its own
+	// consumer's (VerifyRequest.ConsumerKey), so the task store keeps a
+	// verified call's task record longer (tasks.RetentionGrace).
+	ChallengeRetention = 2 * MaxChallengeTTL
 	// casAttempts bounds compare-and-set retry loops.
 	casAttempts = 16
 )
@@ -190,7 +193,7 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 		{&s.approvers, BucketApprovers, "Countersign approvers", 0},
 		{&s.invites, BucketInvites, "Countersign enrollment invites (keyed by token hash)", 0},
 		{&s.credentials, BucketCredentials, "Countersign WebAuthn credentials", 0},
-		{&s.challenges, BucketChallenges, "Countersign SEP-2672 challenges", challengeRetention},
+		{&s.challenges, BucketChallenges, "Countersign SEP-2672 challenges", ChallengeRetention},
 	}
 	for _, b := range buckets {
 		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{

@@ -55,6 +55,16 @@
 // costs ~0.55 s of CPU, a quarter of what reading every record twice, one
 // at a time, cost (BenchmarkReconcile).
 //
+// # Retention
+//
+// A task is readable until CreatedAt+TTL; after that tasks/get answers it
+// expired and [Store.List] leaves it out. [RetentionGrace] later, and that
+// long after its last write, [Store.Sweep] deletes the record of a
+// finished task with all its keys (t, o, r, d, and a p key a crash left),
+// by compare-and-delete on the revisions it read, so a record written
+// since stays. A task that has not ended is never deleted. retention.go
+// says why nothing writes to or relies on a record that old.
+//
 // # Timeline vocabulary
 //
 // events.go names what can happen to a task: the timeline's [EventKind]s,

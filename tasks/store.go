@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -38,7 +39,9 @@ const Bucket = "countersign_tasks"
 //
 //	t.<taskID>            Record (JSON)
 //	r.<approvalRef>       taskID
-//	o.<owner>.<taskID>    "" (every task of an owner, for tasks/list)
+//	o.<owner>.<taskID>    the task's CreatedAt, RFC 3339 (every task of an
+//	                      owner, for tasks/list; "" in keys written before
+//	                      the index held it)
 //	p.<owner>.<taskID>    reservation state (non-terminal tasks of an owner):
 //	                      "held" (a pending-cap reservation), "releasing"
 //	                      (its release is under way) or "" (indexed only)
@@ -78,9 +81,16 @@ type StoreOptions struct {
 // Store keeps task records in NATS JetStream key-value, writing with
 // compare-and-set so concurrent writers never lose an update.
 type Store struct {
-	kv  jetstream.KeyValue
-	log *slog.Logger
-	now func() time.Time
+	kv jetstream.KeyValue
+	// stream is the bucket's stream, for what the key-value API does not
+	// offer: the retention sweep's bounded scan and its deletes that
+	// leave no marker (retention.go).
+	stream jetstream.Stream
+	log    *slog.Logger
+	now    func() time.Time
+	// beforeRecordPurge, set by tests, runs in the sweep between a
+	// record's index keys and the record itself.
+	beforeRecordPurge func(Record)
 }
 
 // NewStore opens (creating if needed) the task bucket.
@@ -99,7 +109,11 @@ func NewStore(ctx context.Context, js jetstream.JetStream, opts StoreOptions) (*
 	if err != nil {
 		return nil, fmt.Errorf("tasks: open bucket %s: %w", Bucket, err)
 	}
-	s := &Store{kv: kv, log: opts.Logger, now: opts.Now}
+	stream, err := js.Stream(ctx, "KV_"+Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("tasks: open stream of bucket %s: %w", Bucket, err)
+	}
+	s := &Store{kv: kv, stream: stream, log: opts.Logger, now: opts.Now}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -195,7 +209,7 @@ func (s *Store) Index(ctx context.Context, r Record) error {
 	var wg sync.WaitGroup
 	var ownerErr, pendingErr, refErr error
 	wg.Go(func() {
-		if _, err := s.kv.Put(ctx, "o."+owner+"."+r.TaskID, nil); err != nil {
+		if _, err := s.kv.Put(ctx, "o."+owner+"."+r.TaskID, []byte(indexStamp(r.CreatedAt))); err != nil {
 			ownerErr = fmt.Errorf("tasks: index owner: %w", err)
 		}
 	})
@@ -738,51 +752,110 @@ func (s *Store) entries(ctx context.Context, filter string) ([]jetstream.KeyValu
 	}
 }
 
-// List returns owner's tasks, newest first, a page at a time. cursor is the
-// opaque value returned as next by the previous page ("" for the first).
+// ErrInvalidCursor: a [Store.List] cursor that is not one of the owner's
+// tasks.
+var ErrInvalidCursor = errors.New("tasks: invalid cursor")
+
+// listReadSlack is how many records a [Store.List] page reads, at most,
+// beyond the ones it returns: those it leaves out (expired, or an index
+// entry whose record is gone).
+const listReadSlack = 200
+
+// List returns owner's tasks that have not expired (as [Record.Expired]
+// says at the store's clock, the answer tasks/get gives), newest first, a
+// page of at most limit at a time. cursor is the opaque value returned as
+// next by the previous page ("" for the first; [ErrInvalidCursor] unless
+// one of owner's tasks); next is "" after the last page.
+//
+// What a page costs: one scan of the owner's index (a key and a timestamp
+// per task, no record), which orders the tasks by creation, then reads of
+// the records from the cursor on, limit at a time and concurrently, until
+// the page is full: at most limit+listReadSlack records, however many tasks
+// the owner has. A page that reaches that bound before it is full ends
+// there, shorter, and its next cursor goes on from the last task it read.
+// The retention sweep keeps the index to the tasks that are live or
+// recently expired (retention.go). An index entry written before the index
+// held the creation time costs a read of its record, on every page; no
+// such entry outlives its task's retention.
 func (s *Store) List(ctx context.Context, owner, cursor string, limit int) (page []Record, next string, err error) {
 	if limit <= 0 {
 		limit = 50
 	}
-	keys, err := s.keys(ctx, "o."+OwnerKey(owner)+".>")
+	entries, err := s.entries(ctx, "o."+OwnerKey(owner)+".>")
 	if err != nil {
 		return nil, "", err
 	}
-	var recs []Record
-	for _, k := range keys {
+	type slot struct {
+		id string
+		at time.Time
+	}
+	slots := make([]slot, 0, len(entries))
+	var legacy []string
+	for _, e := range entries {
+		k := e.Key()
 		id := k[strings.LastIndexByte(k, '.')+1:]
-		r, err := s.Get(ctx, id)
-		if errors.Is(err, ErrTaskNotFound) {
+		at, err := time.Parse(time.RFC3339Nano, string(e.Value()))
+		if err != nil {
+			legacy = append(legacy, id)
 			continue
 		}
-		if err != nil {
-			return nil, "", err
-		}
-		recs = append(recs, r)
+		slots = append(slots, slot{id: id, at: at})
 	}
-	sort.Slice(recs, func(i, j int) bool {
-		if !recs[i].CreatedAt.Equal(recs[j].CreatedAt) {
-			return recs[i].CreatedAt.After(recs[j].CreatedAt)
+	// Entries without a creation time: their records tell it.
+	read := make(map[string]Record, len(legacy))
+	got, errs := s.getMany(ctx, legacy)
+	for i, err := range errs {
+		switch {
+		case errors.Is(err, ErrTaskNotFound):
+		case err != nil:
+			return nil, "", err
+		default:
+			read[legacy[i]] = got[i]
+			slots = append(slots, slot{id: legacy[i], at: got[i].CreatedAt})
 		}
-		return recs[i].TaskID < recs[j].TaskID
+	}
+	sort.Slice(slots, func(i, j int) bool {
+		if !slots[i].at.Equal(slots[j].at) {
+			return slots[i].at.After(slots[j].at)
+		}
+		return slots[i].id < slots[j].id
 	})
-	start := 0
+	i := 0
 	if cursor != "" {
-		start = -1
-		for i, r := range recs {
-			if r.TaskID == cursor {
-				start = i + 1
-				break
+		i = slices.IndexFunc(slots, func(sl slot) bool { return sl.id == cursor }) + 1
+		if i == 0 {
+			return nil, "", ErrInvalidCursor
+		}
+	}
+	now, budget := s.now(), limit+listReadSlack
+	for i < len(slots) && len(page) < limit && budget > 0 {
+		n := min(limit-len(page), budget, len(slots)-i)
+		var ids []string
+		for _, sl := range slots[i : i+n] {
+			if _, ok := read[sl.id]; !ok {
+				ids = append(ids, sl.id)
 			}
 		}
-		if start < 0 {
-			return nil, "", fmt.Errorf("tasks: invalid cursor")
+		got, errs := s.getMany(ctx, ids)
+		for j, err := range errs {
+			switch {
+			case errors.Is(err, ErrTaskNotFound):
+			case err != nil:
+				return nil, "", err
+			default:
+				read[ids[j]] = got[j]
+			}
 		}
+		for _, sl := range slots[i : i+n] {
+			if r, ok := read[sl.id]; ok && r.Owner == owner && !r.Expired(now) {
+				page = append(page, r)
+			}
+		}
+		i += n
+		budget -= n
 	}
-	end := min(start+limit, len(recs))
-	page = recs[start:end]
-	if end < len(recs) {
-		next = recs[end-1].TaskID
+	if i < len(slots) {
+		next = slots[i-1].id
 	}
 	return page, next, nil
 }
