@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -74,10 +75,12 @@ type App struct {
 	log    *slog.Logger
 	out    io.Writer
 	closed atomic.Bool
+	// stopBG ends the background loops (the reconciler, the retention
+	// sweep), and bg waits for them.
 	stopBG context.CancelFunc
+	bg     sync.WaitGroup
 	// stopWatch ends the watch that ends a disabled agent's streams.
 	stopWatch context.CancelFunc
-	bgDone    chan struct{}
 
 	nats     *natsrv.Server
 	temporal *devstack.Server
@@ -285,7 +288,10 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		}
 	}
 	if mode != ModeWorker {
-		a.startReconciler()
+		bg, cancel := context.WithCancel(context.Background())
+		a.stopBG = cancel
+		a.startReconciler(bg)
+		a.startRetention(bg)
 	}
 	return a, nil
 }
@@ -306,12 +312,8 @@ const (
 // shortly after when the first round left some to a later one, and then
 // periodically, until Shutdown. Each round reads every pending record, so
 // the second runs only when needed.
-func (a *App) startReconciler() {
-	ctx, cancel := context.WithCancel(context.Background())
-	a.stopBG = cancel
-	a.bgDone = make(chan struct{})
-	go func() {
-		defer close(a.bgDone)
+func (a *App) startReconciler(ctx context.Context) {
+	a.bg.Go(func() {
 		for first := true; ; first = false {
 			round, err := a.Approvals.ReconcileRound(ctx, reconcileGrace)
 			if err != nil && ctx.Err() == nil {
@@ -329,7 +331,47 @@ func (a *App) startReconciler() {
 			case <-t.C:
 			}
 		}
-	}()
+	})
+}
+
+// Retention sweep (tasks.Store.Sweep): a pass every retentionInterval, in
+// rounds of at most retentionBatch records, retentionPause apart, so that
+// a pass over a large backlog costs the store at most retentionBatch
+// records' reads and deletes a second. Every replica that serves sweeps;
+// their deletes are idempotent compare-and-deletes.
+const (
+	retentionInterval = 10 * time.Minute
+	retentionBatch    = 200
+	retentionPause    = time.Second
+)
+
+// startRetention deletes finished tasks past their retention and its grace
+// (tasks.RetentionGrace) until Shutdown. The first pass starts a minute
+// after the start, not to add to its work.
+func (a *App) startRetention(ctx context.Context) {
+	a.bg.Go(func() {
+		wait, from := time.Minute, uint64(0)
+		for {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			round, err := a.Store.Sweep(ctx, from, retentionBatch)
+			if err != nil && ctx.Err() == nil {
+				a.log.Warn("retention sweep", "err", err)
+			}
+			if round.Deleted > 0 {
+				a.log.Info("retention sweep deleted finished tasks", "deleted", round.Deleted)
+			}
+			from, wait = round.Next, retentionPause
+			if from == 0 {
+				wait = retentionInterval
+			}
+		}
+	})
 }
 
 // devNATSClientUser is the embedded NATS's user for other processes (the
@@ -694,7 +736,7 @@ func (a *App) Shutdown(ctx context.Context) error {
 	}
 	if a.stopBG != nil {
 		a.stopBG()
-		<-a.bgDone
+		a.bg.Wait()
 	}
 	if a.httpSrv != nil {
 		if err := a.httpSrv.Shutdown(ctx); err != nil {
