@@ -100,6 +100,10 @@ func FuzzUpstreamResult(f *testing.F) {
 		`{"jsonrpc":"2.0","id":@ID@,"result":{"content":[{"type":"text","text":"` + strings.Repeat("x", maxResult) + `"}]}}`,
 		`{"jsonrpc":"2.0","id":@ID@,"error":{"code":-32050,"message":"boom"}}`,
 		`{"jsonrpc":"2.0","id":@ID@,"error":{"code":-32602,"message":"bad","data":{"x":[1]}}}`,
+		// The codes of the go-sdk's own closing errors, which its client
+		// reports as mcp.ErrConnectionClosed.
+		`{"jsonrpc":"2.0","id":@ID@,"error":{"code":-32003,"message":"client is closing"}}`,
+		`{"jsonrpc":"2.0","id":@ID@,"error":{"code":-32004,"message":"server is closing"}}`,
 		`{"jsonrpc":"2.0","id":@ID@,"result":{"inputRequests":{"a":{"method":"elicitation/create","params":{}}}}}`,
 		`{"jsonrpc":"2.0","id":@ID@}`,
 		`{"jsonrpc":"2.0","id":"@ID@","result":{"content":[]}}`,

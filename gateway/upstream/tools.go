@@ -239,22 +239,24 @@ func (u *Upstream) call(ctx context.Context, tool string, call gateway.Call) (ou
 
 // send sends the call once. notSent reports that it certainly did not reach
 // the upstream; lost that this was because the HTTP session is gone.
+//
+// Whether the call was sent is what the tracker saw leave, never what the
+// error says: the SDK reports an upstream's JSON-RPC error answer with code
+// -32003 or -32004 as [mcp.ErrConnectionClosed], exactly as it reports a
+// call it refused to write because the connection was closing.
 func (u *Upstream) send(ctx context.Context, sess *mcp.ClientSession, tool string, args json.RawMessage) (res *mcp.CallToolResult, notSent, lost bool, err error) {
 	tr := &tracker{}
 	res, err = sess.CallTool(withTracker(ctx, tr), &mcp.CallToolParams{Name: tool, Arguments: args})
 	if err == nil {
 		return res, false, false, nil
 	}
-	if errors.Is(err, mcp.ErrConnectionClosed) {
-		// The SDK refused before writing: the connection was already closing.
-		return nil, true, false, err
-	}
-	if u.hc == nil {
-		return nil, false, false, err
-	}
 	delivered, notFound := tr.result()
 	if delivered {
 		return nil, false, false, err
+	}
+	if u.hc == nil {
+		// The request was never handed to the child's stdin.
+		return nil, true, false, err
 	}
 	return nil, true, notFound || errors.Is(err, mcp.ErrSessionMissing), err
 }

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/countersign/countersign/internal/telemetry"
@@ -43,15 +45,55 @@ func (rt *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
+// stdioTransport is the SDK's CommandTransport, its connection wrapped in a
+// writeRecorder.
+type stdioTransport struct {
+	*mcp.CommandTransport
+}
+
+func (t stdioTransport) Connect(ctx context.Context) (mcp.Connection, error) {
+	c, err := t.CommandTransport.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return writeRecorder{c}, nil
+}
+
+// writeRecorder records, for calls carrying a tracker, that their request
+// was handed to the connection: from then on it may have reached the child.
+// The SDK writes a call's request with the call's context, so the tracker
+// sees it. (The client side of the SDK asserts no optional interface on a
+// stdio connection that the wrapper would hide.)
+type writeRecorder struct {
+	mcp.Connection
+}
+
+func (c writeRecorder) Write(ctx context.Context, msg jsonrpc.Message) error {
+	if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
+		if tr, ok := ctx.Value(trackerKey{}).(*tracker); ok {
+			tr.wrote()
+		}
+	}
+	return c.Connection.Write(ctx, msg)
+}
+
 type trackerKey struct{}
 
-// tracker records whether any POST sent for one call may have reached the
-// server. The SDK sends a call's POST with the call's context, so the
-// tracker sees it.
+// tracker records whether a call's request may have reached the upstream:
+// over HTTP, what became of its POSTs (see roundTripper); over stdio,
+// whether it was written (see writeRecorder).
 type tracker struct {
 	mu        sync.Mutex
-	delivered bool // a POST may have reached the server's MCP handling
+	delivered bool // the request may have reached the server's MCP handling
 	notFound  bool // a POST was answered 404: the session is gone
+}
+
+// wrote records that the request was written to a child's stdin, or that
+// writing it began.
+func (tr *tracker) wrote() {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.delivered = true
 }
 
 func withTracker(ctx context.Context, tr *tracker) context.Context {

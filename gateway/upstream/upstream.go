@@ -18,9 +18,16 @@
 //     is an execution error, not a refusal).
 //   - The call was certainly not sent (no session, the connection was already
 //     closed, the HTTP session was gone and could not be re-established): an
-//     error wrapping [ErrNotSent]. Nothing happened upstream.
+//     error wrapping [ErrNotSent]. Nothing happened upstream. Whether the
+//     request left is what the transport saw (an HTTP POST that reached the
+//     server, a write to the child's stdin begun), never what the error
+//     says.
 //   - Anything else (timeout, the process died or the connection broke while
-//     the call was in flight): a plain error. The outcome is unknown.
+//     the call was in flight): a plain error. The outcome is unknown. This
+//     includes a JSON-RPC error answer with code -32003 or -32004: the SDK
+//     reports those codes, which are its own "client/server is closing", as
+//     the connection closing, and they may equally be a tool's failure or a
+//     server that refused the call while shutting down.
 //
 // A call is never sent twice, with one exception on HTTP: when the server
 // answers the call's POST with 404 (its session is gone, so it did not run
@@ -412,7 +419,7 @@ func (u *Upstream) connect() (*mcp.ClientSession, func(), error) {
 		cmd.Stderr = stderr
 		cmd.WaitDelay = terminateWait
 		flush = stderr.flush
-		t = &mcp.CommandTransport{Command: cmd, TerminateDuration: terminateWait}
+		t = stdioTransport{&mcp.CommandTransport{Command: cmd, TerminateDuration: terminateWait}}
 	}
 	sess, err := u.client.Connect(ctx, t, &mcp.ClientSessionOptions{ProtocolVersion: ProtocolVersion})
 	if err != nil {

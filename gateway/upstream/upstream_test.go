@@ -56,8 +56,16 @@ func argText(req *mcp.CallToolRequest) string {
 	return a.Text
 }
 
-// runHelper serves echo and block over stdio; with hang, tools/list never
-// answers.
+var codeSchema = json.RawMessage(`{"type":"object","properties":{"code":{"type":"integer"}}}`)
+
+func argCode(req *mcp.CallToolRequest) int64 {
+	var a struct{ Code int64 }
+	_ = json.Unmarshal(req.Params.Arguments, &a)
+	return a.Code
+}
+
+// runHelper serves echo, block and fail (a JSON-RPC error answer with the
+// given code) over stdio; with hang, tools/list never answers.
 func runHelper(hang bool) {
 	fmt.Fprintf(os.Stderr, "helper started pid=%d var=%s\n", os.Getpid(), os.Getenv("HELPER_VAR"))
 	s := mcp.NewServer(&mcp.Implementation{Name: "helper", Version: "1"}, nil)
@@ -72,6 +80,11 @@ func runHelper(hang bool) {
 		case <-time.After(time.Minute):
 		}
 		return &mcp.CallToolResult{Content: text("unblocked")}, nil
+	})
+	s.AddTool(&mcp.Tool{Name: "fail", InputSchema: codeSchema}, func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		code := argCode(req)
+		fmt.Fprintf(os.Stderr, "fail ran code=%d\n", code)
+		return nil, &jsonrpc.Error{Code: code, Message: "the tool failed"}
 	})
 	if hang {
 		s.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
@@ -703,5 +716,80 @@ func TestInputSchemaKeysExact(t *testing.T) {
 		if _, err := inputSchema(tc.schema); (err == nil) != tc.ok {
 			t.Errorf("%v: %v, want ok=%v", tc.schema, err, tc.ok)
 		}
+	}
+}
+
+// An upstream's JSON-RPC error answer is an answer, whatever its code: the
+// call reached the upstream (here the tool ran), so it is never reported as
+// not sent. The go-sdk client turns the codes of its own closing errors,
+// -32003 and -32004, into mcp.ErrConnectionClosed, which is also what it
+// returns when it refuses a call on a closing connection; only the latter
+// is "not sent". Such an answer is reported as outcome unknown: the code
+// alone cannot tell a tool's failure from a server that refused the call
+// while shutting down.
+func TestClosingCodeAnswer(t *testing.T) {
+	var ran atomic.Int32
+	srv := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	srv.AddTool(&mcp.Tool{Name: "fail", InputSchema: codeSchema}, func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		ran.Add(1)
+		return nil, &jsonrpc.Error{Code: argCode(req), Message: "the tool failed"}
+	})
+	ts := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	t.Cleanup(ts.Close)
+	var logs logBuf
+	hch, sch := make(changes, 100), make(changes, 100)
+	web := Start(context.Background(), Options{Name: "web", URL: ts.URL, Logger: logs.logger(), OnChange: hch.onChange})
+	t.Cleanup(func() { web.Close() })
+	helper := Start(context.Background(), Options{Name: "helper", Command: []string{os.Args[0]},
+		Env: map[string]string{helperEnv: "server"}, Logger: logs.logger(), OnChange: sch.onChange})
+	t.Cleanup(func() { helper.Close() })
+	webFail := find(hch.wait(t, "http tools", has("web__fail")), "web__fail")
+	helperFail := find(sch.wait(t, "stdio tools", has("helper__fail")), "helper__fail")
+
+	for _, code := range []int64{-32003, -32004} {
+		args := fmt.Sprintf(`{"code":%d}`, code)
+		t.Run(fmt.Sprintf("http %d", code), func(t *testing.T) {
+			before := ran.Load()
+			_, err := run(t, webFail, args)
+			if n := ran.Load() - before; n != 1 {
+				t.Fatalf("the tool ran %d times", n)
+			}
+			outcomeUnknown(t, err)
+			if !strings.Contains(err.Error(), "the tool failed") {
+				t.Fatalf("the error does not carry the upstream's message: %v", err)
+			}
+		})
+		t.Run(fmt.Sprintf("stdio %d", code), func(t *testing.T) {
+			_, err := run(t, helperFail, args)
+			logs.wait(t, "the tool ran", stderrLine(fmt.Sprintf("fail ran code=%d", code)))
+			outcomeUnknown(t, err)
+			if !strings.Contains(err.Error(), "the tool failed") {
+				t.Fatalf("the error does not carry the upstream's message: %v", err)
+			}
+		})
+	}
+	// Another code is the tool's error result, as before.
+	r, err := run(t, helperFail, `{"code":-32050}`)
+	if err != nil || !r.IsError || firstText(t, r) != "upstream error -32050: the tool failed" {
+		t.Fatalf("%+v %v", r, err)
+	}
+}
+
+// A call on a stdio session that is already closed is refused by the SDK
+// before anything is written to the child: it surely did not leave.
+func TestStdioClosedSessionNotSent(t *testing.T) {
+	ch := make(changes, 100)
+	u := Start(context.Background(), Options{Name: "helper", Command: []string{os.Args[0]},
+		Env: map[string]string{helperEnv: "server"}, Logger: slog.New(slog.DiscardHandler), OnChange: ch.onChange})
+	t.Cleanup(func() { u.Close() })
+	ch.wait(t, "tools", has("helper__echo"))
+	sess := u.session()
+	if sess == nil {
+		t.Fatal("no session")
+	}
+	sess.Close()
+	_, notSent, _, err := u.send(context.Background(), sess, "echo", json.RawMessage(`{}`))
+	if err == nil || !notSent || !errors.Is(err, mcp.ErrConnectionClosed) {
+		t.Fatalf("notSent %v, err %v", notSent, err)
 	}
 }
