@@ -104,6 +104,7 @@ func FuzzUpstreamResult(f *testing.F) {
 		// reports as mcp.ErrConnectionClosed.
 		`{"jsonrpc":"2.0","id":@ID@,"error":{"code":-32003,"message":"client is closing"}}`,
 		`{"jsonrpc":"2.0","id":@ID@,"error":{"code":-32004,"message":"server is closing"}}`,
+		`{"jsonrpc":"2.0","id":@ID@,"error":{"code":-32005,"message":"rejected by transport"}}`,
 		`{"jsonrpc":"2.0","id":@ID@,"result":{"inputRequests":{"a":{"method":"elicitation/create","params":{}}}}}`,
 		`{"jsonrpc":"2.0","id":@ID@}`,
 		`{"jsonrpc":"2.0","id":"@ID@","result":{"content":[]}}`,

@@ -223,7 +223,7 @@ func (u *Upstream) call(ctx context.Context, tool string, call gateway.Call) (ou
 			return tasks.CallToolResult{}, fmt.Errorf("%w: upstream %s: %v", ErrNotSent, u.opts.Name, err)
 		}
 		var werr *jsonrpc.Error
-		if errors.As(err, &werr) {
+		if errors.As(err, &werr) && !sdkCode(werr.Code) {
 			return tasks.CallToolResult{
 				Content: []json.RawMessage{tasks.TextContent(fmt.Sprintf("upstream error %d: %s", werr.Code, werr.Message))},
 				IsError: true,
@@ -235,6 +235,15 @@ func (u *Upstream) call(ctx context.Context, tool string, call gateway.Call) (ou
 		return tasks.CallToolResult{}, fmt.Errorf("upstream %s: %s: outcome unknown: %w", u.opts.Name, tool, err)
 	}
 	return u.result(tool, res), nil
+}
+
+// sdkCode reports whether code is one the go-sdk uses for its own errors
+// on a call: -32003 and -32004 (the connection is closing) and -32005
+// (rejected by the transport: the HTTP request failed or was not answered
+// 2xx). An error with such a code is not known to be the upstream's answer,
+// so it does not become the tool's error result.
+func sdkCode(code int64) bool {
+	return code == -32003 || code == -32004 || code == -32005
 }
 
 // send sends the call once. notSent reports that it certainly did not reach

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -75,6 +76,24 @@ func (c writeRecorder) Write(ctx context.Context, msg jsonrpc.Message) error {
 		}
 	}
 	return c.Connection.Write(ctx, msg)
+}
+
+// refuseRedirect is the upstream client's CheckRedirect: it follows no
+// redirect, since the roundTripper would give the configured headers
+// (credentials) to any host and a tools/call would be sent to a server that
+// is not the configured upstream. The request fails with an error naming
+// the upstream and the redirect's target. The redirect answered a POST, so
+// the tracker counts it as delivered, as any answer but 404: the upstream
+// may have processed it (a 303 says so).
+func refuseRedirect(upstream string) func(*http.Request, []*http.Request) error {
+	return func(next *http.Request, _ []*http.Request) error {
+		status := "a redirect"
+		if next.Response != nil {
+			status = next.Response.Status
+		}
+		return fmt.Errorf("upstream %s answered %s to %s; Countersign does not follow redirects: configure the URL it points to",
+			upstream, status, next.URL.Redacted())
+	}
 }
 
 type trackerKey struct{}

@@ -23,11 +23,18 @@
 //     server, a write to the child's stdin begun), never what the error
 //     says.
 //   - Anything else (timeout, the process died or the connection broke while
-//     the call was in flight): a plain error. The outcome is unknown. This
-//     includes a JSON-RPC error answer with code -32003 or -32004: the SDK
-//     reports those codes, which are its own "client/server is closing", as
-//     the connection closing, and they may equally be a tool's failure or a
-//     server that refused the call while shutting down.
+//     the call was in flight, an HTTP answer other than 2xx or 404): a plain
+//     error. The outcome is unknown. This includes a JSON-RPC error with code
+//     -32003, -32004 or -32005, the codes the SDK gives its own errors
+//     ("client/server is closing", "rejected by transport"): the code cannot
+//     tell a tool's failure from the SDK's, and the SDK reports the first
+//     two as the connection closing.
+//
+// An HTTP upstream's redirects are not followed: the configured headers
+// (credentials) and the calls go to the configured URL only. A redirect
+// fails the request with an error naming the upstream and the redirect's
+// target; for a call, the outcome is unknown (the upstream answered the
+// POST, and a 303 would say it processed it).
 //
 // A call is never sent twice, with one exception on HTTP: when the server
 // answers the call's POST with 404 (its session is gone, so it did not run
@@ -103,7 +110,8 @@ type Options struct {
 	Env     map[string]string
 
 	// URL is the Streamable HTTP endpoint. Headers are set on every request
-	// (not overriding the headers the MCP transport itself sets).
+	// (not overriding the headers the MCP transport itself sets). Redirects
+	// are not followed: the headers and the calls go to URL only.
 	URL     string
 	Headers map[string]string
 
@@ -221,7 +229,10 @@ func Start(ctx context.Context, opts Options) *Upstream {
 		cfgErr = errors.New("neither a command nor a URL is configured")
 	case opts.URL != "":
 		base := http.DefaultTransport.(*http.Transport).Clone()
-		u.hc = &http.Client{Transport: &roundTripper{base: base, headers: opts.Headers, tel: opts.Telemetry}}
+		u.hc = &http.Client{
+			Transport:     &roundTripper{base: base, headers: opts.Headers, tel: opts.Telemetry},
+			CheckRedirect: refuseRedirect(opts.Name),
+		}
 	}
 	if cfgErr != nil {
 		u.log.Error("upstream misconfigured", "error", cfgErr)

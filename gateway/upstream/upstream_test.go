@@ -724,9 +724,10 @@ func TestInputSchemaKeysExact(t *testing.T) {
 // not sent. The go-sdk client turns the codes of its own closing errors,
 // -32003 and -32004, into mcp.ErrConnectionClosed, which is also what it
 // returns when it refuses a call on a closing connection; only the latter
-// is "not sent". Such an answer is reported as outcome unknown: the code
-// alone cannot tell a tool's failure from a server that refused the call
-// while shutting down.
+// is "not sent". Such an answer, and one with -32005, the SDK's code for a
+// request the HTTP transport rejected, is reported as outcome unknown: the
+// code alone cannot tell a tool's failure from the SDK's own error (a server
+// that refused the call while shutting down, an HTTP request that failed).
 func TestClosingCodeAnswer(t *testing.T) {
 	var ran atomic.Int32
 	srv := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "1"}, nil)
@@ -746,7 +747,7 @@ func TestClosingCodeAnswer(t *testing.T) {
 	webFail := find(hch.wait(t, "http tools", has("web__fail")), "web__fail")
 	helperFail := find(sch.wait(t, "stdio tools", has("helper__fail")), "helper__fail")
 
-	for _, code := range []int64{-32003, -32004} {
+	for _, code := range []int64{-32003, -32004, -32005} {
 		args := fmt.Sprintf(`{"code":%d}`, code)
 		t.Run(fmt.Sprintf("http %d", code), func(t *testing.T) {
 			before := ran.Load()
@@ -791,5 +792,74 @@ func TestStdioClosedSessionNotSent(t *testing.T) {
 	_, notSent, _, err := u.send(context.Background(), sess, "echo", json.RawMessage(`{}`))
 	if err == nil || !notSent || !errors.Is(err, mcp.ErrConnectionClosed) {
 		t.Fatalf("notSent %v, err %v", notSent, err)
+	}
+}
+
+// An HTTP upstream's redirect is not followed: neither the configured
+// headers (here a bearer token) nor the call go to a host that is not the
+// configured upstream. A redirected call is outcome unknown, like any other
+// answer but 404 (a 303 says the POST was processed), and its error names
+// the upstream and where it was sent; a redirect of the connection's own
+// requests leaves the upstream down with that error.
+func TestHTTPRedirectNotFollowed(t *testing.T) {
+	var ran atomic.Int32
+	srv := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	srv.AddTool(&mcp.Tool{Name: "write", InputSchema: objectSchema}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		ran.Add(1)
+		return &mcp.CallToolResult{Content: text("wrote")}, nil
+	})
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
+	// other serves the same sessions, so a followed redirect would run the
+	// call there.
+	var otherRequests atomic.Int32
+	var otherAuth sync.Map
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		otherRequests.Add(1)
+		otherAuth.Store(r.Header.Get("Authorization"), true)
+		sdk.ServeHTTP(w, r)
+	}))
+	t.Cleanup(other.Close)
+	location := other.URL + "/elsewhere"
+	var redirect atomic.Bool
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if redirect.Load() {
+			http.Redirect(w, r, location, http.StatusTemporaryRedirect)
+			return
+		}
+		sdk.ServeHTTP(w, r)
+	}))
+	t.Cleanup(ts.Close)
+	opts := Options{Name: "web", URL: ts.URL, Headers: map[string]string{"Authorization": "Bearer s3cret"},
+		Logger: slog.New(slog.DiscardHandler)}
+
+	ch := make(changes, 100)
+	o := opts
+	o.OnChange = ch.onChange
+	u := Start(context.Background(), o)
+	t.Cleanup(func() { u.Close() })
+	write := find(ch.wait(t, "tools", has("web__write")), "web__write")
+	redirect.Store(true)
+	_, err := run(t, write, `{}`)
+	outcomeUnknown(t, err)
+	if !strings.Contains(err.Error(), "upstream web") || !strings.Contains(err.Error(), location) {
+		t.Fatalf("the error does not name the upstream and the redirect's target: %v", err)
+	}
+	if n := ran.Load(); n != 0 {
+		t.Fatalf("the tool ran %d times", n)
+	}
+
+	// A new connection meets the redirect at initialize.
+	fresh := Start(context.Background(), opts)
+	t.Cleanup(func() { fresh.Close() })
+	deadline := time.Now().Add(10 * time.Second)
+	for st := fresh.State(); !strings.Contains(st.Err, location); st = fresh.State() {
+		if time.Now().After(deadline) {
+			t.Fatalf("state %+v", st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := otherRequests.Load(); n != 0 {
+		otherAuth.Range(func(k, _ any) bool { t.Logf("Authorization sent to the other host: %q", k); return true })
+		t.Fatalf("%d requests went to the redirect's target", n)
 	}
 }

@@ -41,7 +41,8 @@
 //   - headers: extra HTTP request headers for a url upstream (string to
 //     string). Only with url. Host, Content-Length, Content-Type,
 //     Mcp-Session-Id and Mcp-Protocol-Version are set by the transport and
-//     may not be given.
+//     may not be given. Redirects are not followed, so the headers go to
+//     the url only.
 //   - prefix: the upstream's tools appear to agents as <prefix>__<tool> (see
 //     [ToolName]); same character set as name; default the name; prefixes
 //     are unique in the file.
