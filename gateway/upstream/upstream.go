@@ -92,6 +92,28 @@ var (
 	terminateWait = 2 * time.Second
 )
 
+// inheritedEnv are the variables a stdio upstream takes from Countersign's
+// environment: what a program needs to find other programs and run in the
+// user's locale.
+var inheritedEnv = []string{"PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SHELL", "TERM"}
+
+// childEnv is a stdio upstream's environment: inheritedEnv, then env.
+func childEnv(env map[string]string) []string {
+	var out []string
+	for _, k := range inheritedEnv {
+		if _, set := env[k]; set {
+			continue
+		}
+		if v, ok := os.LookupEnv(k); ok {
+			out = append(out, k+"="+v)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		out = append(out, k+"="+env[k])
+	}
+	return out
+}
+
 // maxListPages bounds tools/list pagination.
 const maxListPages = 100
 
@@ -104,8 +126,11 @@ type Options struct {
 	// Prefix + "__" + "t". Defaults to Name.
 	Prefix string
 
-	// Command is the stdio server's argv. Env is added to the parent's
-	// environment.
+	// Command is the stdio server's argv. The child's environment is PATH,
+	// HOME, USER, LOGNAME, LANG, LC_ALL, LC_CTYPE, TZ, TMPDIR, SHELL and
+	// TERM, those of them set in Countersign's, then Env (which overrides
+	// them): nothing else of Countersign's environment, which holds its own
+	// secrets and those meant for other upstreams.
 	Command []string
 	Env     map[string]string
 
@@ -422,10 +447,7 @@ func (u *Upstream) connect() (*mcp.ClientSession, func(), error) {
 		t = &mcp.StreamableClientTransport{Endpoint: u.opts.URL, HTTPClient: u.hc}
 	} else {
 		cmd := exec.Command(u.opts.Command[0], u.opts.Command[1:]...)
-		cmd.Env = os.Environ()
-		for _, k := range slices.Sorted(maps.Keys(u.opts.Env)) {
-			cmd.Env = append(cmd.Env, k+"="+u.opts.Env[k])
-		}
+		cmd.Env = childEnv(u.opts.Env)
 		stderr := &lineLogger{log: u.log}
 		cmd.Stderr = stderr
 		cmd.WaitDelay = terminateWait

@@ -64,8 +64,8 @@ func argCode(req *mcp.CallToolRequest) int64 {
 	return a.Code
 }
 
-// runHelper serves echo, block and fail (a JSON-RPC error answer with the
-// given code) over stdio; with hang, tools/list never answers.
+// runHelper serves echo, block, env (its environment, a line per variable)
+// and fail (a JSON-RPC error answer with the given code) over stdio; with hang, tools/list never answers.
 func runHelper(hang bool) {
 	fmt.Fprintf(os.Stderr, "helper started pid=%d var=%s\n", os.Getpid(), os.Getenv("HELPER_VAR"))
 	s := mcp.NewServer(&mcp.Implementation{Name: "helper", Version: "1"}, nil)
@@ -80,6 +80,9 @@ func runHelper(hang bool) {
 		case <-time.After(time.Minute):
 		}
 		return &mcp.CallToolResult{Content: text("unblocked")}, nil
+	})
+	s.AddTool(&mcp.Tool{Name: "env", InputSchema: objectSchema}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{Content: text(strings.Join(os.Environ(), "\n"))}, nil
 	})
 	s.AddTool(&mcp.Tool{Name: "fail", InputSchema: codeSchema}, func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		code := argCode(req)
@@ -861,5 +864,35 @@ func TestHTTPRedirectNotFollowed(t *testing.T) {
 	if n := otherRequests.Load(); n != 0 {
 		otherAuth.Range(func(k, _ any) bool { t.Logf("Authorization sent to the other host: %q", k); return true })
 		t.Fatalf("%d requests went to the redirect's target", n)
+	}
+}
+
+// A stdio upstream inherits only a few variables of Countersign's
+// environment, not its secrets; it gets the rest through Env.
+func TestStdioEnvironment(t *testing.T) {
+	t.Setenv("COUNTERSIGN_TEST_SECRET", "s3cret")
+	t.Setenv("LANG", "C.UTF-8")
+	ch := make(changes, 100)
+	u := Start(context.Background(), Options{Name: "helper", Command: []string{os.Args[0]},
+		Env:    map[string]string{helperEnv: "server", "GIVEN": "yes", "LANG": "en_US.UTF-8"},
+		Logger: slog.New(slog.DiscardHandler), OnChange: ch.onChange})
+	t.Cleanup(func() { u.Close() })
+	r, err := run(t, find(ch.wait(t, "tools", has("helper__env")), "helper__env"), `{}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, kv := range strings.Split(firstText(t, r), "\n") {
+		k, v, _ := strings.Cut(kv, "=")
+		got[k] = v
+	}
+	want := map[string]string{helperEnv: "server", "GIVEN": "yes", "LANG": "en_US.UTF-8"}
+	for _, k := range []string{"PATH", "HOME", "USER", "LOGNAME", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SHELL", "TERM"} {
+		if v, ok := os.LookupEnv(k); ok {
+			want[k] = v
+		}
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("the child's environment is\n%v\nwant\n%v", got, want)
 	}
 }

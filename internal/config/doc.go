@@ -36,8 +36,12 @@
 //     of strings (program, then arguments; no shell is involved).
 //   - url: a Streamable HTTP upstream; an http or https URL with a host and
 //     without user:password (put credentials in headers).
-//   - env: extra environment variables for a command upstream (string to
-//     string). Only with command.
+//   - env: environment variables for a command upstream (string to
+//     string). Only with command. The child does not inherit Countersign's
+//     environment: it sees only PATH, HOME, USER, LOGNAME, LANG, LC_ALL,
+//     LC_CTYPE, TZ, TMPDIR, SHELL and TERM (those that are set) plus env,
+//     which overrides them. Pass anything else explicitly, e.g.
+//     {HTTPS_PROXY: "${HTTPS_PROXY}"}.
 //   - headers: extra HTTP request headers for a url upstream (string to
 //     string). Only with url. Host, Content-Length, Content-Type,
 //     Mcp-Session-Id and Mcp-Protocol-Version are set by the transport and
