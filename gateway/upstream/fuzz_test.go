@@ -84,7 +84,8 @@ func newFuzzPeer(t testing.TB) *fuzzPeer {
 //     effect);
 //   - a result is storable as the task's result: every content item and
 //     the structured content are valid JSON, the whole encodes, and it is
-//     within the size cap or replaced by an error saying it was not.
+//     (content, structured content and _meta) within the size cap or
+//     replaced by an error saying it was not.
 func FuzzUpstreamResult(f *testing.F) {
 	const maxResult = 4 << 10
 	for _, s := range []string{
@@ -98,6 +99,7 @@ func FuzzUpstreamResult(f *testing.F) {
 		`{"jsonrpc":"2.0","id":@ID@,"result":{}}`,
 		`{"jsonrpc":"2.0","id":@ID@,"result":null}`,
 		`{"jsonrpc":"2.0","id":@ID@,"result":{"content":[{"type":"text","text":"` + strings.Repeat("x", maxResult) + `"}]}}`,
+		`{"jsonrpc":"2.0","id":@ID@,"result":{"content":[],"_meta":{"k":"` + strings.Repeat("x", maxResult) + `"}}}`,
 		`{"jsonrpc":"2.0","id":@ID@,"error":{"code":-32050,"message":"boom"}}`,
 		`{"jsonrpc":"2.0","id":@ID@,"error":{"code":-32602,"message":"bad","data":{"x":[1]}}}`,
 		// The codes of the go-sdk's own closing errors, which its client
@@ -176,6 +178,13 @@ func checkStorable(t *testing.T, r tasks.CallToolResult, maxResult int) {
 			t.Fatalf("structured content is not JSON: %q", r.StructuredContent)
 		}
 		size += len(r.StructuredContent)
+	}
+	if r.Meta != nil {
+		m, err := json.Marshal(r.Meta)
+		if err != nil {
+			t.Fatalf("_meta does not encode: %v", err)
+		}
+		size += len(m)
 	}
 	b, err := json.Marshal(r)
 	if err != nil {

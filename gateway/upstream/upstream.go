@@ -145,8 +145,8 @@ type Options struct {
 	// ListTimeout bounds connecting (initialize) and listing the tools.
 	// Default [DefaultListTimeout].
 	ListTimeout time.Duration
-	// MaxResultBytes caps the encoded size of a result's content and
-	// structuredContent. Default [DefaultMaxResultBytes].
+	// MaxResultBytes caps the encoded size of a result's content,
+	// structuredContent and _meta. Default [DefaultMaxResultBytes].
 	MaxResultBytes int
 
 	Logger *slog.Logger

@@ -896,3 +896,18 @@ func TestStdioEnvironment(t *testing.T) {
 		t.Fatalf("the child's environment is\n%v\nwant\n%v", got, want)
 	}
 }
+
+// The size cap counts _meta with the content and the structured content: a
+// result is stored whole, and a huge _meta alone could make it too large
+// for the workflow's history.
+func TestResultCapCountsMeta(t *testing.T) {
+	u := &Upstream{opts: Options{Name: "web", MaxResultBytes: 100}, log: slog.New(slog.DiscardHandler)}
+	r := u.result("t", &mcp.CallToolResult{Content: text("ok"), Meta: mcp.Meta{"big": strings.Repeat("x", 100)}})
+	if !r.IsError || r.Meta != nil || !strings.Contains(firstText(t, r), "over the 100-byte cap") {
+		t.Fatalf("%+v", r)
+	}
+	r = u.result("t", &mcp.CallToolResult{Content: text("ok"), Meta: mcp.Meta{"k": "v"}})
+	if r.IsError || r.Meta["k"] != "v" {
+		t.Fatalf("%+v", r)
+	}
+}
