@@ -270,7 +270,8 @@ func (u *Upstream) send(ctx context.Context, sess *mcp.ClientSession, tool strin
 	return nil, true, notFound || errors.Is(err, mcp.ErrSessionMissing), err
 }
 
-// result converts an upstream result, capping its size.
+// result converts an upstream result, capping the encoded size of its
+// content, structuredContent and _meta together.
 func (u *Upstream) result(tool string, res *mcp.CallToolResult) tasks.CallToolResult {
 	if res.NeedsInput() {
 		return tasks.CallToolResult{
@@ -302,6 +303,14 @@ func (u *Upstream) result(tool string, res *mcp.CallToolResult) tasks.CallToolRe
 		size += len(b)
 		out.StructuredContent = b
 	}
+	if len(res.Meta) > 0 {
+		b, err := json.Marshal(res.Meta)
+		if err != nil {
+			return fail(err)
+		}
+		size += len(b)
+		out.Meta = map[string]any(res.Meta)
+	}
 	if size > u.opts.MaxResultBytes {
 		u.log.Warn("upstream result over the size cap", "tool", tool, "bytes", size, "cap", u.opts.MaxResultBytes)
 		return tasks.CallToolResult{
@@ -310,9 +319,6 @@ func (u *Upstream) result(tool string, res *mcp.CallToolResult) tasks.CallToolRe
 				u.opts.Name, tool, size, u.opts.MaxResultBytes))},
 			IsError: true,
 		}
-	}
-	if len(res.Meta) > 0 {
-		out.Meta = map[string]any(res.Meta)
 	}
 	return out
 }

@@ -377,14 +377,35 @@ func (c *Config) Origin() string {
 	return strings.ToLower(u.Scheme) + "://" + u.Host
 }
 
+// withoutUserInfo is the comma-separated URLs of urls, for display: each
+// without its user information (user:password or a token). A URL that does
+// not parse loses what lies between its scheme and its last "@".
+func withoutUserInfo(urls string) []string {
+	var out []string
+	for _, s := range strings.Split(urls, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		if u, err := url.Parse(s); err == nil {
+			u.User = nil
+			s = u.String()
+		} else if at := strings.LastIndexByte(s, '@'); at >= 0 {
+			scheme := ""
+			if i := strings.Index(s, "://"); i >= 0 && i < at {
+				scheme = s[:i+3]
+			}
+			s = scheme + s[at+1:]
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
 // Redacted describes the configuration for the startup log, without secrets.
 func (c *Config) Redacted() []any {
-	nats := c.NATSURL
+	nats := strings.Join(withoutUserInfo(c.NATSURL), ",")
 	if nats == "" {
 		nats = "embedded"
-	} else if u, err := url.Parse(nats); err == nil {
-		u.User = nil
-		nats = u.String()
 	}
 	temporal := c.TemporalAddress
 	if temporal == "" {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/countersign/countersign/internal/config"
 )
@@ -121,7 +120,9 @@ var FileFlags = []string{
 
 // Effective is the configuration c runs with, in the file's syntax: every
 // file setting from c, and the upstreams and demo_tools of c.File. Print it
-// with its String method, which redacts the secrets.
+// with its String method, which redacts the secrets. The NATS URLs are
+// without their user information already: --nats-url and NATS_URL may
+// carry user:password or a token, which the file refuses.
 func (c *Config) Effective(mode Mode) *config.File {
 	f := &config.File{
 		Addr: c.Addr, DataDir: c.DataDir, PublicURL: c.PublicURL, ServerID: c.ServerID,
@@ -146,11 +147,7 @@ func (c *Config) Effective(mode Mode) *config.File {
 	}
 	wait := c.InlineWait
 	f.InlineWait = &wait
-	for _, u := range strings.Split(c.NATSURL, ",") {
-		if u = strings.TrimSpace(u); u != "" {
-			f.NATS.URLs = append(f.NATS.URLs, u)
-		}
-	}
+	f.NATS.URLs = withoutUserInfo(c.NATSURL)
 	if c.File != nil {
 		f.Path = c.File.Path
 		f.Upstreams = c.File.Upstreams

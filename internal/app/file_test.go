@@ -1,0 +1,29 @@
+package app
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// The NATS URLs `config check` prints and the startup log shows carry no
+// user information (user:password or a token) of any server in the list.
+func TestNATSURLsRedacted(t *testing.T) {
+	c := Config{NATSURL: "nats://alice:s3cret-pw@n1:4222, tls://t0ken-42@n2:4222,nats://n3:4222,nats://bob:p4ss@[::1"}
+	printed := map[string]string{
+		"Effective": c.Effective(ModeServer).String(),
+		"Redacted":  fmt.Sprint(c.Redacted()...),
+	}
+	for name, out := range printed {
+		for _, secret := range []string{"alice", "s3cret-pw", "t0ken-42", "bob", "p4ss"} {
+			if strings.Contains(out, secret) {
+				t.Errorf("%s shows %q:\n%s", name, secret, out)
+			}
+		}
+		for _, want := range []string{"nats://n1:4222", "tls://n2:4222", "nats://n3:4222"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%s lacks %q:\n%s", name, want, out)
+			}
+		}
+	}
+}
