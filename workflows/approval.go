@@ -69,7 +69,9 @@ const MaxViaLen = 64
 const MaxReasonLen = 128
 
 // ExecuteTimeout is the single ExecuteTool attempt's start-to-close timeout.
-// When it passes, the outcome is unknown.
+// When it passes, the outcome is unknown. An upstream's configured timeout
+// may not exceed it (internal/config.MaxTimeout; a test in internal/app
+// keeps the two equal).
 const ExecuteTimeout = 5 * time.Minute
 
 // DefaultExecuteHeartbeatTimeout is the ExecuteTool attempt's heartbeat

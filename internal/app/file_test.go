@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/countersign/countersign/internal/config"
+	"github.com/countersign/countersign/workflows"
 )
 
 // The NATS URLs `config check` prints and the startup log shows carry no
@@ -25,5 +28,13 @@ func TestNATSURLsRedacted(t *testing.T) {
 				t.Errorf("%s lacks %q:\n%s", name, want, out)
 			}
 		}
+	}
+}
+
+// An upstream's timeout is refused above the limit of an approved call's
+// execution, which would cut it short.
+func TestUpstreamTimeoutWithinExecuteTimeout(t *testing.T) {
+	if config.MaxTimeout != workflows.ExecuteTimeout {
+		t.Fatalf("config.MaxTimeout %v, workflows.ExecuteTimeout %v", config.MaxTimeout, workflows.ExecuteTimeout)
 	}
 }

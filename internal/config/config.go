@@ -25,10 +25,13 @@ const ToolSeparator = "__"
 // prefix + "__" + tool.
 func ToolName(prefix, tool string) string { return prefix + ToolSeparator + tool }
 
-// Timeout bounds for an upstream call.
+// Timeout bounds for an upstream call. MaxTimeout is the limit on an
+// approved call's execution (workflows.ExecuteTimeout, the ExecuteTool
+// activity's start-to-close timeout, which also covers the execution
+// claim): a longer timeout would be cut short there.
 const (
 	DefaultTimeout = 60 * time.Second
-	MaxTimeout     = time.Hour
+	MaxTimeout     = 5 * time.Minute
 )
 
 // Approval says when a call to an upstream's tools needs a human approval.
@@ -512,7 +515,7 @@ func (d *decoder) timeout(v *yaml.Node, field string) time.Duration {
 	case t <= 0:
 		d.addf(v.Line, field, "must be greater than 0, not %v", t)
 	case t > MaxTimeout:
-		d.addf(v.Line, field, "must be at most 1h, not %v", t)
+		d.addf(v.Line, field, "must be at most %v, the limit on an approved call's execution, not %v", MaxTimeout, t)
 	default:
 		return t
 	}

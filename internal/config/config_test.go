@@ -294,8 +294,8 @@ func TestProblems(t *testing.T) {
 		want:    []string{"c.yaml:4: upstreams[0].timeout: must be greater than 0, not -5s"},
 	}, {
 		name:    "timeout too long",
-		content: "upstreams:\n  - name: a\n    url: http://h\n    timeout: 61m\n",
-		want:    []string{"c.yaml:4: upstreams[0].timeout: must be at most 1h, not 1h1m0s"},
+		content: "upstreams:\n  - name: a\n    url: http://h\n    timeout: 5m1s\n",
+		want:    []string{"c.yaml:4: upstreams[0].timeout: must be at most 5m0s, the limit on an approved call's execution, not 5m1s"},
 	}, {
 		name:    "approval",
 		content: "upstreams:\n  - name: a\n    url: http://h\n    approval: sometimes\n",
@@ -340,7 +340,7 @@ demo_tools: 1
 			`c.yaml:2: upstreams[0].name: "A" must be`,
 			"c.yaml:4: upstreams[0].headers.X: environment variable MISSING is not set",
 			"c.yaml:6: upstreams[1].command: must be a list of strings",
-			"c.yaml:7: upstreams[1].timeout: must be at most 1h, not 2h0m0s",
+			"c.yaml:7: upstreams[1].timeout: must be at most 5m0s, the limit on an approved call's execution, not 2h0m0s",
 			"c.yaml:8: upstreams[1].bogus: unknown field",
 			"c.yaml:9: demo_tools: must be true or false, not a number",
 		},
@@ -412,11 +412,11 @@ func TestDefaults(t *testing.T) {
 	if u.Prefix != "a" || u.Timeout != DefaultTimeout || u.Approval != ApprovalPolicy || u.Env != nil || u.Headers != nil {
 		t.Errorf("defaults: %+v", u)
 	}
-	f, err = Parse("c.yaml", []byte("upstreams:\n  - name: a\n    url: https://h\n    timeout: 1h\n    approval: never\ndemo_tools: false\n"), env(nil))
+	f, err = Parse("c.yaml", []byte("upstreams:\n  - name: a\n    url: https://h\n    timeout: 5m\n    approval: never\ndemo_tools: false\n"), env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if u := f.Upstreams[0]; u.Timeout != time.Hour || u.Approval != ApprovalNever {
+	if u := f.Upstreams[0]; u.Timeout != 5*time.Minute || u.Approval != ApprovalNever {
 		t.Errorf("upper bound and never: %+v", u)
 	}
 	if f.DemoToolsOr(true) {

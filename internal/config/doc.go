@@ -51,7 +51,8 @@
 //     [ToolName]); same character set as name; default the name; prefixes
 //     are unique in the file.
 //   - timeout: the limit for one tool call, a Go duration ("30s", "2m")
-//     greater than 0 and at most 1h; default 60s.
+//     greater than 0 and at most 5m ([MaxTimeout], the limit on an approved
+//     call's execution, claim included); default 60s.
 //   - approval: always (every call needs a human approval), never (calls
 //     pass through without approval) or policy (the policy decides;
 //     the default).
@@ -98,7 +99,7 @@
 // only the first, as one [*Error] whose message has a line per problem in
 // the form "path:line: field: problem", for example
 //
-//	countersign.yaml:7: upstreams[1].timeout: must be at most 1h, not 2h0m0s
+//	countersign.yaml:7: upstreams[1].timeout: must be at most 5m0s, the limit on an approved call's execution, not 2h0m0s
 //	countersign.yaml:9: upstreams[1].tiemout: unknown field (known: name, command, url, env, headers, prefix, timeout, approval)
 //
 // Unknown and duplicate keys are errors.
