@@ -323,15 +323,23 @@ func (a *App) startReconciler(ctx context.Context) {
 			if first && (err != nil || round.Young > 0) {
 				wait = reconcileAgain
 			}
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !sleep(ctx, wait) {
 				return
-			case <-t.C:
 			}
 		}
 	})
+}
+
+// sleep waits d, and reports false, at once, when ctx ends first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // Retention sweep (tasks.Store.Sweep): a pass every retentionInterval, in
@@ -351,14 +359,7 @@ const (
 func (a *App) startRetention(ctx context.Context) {
 	a.bg.Go(func() {
 		wait, from := time.Minute, uint64(0)
-		for {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
+		for sleep(ctx, wait) {
 			round, err := a.Store.Sweep(ctx, from, retentionBatch)
 			if err != nil && ctx.Err() == nil {
 				a.log.Warn("retention sweep", "err", err)
