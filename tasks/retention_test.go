@@ -48,7 +48,7 @@ func BenchmarkList(b *testing.B) {
 					b.Fatal(err)
 				}
 				if !expired && len(page) != 50 {
-					b.Fatal(fmt.Sprintf("page of %d", len(page)))
+					b.Fatalf("page of %d", len(page))
 				}
 			}
 			b.ReportMetric(float64(proccpu.Used()-start)/float64(time.Millisecond)/float64(b.N), "cpu-ms/op")
