@@ -98,6 +98,9 @@ type Tool struct {
 	// the tool's name there; empty for Countersign's own tools.
 	Upstream     string
 	UpstreamTool string
+	// Endpoint is where the upstream is reached, for the tool's [Tool.Pin];
+	// zero for Countersign's own tools.
+	Endpoint Endpoint
 	// Annotations are the upstream's tool annotations (MCP ToolAnnotations
 	// JSON), passed through to tools/list and to policy as untrusted hints.
 	Annotations json.RawMessage
@@ -125,6 +128,7 @@ type entry struct {
 	tool   Tool
 	schema *jsonschema.Resolved
 	source string
+	pin    tasks.ToolPin
 }
 
 // Registry is the set of tools Countersign serves: its own, fixed at
@@ -176,7 +180,7 @@ func compile(t Tool) (entry, error) {
 	if err != nil {
 		return entry{}, fmt.Errorf("gateway: tool %s: input schema: %w", t.Name, err)
 	}
-	return entry{tool: t, schema: rs}, nil
+	return entry{tool: t, schema: rs, pin: t.Pin()}, nil
 }
 
 func (s *snapshot) sortNames() {

@@ -96,6 +96,27 @@ type Envelope struct {
 	// unattended task (allowed by policy, no approvers) carries them: they
 	// are not part of the action hash, so no approval ever covers them.
 	InputResponses json.RawMessage `json:"inputResponses,omitempty"`
+	// ToolPin identifies the tool as it was served when the call was made
+	// (gateway.Tool.Pin): the execution refuses to run the call against a
+	// tool that differs from it. Absent in an envelope made before pins
+	// existed, whose call runs against the tool of that name, unchecked.
+	// Not part of the action hash.
+	ToolPin *ToolPin `json:"toolPin,omitempty"`
+}
+
+// ToolPin identifies a tool as served: who serves it, from where, and what
+// it accepts. The digests are lowercase hex SHA-256 of JCS (RFC 8785)
+// documents; see gateway.Tool.Pin for what they cover.
+type ToolPin struct {
+	// Source is the configured name of the upstream that serves the tool,
+	// or "countersign" for Countersign's own tools.
+	Source string `json:"source"`
+	// Origin digests the source's identity: its name, its endpoint (an
+	// HTTP upstream's URL without user info, a stdio upstream's command
+	// line) and the tool's name there. Never headers or environment values.
+	Origin string `json:"origin"`
+	// Schema digests the tool's input schema.
+	Schema string `json:"schema"`
 }
 
 // EnvelopeVersion is the current Envelope layout.
@@ -202,6 +223,7 @@ type StartFacts struct {
 	ServerID      string          `json:"serverId"`
 	PolicyVersion string          `json:"policyVersion"`
 	Inputs        json.RawMessage `json:"inputs,omitempty"`
+	ToolPin       *ToolPin        `json:"toolPin,omitempty"`
 }
 
 // NewID returns a fresh unguessable identifier with the given prefix: 160

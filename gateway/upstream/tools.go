@@ -21,7 +21,8 @@ import (
 )
 
 // Tool is a gateway tool backed by an upstream tool. Its gateway.Tool has
-// Upstream set to [Options.Name], UpstreamTool to the tool's name upstream and
+// Upstream set to [Options.Name], UpstreamTool to the tool's name upstream,
+// Endpoint to [Options.URL] or [Options.Command] (never Headers or Env), and
 // Annotations to the upstream's tool annotations as JSON (readOnlyHint,
 // destructiveHint, idempotentHint, openWorldHint, title; nil if none).
 // Approval is left for the caller.
@@ -131,6 +132,7 @@ func (u *Upstream) convertOne(t *mcp.Tool) (Tool, error) {
 			},
 			Upstream:     upName,
 			UpstreamTool: toolName,
+			Endpoint:     gateway.Endpoint{URL: u.opts.URL, Command: u.opts.Command},
 			Annotations:  ann,
 		},
 	}, nil
