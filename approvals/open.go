@@ -67,6 +67,10 @@ type Call struct {
 	// second Open of the same ID fails with tasks.ErrTaskExists, having
 	// changed nothing. Empty (every other mode): a fresh ID.
 	TaskID string
+	// ToolPin identifies the tool as served when the call arrived
+	// (gateway.Tool.Pin); the envelope carries it so the execution runs
+	// the call only against that tool. Nil leaves the call unpinned.
+	ToolPin *tasks.ToolPin
 	// At is when the call arrived.
 	At time.Time
 }
@@ -308,6 +312,7 @@ func (s *Service) newTask(c Call, taskID, dedupKey string) (tasks.Record, tasks.
 			PolicyVersion:  d.PolicyVersion,
 			CreatedAt:      c.At,
 			InputResponses: c.Inputs,
+			ToolPin:        c.ToolPin,
 		},
 		Requirement:   req,
 		ApprovalRef:   rec.ApprovalRef,
@@ -324,7 +329,7 @@ func (s *Service) newTask(c Call, taskID, dedupKey string) (tasks.Record, tasks.
 		// Its workflow starts after the answer (start.go): the record
 		// alone must be enough to start it should this process die first.
 		rec.Start = &tasks.StartFacts{Mode: c.Mode, Subject: c.Subject, ServerID: c.ServerID,
-			PolicyVersion: d.PolicyVersion, Inputs: c.Inputs}
+			PolicyVersion: d.PolicyVersion, Inputs: c.Inputs, ToolPin: c.ToolPin}
 	}
 	return rec, in
 }
@@ -342,7 +347,7 @@ func callFromRecord(r tasks.Record) (Call, bool) {
 		Principal: r.Owner, Subject: f.Subject, Era: r.Era, Tool: r.Tool, Arguments: r.Arguments,
 		ActionHash: r.ActionHash, ServerID: f.ServerID, DisplayText: r.DisplayText,
 		Policy: pdp.Decision{PolicyVersion: f.PolicyVersion}, Mode: f.Mode, Delay: r.Requirement.TTL,
-		Inputs: f.Inputs, InputRequests: r.InputRequests, At: r.CreatedAt,
+		Inputs: f.Inputs, InputRequests: r.InputRequests, ToolPin: f.ToolPin, At: r.CreatedAt,
 	}, true
 }
 

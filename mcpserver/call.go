@@ -222,8 +222,9 @@ func (s *Server) answerNow(ctx context.Context, c *gatedCall, wait func(context.
 
 // approvalCall is the call as the approval service records it: the action
 // hash, arguments and display text are computed here, from the bytes this
-// endpoint received.
+// endpoint received, and the tool is pinned as it was served to this call.
 func (s *Server) approvalCall(c *gatedCall) approvals.Call {
+	pin := c.tool.Pin()
 	return approvals.Call{
 		Principal:   c.info.principal,
 		Subject:     c.info.subject,
@@ -234,6 +235,7 @@ func (s *Server) approvalCall(c *gatedCall) approvals.Call {
 		ServerID:    s.opts.ServerID,
 		DisplayText: s.opts.Tools.Describe(c.tool.Name, c.args),
 		Policy:      c.decision,
+		ToolPin:     &pin,
 		At:          c.now,
 	}
 }

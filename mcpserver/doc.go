@@ -60,8 +60,10 @@
 //     workflow writes the record.
 //
 // This package computes what the service records from the bytes it
-// received (the action hash, the arguments, the display text) and renders
-// the task it gets back in the caller's era.
+// received (the action hash, the arguments, the display text) and the tool
+// as it served it to this call (its pin, gateway.Tool.Pin, which the
+// execution checks: a tool changed meanwhile does not run), and renders the
+// task it gets back in the caller's era.
 //
 // A 2025-11-25 client that sent params.task gets a task even when the call
 // is decided at once (allowed or denied): the TypeScript SDK 1.x fails with
