@@ -348,9 +348,15 @@ func (a *Activities) Reevaluate(ctx context.Context, in ReevaluateInput) (Reeval
 
 // ExecuteTool runs the held call once. It first recomputes the action hash
 // from the envelope's tool, arguments and server ID: if it does not match the
-// hash the approvers signed, the tool does not run. Then it takes the task
-// record's execution fence (tasks.Store.ClaimExecution): a task the read
-// model says has ended, or whose execution was claimed before, is not run
+// hash the approvers signed, the tool does not run. Nor does it when the
+// envelope pins the tool (tasks.Envelope.ToolPin) and the tool served under
+// that name now is another one: another upstream or endpoint, or another
+// input schema ([ErrTypeUnknownTool], its details saying what changed). An
+// envelope without a pin, made before pins existed, runs against the tool
+// of that name as before. Both checks come before the task record's
+// execution fence (tasks.Store.ClaimExecution), so a refusal claims
+// nothing. Then it takes the fence: a task the read model says has ended, or
+// whose execution was claimed before, is not run
 // ([ErrTypeExecutionNotClaimed]). Any error after the tool was invoked means
 // its outcome is unknown.
 func (a *Activities) ExecuteTool(ctx context.Context, in ExecuteToolInput) (ExecuteToolOutput, error) {
@@ -370,6 +376,9 @@ func (a *Activities) ExecuteTool(ctx context.Context, in ExecuteToolInput) (Exec
 		a.log().Error("activities: envelope does not match its action hash; not executing", "task_id", env.TaskID, "tool", env.Tool)
 		return ExecuteToolOutput{}, temporal.NewNonRetryableApplicationError(
 			"activities: envelope does not match its action hash", ErrTypeEnvelopeMismatch, err)
+	}
+	if err := a.checkPin(env); err != nil {
+		return ExecuteToolOutput{}, err
 	}
 	stop := heartbeat(ctx)
 	if err := a.claimExecution(ctx, env.TaskID); err != nil {
@@ -402,6 +411,30 @@ func (a *Activities) ExecuteTool(ctx context.Context, in ExecuteToolInput) (Exec
 	}
 	a.log().Info("activities: tool executed", "task_id", env.TaskID, "tool", env.Tool, "is_error", res.IsError)
 	return ExecuteToolOutput{Version: Version, Result: res}, nil
+}
+
+// checkPin refuses, with a non-retryable [ErrTypeUnknownTool], to run a call
+// whose envelope pins a tool the registry no longer serves under that name:
+// the details carry [gateway.ToolChangedError]'s sentence, for the task's
+// end. A tool that is gone is refused the same way, without details, as
+// the execution would refuse it.
+func (a *Activities) checkPin(env tasks.Envelope) error {
+	if env.ToolPin == nil {
+		return nil
+	}
+	err := a.Tools.CheckPin(env.Tool, *env.ToolPin)
+	var changed *gateway.ToolChangedError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &changed):
+		a.log().Error("activities: the tool changed after the call was made; not executing", "task_id", env.TaskID, "tool", env.Tool, "reason", changed.Reason)
+		return temporal.NewNonRetryableApplicationError(
+			"activities: tool "+env.Tool+" is not the tool the call was made against: "+changed.Reason+"; not run", ErrTypeUnknownTool, err, changed.Error())
+	default:
+		return temporal.NewNonRetryableApplicationError(
+			"activities: tool "+env.Tool+" is not available", ErrTypeUnknownTool, err)
+	}
 }
 
 // claimTries bounds ExecuteTool's attempts at the execution fence while the

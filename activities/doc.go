@@ -20,7 +20,12 @@
 //     except the non-retryable application errors whose types are the ErrType
 //     constants.
 //   - [Activities.ExecuteTool] recomputes the action hash of the envelope
-//     before it runs anything; on a mismatch the tool does not run. It passes
+//     before it runs anything; on a mismatch the tool does not run. Nor does
+//     it when the tool served under the envelope's tool name is not the one
+//     its pin (tasks.Envelope.ToolPin) names: another upstream or endpoint,
+//     or another input schema. An envelope without a pin (made before pins
+//     existed) runs as it always did. Both checks come before the execution
+//     fence, so a refusal claims nothing. It passes
 //     the task ID as the idempotency key so a backend that honours keys applies
 //     the call once. The workflow gives it a single attempt.
 //   - Nothing here logs raw tool arguments, tokens or assertions.

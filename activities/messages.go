@@ -23,7 +23,11 @@ const (
 	// ErrTypeEnvelopeMismatch: the envelope's action hash does not match its
 	// tool, arguments and server ID (or cannot be computed). Nothing ran.
 	ErrTypeEnvelopeMismatch = "envelope_mismatch"
-	// ErrTypeUnknownTool: the tool is not in the registry. Nothing ran.
+	// ErrTypeUnknownTool: the tool is not in the registry, or the tool it
+	// serves under the call's name is not the one the envelope pins
+	// (tasks.Envelope.ToolPin). Nothing ran. For a changed tool, the
+	// error's one detail is a sentence saying what changed, for the task's
+	// end (gateway.ToolChangedError); a tool that is gone has no details.
 	ErrTypeUnknownTool = "unknown_tool"
 	// ErrTypeToolProtocolError: the tool failed with a protocol error
 	// (gateway.ProtocolError) and did not act; details: the JSON-RPC code.

@@ -536,7 +536,7 @@ func (w *approval) executed(out activities.ExecuteToolOutput, err error) *ending
 			return protocolErrorEnding(tool, appErr)
 		case activities.ErrTypeUnknownTool:
 			w.log.Error("tool not available; not run", "error", err)
-			return denied(tasks.EventDenied, "The tool is not available.", "Denied: tool not available", tasks.ApprovalDenied)
+			return unavailableEnding(appErr)
 		case activities.ErrTypeExecutionNotClaimed:
 			w.log.Error("execution not claimed in the task's record; tool not run", "error", err)
 			return notClaimedEnding(appErr)
@@ -555,6 +555,18 @@ func (w *approval) executed(out activities.ExecuteToolOutput, err error) *ending
 func notClaimedEnding(appErr *temporal.ApplicationError) *ending {
 	return &ending{status: tasks.StatusFailed, approvalState: tasks.ApprovalFailed,
 		event: tasks.EventFailed, detail: appErr.Message(), message: appErr.Message()}
+}
+
+// unavailableEnding is the end of a task whose tool ExecuteTool did not
+// run because it is not available: gone from the registry, or no longer the
+// tool the envelope pins, which the error's detail explains
+// (activities.ErrTypeUnknownTool).
+func unavailableEnding(appErr *temporal.ApplicationError) *ending {
+	var changed string
+	if appErr.HasDetails() && appErr.Details(&changed) == nil && changed != "" {
+		return denied(tasks.EventDenied, changed, "Denied: the tool changed", tasks.ApprovalDenied)
+	}
+	return denied(tasks.EventDenied, "The tool is not available.", "Denied: tool not available", tasks.ApprovalDenied)
 }
 
 func denied(event tasks.EventKind, detail, message string, state tasks.ApprovalState) *ending {

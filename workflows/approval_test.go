@@ -598,6 +598,38 @@ func TestExecuteRefusalBeforeRunningIsDenied(t *testing.T) {
 	}
 }
 
+// A tool that changed after the call was made (activities.ExecuteTool's
+// pin check) ends the task denied, not run, with the error's detail saying
+// what changed; a tool that is gone keeps its fixed detail.
+func TestExecuteToolChangedDetail(t *testing.T) {
+	const why = "The tool changed after the call was made: upstream fs now serves fs__write with another input schema."
+	tests := []struct {
+		name, wantDetail, wantMessage string
+		details                       []any
+	}{
+		{"changed", why, "Denied: the tool changed", []any{why}},
+		{"gone", "The tool is not available.", "Denied: tool not available", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, 1)
+			h.execute = func(activities.ExecuteToolInput) (activities.ExecuteToolOutput, error) {
+				return activities.ExecuteToolOutput{}, temporal.NewNonRetryableApplicationError("refused", activities.ErrTypeUnknownTool, nil, tt.details...)
+			}
+			h.decideAt(time.Hour, "upd-alice", approve("alice"))
+
+			out, err := h.run()
+			require.NoError(t, err)
+			require.Equal(t, tasks.ApprovalOutcome{Status: tasks.StatusCompleted, Disposition: tasks.DeniedNotExecuted}, out)
+			c := h.complete()
+			require.Equal(t, tasks.EventDenied, c.Event.Kind)
+			require.Equal(t, tt.wantDetail, c.Detail)
+			require.Equal(t, tt.wantMessage, c.StatusMessage)
+			require.Nil(t, c.ToolResult)
+		})
+	}
+}
+
 // An execution the task's record refuses (tasks.Store.ClaimExecution: the
 // task was judged never started and failed) ends the task failed, saying
 // the tool did not run, as the record already does.

@@ -48,7 +48,8 @@
 //	    task ID as idempotency key. A result with IsError is execution-error;
 //	    any activity failure (timeout, crash, panic) is outcome-unknown, except
 //	    the activity's own refusals before running anything (envelope mismatch,
-//	    unknown tool), which are denied-not-executed, and a refused execution
+//	    unknown tool, a tool changed since the call was made: its detail says
+//	    what changed), which are denied-not-executed, and a refused execution
 //	    fence (the task's record had ended, or was claimed before:
 //	    tasks.Store.ClaimExecution), which ends the task failed, not run. The
 //	    tool is never called a second time.

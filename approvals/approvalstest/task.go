@@ -421,6 +421,12 @@ func (t *task) executed(out activities.ExecuteToolOutput, err error) *ending {
 			return &ending{status: tasks.StatusFailed, approvalState: tasks.ApprovalFailed,
 				event: tasks.EventFailed, detail: appErr.Message(), message: tasks.OutcomeText(tasks.EventFailed, tool, false)}
 		case activities.ErrTypeUnknownTool:
+			// As workflows does: a changed tool's error details say what
+			// changed.
+			var changed string
+			if appErr.HasDetails() && appErr.Details(&changed) == nil && changed != "" {
+				return denied(tasks.EventDenied, changed, "Denied: the tool changed", tasks.ApprovalDenied)
+			}
 			return denied(tasks.EventDenied, "The tool is not available.", "Denied: tool not available", tasks.ApprovalDenied)
 		case activities.ErrTypeExecutionNotClaimed:
 			// The task's record had ended (or its execution was claimed
