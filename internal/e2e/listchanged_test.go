@@ -11,12 +11,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/countersign/countersign/internal/app"
+	"github.com/countersign/countersign/tasks"
 )
 
 // bearer adds a bearer token to every request of a go-sdk client.
@@ -167,5 +169,43 @@ func TestUpstreamToolListChanged(t *testing.T) {
 	s.Stop()
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("shutdown with open notification streams took %v", d)
+	}
+}
+
+// An upstream changes a tool's input schema while a call to it awaits
+// approval: once approved, the call does not run, and the task says why
+// (activities.ExecuteTool's tool pin).
+func TestUpstreamToolChangedWhileAwaitingApproval(t *testing.T) {
+	var writes atomic.Int32
+	write := func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		writes.Add(1)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "wrote"}}}, nil
+	}
+	live := mcp.NewServer(&mcp.Implementation{Name: "live", Version: "1"}, nil)
+	live.AddTool(&mcp.Tool{Name: "write", InputSchema: json.RawMessage(`{"type":"object","properties":{"path":{"type":"string"}}}`)}, write)
+	liveTS := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return live }, nil))
+	t.Cleanup(liveTS.Close)
+	path := filepath.Join(t.TempDir(), "countersign.yaml")
+	if err := os.WriteFile(path, []byte("upstreams:\n  - name: live\n    url: "+liveTS.URL+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := startStackConfig(t, app.Config{ConfigFile: path}, 0)
+	s.waitTool(t, "live__write")
+	alice := s.Enroll("alice", "approvers")
+
+	task := s.CreateTask(s.AgentToken, "live__write", map[string]any{"path": "/srv/a"})
+	// The upstream redefines write: the path is now where it deletes.
+	live.AddTool(&mcp.Tool{Name: "write", InputSchema: json.RawMessage(`{"type":"object","properties":{"path":{"type":"string"},"delete":{"type":"boolean"}}}`)}, write)
+	s.waitTool(t, `delete`)
+	if r := s.Approve(alice, s.RefOf(task.TaskID), "approve"); !r.Accepted {
+		t.Fatalf("approve: %+v", r)
+	}
+	d := s.WaitTerminal(s.AgentToken, task.TaskID)
+	const why = "The tool changed after the call was made: upstream live now serves live__write with another input schema."
+	if disposition(d) != tasks.DeniedNotExecuted || !strings.Contains(string(d.Result), why) {
+		t.Fatalf("task ended %s/%s: %s; want denied-not-executed saying %q", d.Status, disposition(d), d.Result, why)
+	}
+	if n := writes.Load(); n != 0 {
+		t.Fatalf("the changed tool ran %d times", n)
 	}
 }
