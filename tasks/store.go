@@ -803,15 +803,12 @@ func (s *Store) List(ctx context.Context, owner, cursor string, limit int) (page
 	}
 	// Entries without a creation time: their records tell it.
 	read := make(map[string]Record, len(legacy))
-	got, errs := s.getMany(ctx, legacy)
-	for i, err := range errs {
-		switch {
-		case errors.Is(err, ErrTaskNotFound):
-		case err != nil:
-			return nil, "", err
-		default:
-			read[legacy[i]] = got[i]
-			slots = append(slots, slot{id: legacy[i], at: got[i].CreatedAt})
+	if err := s.readInto(ctx, legacy, read); err != nil {
+		return nil, "", err
+	}
+	for _, id := range legacy {
+		if r, ok := read[id]; ok {
+			slots = append(slots, slot{id: id, at: r.CreatedAt})
 		}
 	}
 	sort.Slice(slots, func(i, j int) bool {
@@ -836,15 +833,8 @@ func (s *Store) List(ctx context.Context, owner, cursor string, limit int) (page
 				ids = append(ids, sl.id)
 			}
 		}
-		got, errs := s.getMany(ctx, ids)
-		for j, err := range errs {
-			switch {
-			case errors.Is(err, ErrTaskNotFound):
-			case err != nil:
-				return nil, "", err
-			default:
-				read[ids[j]] = got[j]
-			}
+		if err := s.readInto(ctx, ids, read); err != nil {
+			return nil, "", err
 		}
 		for _, sl := range slots[i : i+n] {
 			if r, ok := read[sl.id]; ok && r.Owner == owner && !r.Expired(now) {
@@ -858,6 +848,22 @@ func (s *Store) List(ctx context.Context, owner, cursor string, limit int) (page
 		next = slots[i-1].id
 	}
 	return page, next, nil
+}
+
+// readInto reads the records of ids concurrently ([Store.getMany]) into
+// read; a record that is gone is left out.
+func (s *Store) readInto(ctx context.Context, ids []string, read map[string]Record) error {
+	got, errs := s.getMany(ctx, ids)
+	for i, err := range errs {
+		switch {
+		case errors.Is(err, ErrTaskNotFound):
+		case err != nil:
+			return err
+		default:
+			read[ids[i]] = got[i]
+		}
+	}
+	return nil
 }
 
 // Pending returns every task that awaits approvers, oldest first, for the
