@@ -30,7 +30,12 @@ type Endpoint struct {
 // name (or [OwnSource]), its [Endpoint] and the tool's name there; its
 // Schema the SHA-256 of the JCS form of the input schema (of the schema's
 // bytes as they are, should JCS refuse them).
+//
+// A tool looked up in a [Registry] has its pin computed already.
 func (t Tool) Pin() tasks.ToolPin {
+	if t.pin != nil {
+		return *t.pin
+	}
 	origin := struct {
 		Source  string   `json:"source"`
 		URL     string   `json:"url,omitempty"`
@@ -74,7 +79,7 @@ func (r *Registry) CheckPin(name string, pin tasks.ToolPin) error {
 	if !ok {
 		return ErrUnknownTool
 	}
-	now := e.pin
+	now := e.tool.Pin()
 	var reason string
 	switch {
 	case now.Source != pin.Source:

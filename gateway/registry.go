@@ -111,6 +111,9 @@ type Tool struct {
 	// describe the arguments accurately: it is what the approver signs for.
 	Describe func(args json.RawMessage) string
 	Run      func(ctx context.Context, call Call) (tasks.CallToolResult, error)
+
+	// pin is [Tool.Pin], computed once when the registry takes the tool.
+	pin *tasks.ToolPin
 }
 
 // PolicyResource is the tool as policy sees it (pdp.Resource). Annotations
@@ -128,7 +131,6 @@ type entry struct {
 	tool   Tool
 	schema *jsonschema.Resolved
 	source string
-	pin    tasks.ToolPin
 }
 
 // Registry is the set of tools Countersign serves: its own, fixed at
@@ -180,7 +182,9 @@ func compile(t Tool) (entry, error) {
 	if err != nil {
 		return entry{}, fmt.Errorf("gateway: tool %s: input schema: %w", t.Name, err)
 	}
-	return entry{tool: t, schema: rs, pin: t.Pin()}, nil
+	pin := t.Pin()
+	t.pin = &pin
+	return entry{tool: t, schema: rs}, nil
 }
 
 func (s *snapshot) sortNames() {
