@@ -523,6 +523,12 @@ func heartbeat(ctx context.Context) (stop func()) {
 // extends the TTL so the result stays readable for
 // [Activities.ResultRetention] after the end. The store releases the task's
 // dedup slot. Writing the same terminal state again is a no-op in effect.
+//
+// A record that has already ended as failed (a start judged failed,
+// tasks.FailUnstarted, whose workflow reached Temporal late all the same)
+// keeps its end: the store refuses another status, so the audit chain is
+// sealed with the record's end, not this one, and tasks/get, the
+// notifiers and the chain say the same. The tool did not run either way.
 func (a *Activities) Complete(ctx context.Context, in CompleteInput) error {
 	if err := checkVersion(in.Version); err != nil {
 		return err
@@ -530,6 +536,19 @@ func (a *Activities) Complete(ctx context.Context, in CompleteInput) error {
 	if !in.Status.Terminal() {
 		return temporal.NewNonRetryableApplicationError(
 			fmt.Sprintf("activities: complete with non-terminal status %q", in.Status), ErrTypeInvalidInput, nil)
+	}
+	cur, err := a.Tasks.Get(ctx, in.TaskID)
+	switch {
+	case errors.Is(err, tasks.ErrTaskNotFound):
+		// No record to agree with: the chain is still sealed below.
+	case err != nil:
+		return storeError("complete", in.TaskID, err)
+	case cur.Status == tasks.StatusFailed && in.Status != tasks.StatusFailed:
+		a.log().Warn("activities: the task's record ended failed before its workflow's end; the audit chain keeps the record's end",
+			"task_id", in.TaskID, "status", in.Status, "disposition", in.Disposition)
+		_, err := a.sealAudit(ctx, CompleteInput{TaskID: in.TaskID, Status: tasks.StatusFailed, Detail: cur.StatusMessage,
+			Event: tasks.Event{At: in.Event.At, Kind: tasks.EventFailed}, Audit: in.Audit})
+		return err
 	}
 	receipt, err := a.sealAudit(ctx, in)
 	if err != nil {

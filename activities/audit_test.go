@@ -130,3 +130,63 @@ func (w *world) openAudit(t *testing.T) *audit.Keyring {
 	}
 	return keys
 }
+
+// A start judged failed (the record failed, "the tool did not run") whose
+// workflow reached Temporal late all the same runs its course and ends
+// otherwise (here it expires). Its end cannot change the record, which
+// ended first; the audit chain must not tell another story: it is sealed
+// with the record's end, and the chain, tasks/get and the verifier agree.
+func TestCompleteOnARecordThatEndedFirst(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	keys := w.openAudit(t)
+	req := tasks.Requirement{Group: "approvers", Quorum: 1, AuthenticatorClass: "platform", Reason: "big"}
+	env := envelope(t, "agent-1", `{"amount":5000,"to":"acme"}`)
+	rec := w.createTask(t, env)
+	in := tasks.ApprovalInput{Version: tasks.ApprovalInputVersion, Envelope: env, Requirement: req,
+		ApprovalRef: rec.ApprovalRef, DisplayText: rec.DisplayText, ExpiresAt: rec.ExpiresAt}
+	if _, err := w.store.Update(ctx, env.TaskID, func(r *tasks.Record) error {
+		tasks.FailUnstarted(r, env.CreatedAt.Add(5*time.Second), "workflow start failed")
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []activities.RecordAuditInput{
+		{Kind: audit.KindRequested, StepID: "requested", Input: &in},
+		{Kind: audit.KindNotified, StepID: "notify"},
+	} {
+		s.Version, s.TaskID, s.At = activities.Version, env.TaskID, env.CreatedAt
+		if err := w.run(t, w.acts.RecordAudit, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expired := activities.CompleteInput{Version: activities.Version, TaskID: env.TaskID, Tool: env.Tool,
+		Status: tasks.StatusCompleted, Disposition: tasks.DeniedNotExecuted, ApprovalState: tasks.ApprovalExpired,
+		Detail: "Approval expired.", StatusMessage: "Expired",
+		Event: tasks.Event{At: env.CreatedAt.Add(24 * time.Hour), Kind: tasks.EventExpired}, Audit: true}
+	for range 2 { // a retried activity
+		if err := w.run(t, w.acts.Complete, expired); err != nil {
+			t.Fatalf("Complete: %v", err)
+		}
+	}
+	got, err := w.store.Get(ctx, env.TaskID)
+	if err != nil || got.Status != tasks.StatusFailed {
+		t.Fatalf("record: %v %+v, want it still failed", err, got)
+	}
+	lines, err := w.acts.Audit.Chain(ctx, env.TaskID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := audit.Verify(lines, keys.PublicKeys(), audit.VerifyOptions{})
+	if !rep.OK || len(rep.Tasks) != 1 {
+		b, _ := json.MarshalIndent(rep, "", " ")
+		t.Fatalf("chain does not verify:\n%s", b)
+	}
+	if v := rep.Tasks[0]; v.Status != string(got.Status) || v.Disposition != string(got.Disposition) {
+		t.Fatalf("the chain ends %s/%s, tasks/get says %s/%s", v.Status, v.Disposition, got.Status, got.Disposition)
+	}
+	var end audit.Record
+	if err := json.Unmarshal(lines[len(lines)-2], &end); err != nil || end.Kind != audit.KindFailed {
+		t.Fatalf("terminal record %s (%v), want %s", end.Kind, err, audit.KindFailed)
+	}
+}
