@@ -765,7 +765,7 @@ func (w *approval) approvalState() tasks.ApprovalState {
 // validateDecision rejects, without writing history, decisions that are
 // malformed or arrive when the task no longer takes them. It must not change
 // any state.
-func (w *approval) validateDecision(_ workflow.Context, d tasks.DecisionUpdate) error {
+func (w *approval) validateDecision(ctx workflow.Context, d tasks.DecisionUpdate) error {
 	switch {
 	case d.Decision != tasks.DecisionApprove && d.Decision != tasks.DecisionDeny:
 		return temporal.NewApplicationError("decision must be approve or deny", ErrTypeMalformedDecision)
@@ -776,14 +776,21 @@ func (w *approval) validateDecision(_ workflow.Context, d tasks.DecisionUpdate) 
 	case len(d.Comment) > MaxCommentLen:
 		return temporal.NewApplicationError(fmt.Sprintf("comment longer than %d bytes", MaxCommentLen), ErrTypeMalformedDecision)
 	}
-	return w.takesDecisions()
+	return w.takesDecisions(ctx)
 }
 
-// takesDecisions rejects a decision when the task is no longer pending or
-// has verified its quota of decisions.
-func (w *approval) takesDecisions() error {
+// takesDecisions rejects a decision when the task is no longer pending, has
+// reached its expiry (an approval's), or has verified its quota of decisions. The expiry is
+// read from the clock, not only from the phase: the timer that expires the
+// task fires a little after ExpiresAt (Temporal's timer queue, a worker
+// catching up), and a decision that arrives in between must not count. A
+// validator does not run on replay, so this changes no history.
+func (w *approval) takesDecisions(ctx workflow.Context) error {
 	if err := w.pendingErr(); err != nil {
 		return err
+	}
+	if !w.in.ExpiresAt.IsZero() && !workflow.Now(ctx).Before(w.in.ExpiresAt) {
+		return temporal.NewApplicationError("task is no longer pending (expired)", ErrTypeTaskNotPending)
 	}
 	if w.attempts >= MaxDecisionAttempts {
 		return temporal.NewApplicationError("too many decisions for this task", ErrTypeTooManyDecisions)
@@ -946,7 +953,7 @@ func (w *approval) recordRejection(ctx workflow.Context, r tasks.RejectedDecisio
 
 // validateUnsignedDeny rejects, without writing history, an unsigned deny
 // that is malformed or arrives when the task no longer takes decisions.
-func (w *approval) validateUnsignedDeny(_ workflow.Context, d tasks.UnsignedDenial) error {
+func (w *approval) validateUnsignedDeny(ctx workflow.Context, d tasks.UnsignedDenial) error {
 	switch {
 	case d.ApproverID == "" || d.ApproverName == "":
 		return temporal.NewApplicationError("an unsigned deny must name its approver", ErrTypeMalformedDecision)
@@ -955,7 +962,7 @@ func (w *approval) validateUnsignedDeny(_ workflow.Context, d tasks.UnsignedDeni
 	case len(d.Comment) > MaxCommentLen:
 		return temporal.NewApplicationError(fmt.Sprintf("comment longer than %d bytes", MaxCommentLen), ErrTypeMalformedDecision)
 	}
-	return w.takesDecisions()
+	return w.takesDecisions(ctx)
 }
 
 // denyUnsigned ends a pending task as denied on the word of an approver whom
