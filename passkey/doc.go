@@ -54,10 +54,10 @@
 // verifies against that record, never against what the client sends.
 //
 // Verify before consume. Verify runs every check of SEP-2672 §4.8, in the
-// normative order, before it touches the challenge. An assertion that fails
-// any check changes nothing: the challenge stays usable for the legitimate
-// approver. Only then is the challenge consumed, and only then is the
-// signature counter advanced.
+// normative order, before it touches the challenge or the credential. An
+// assertion that fails any check changes nothing: the challenge stays usable
+// for the legitimate approver. Only then is the signature counter claimed,
+// and only then is the challenge consumed.
 //
 // Compare-and-set everywhere. All state is in NATS JetStream key-value
 // buckets (countersign_approvers, countersign_invites, countersign_credentials,
@@ -66,6 +66,23 @@
 // server replicas can share the buckets: of two concurrent consumers of one
 // challenge exactly one wins, and the loser gets challenge_consumed. Counter
 // updates retry their compare-and-set and never lower the counter.
+//
+// Signature counter. An assertion's counter must exceed the stored one,
+// unless both are zero: authenticators that always report 0 (synced
+// passkeys) keep working, and any number of their assertions may be verified
+// at once. A non-zero counter is claimed before the challenge is consumed: it
+// is stored, with the id of the challenge it answers, by compare-and-set at
+// the credential revision the checks read. A claim that loses the race reads
+// the credential again and checks again, so of assertions with the same
+// counter over different challenges (a cloned authenticator), however many
+// and on whatever replicas, at most one is accepted; the others get
+// signature_counter_regression and their challenges stay usable. An
+// assertion whose counter equals the stored one is accepted only over the
+// challenge that claimed it: it is that assertion again (a retry after a
+// claim whose consume failed), or one competing with it for the single
+// consume. A claim stays when its consume is lost to another consumer of the
+// same challenge or fails: the authenticator did make that assertion, and a
+// higher stored counter only makes a clone easier to detect.
 //
 // Idempotent consume. A Verify that consumed a challenge records its
 // ConsumerKey and result; a retry with the same key, for the same call and

@@ -18,6 +18,10 @@ type credentialRecord struct {
 	Credential webauthn.Credential `json:"credential"`
 	CreatedAt  time.Time           `json:"createdAt"`
 	LastUsedAt time.Time           `json:"lastUsedAt,omitzero"`
+	// CounterChallenge is the challenge whose assertion claimed the stored
+	// signature counter (verify.go, claimCounter): another attempt of that
+	// assertion is not a regression, since only one can consume it.
+	CounterChallenge string `json:"counterChallenge,omitempty"`
 	// DisabledAt and RevokedAt are set by an admin (admin.go).
 	DisabledAt time.Time `json:"disabledAt,omitzero"`
 	RevokedAt  time.Time `json:"revokedAt,omitzero"`

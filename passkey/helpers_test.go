@@ -232,3 +232,69 @@ func wantReason(tb testing.TB, err error, reason string) {
 		tb.Fatalf("errors.Is(%v, reason %s) = false", err, reason)
 	}
 }
+
+// gatedJS is a JetStream whose credentials bucket holds every write until the
+// gate has seen a number of credential reads, so that that many concurrent
+// verifications all read a credential before any of them writes it: the
+// interleaving a race needs, every time, instead of now and then.
+type gatedJS struct {
+	jetstream.JetStream
+	gate *gate
+}
+
+func (js gatedJS) CreateOrUpdateKeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := js.JetStream.CreateOrUpdateKeyValue(ctx, cfg)
+	if err != nil || cfg.Bucket != passkey.BucketCredentials {
+		return kv, err
+	}
+	return gatedKV{KeyValue: kv, gate: js.gate}, nil
+}
+
+type gatedKV struct {
+	jetstream.KeyValue
+	gate *gate
+}
+
+func (kv gatedKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	e, err := kv.KeyValue.Get(ctx, key)
+	kv.gate.read()
+	return e, err
+}
+
+func (kv gatedKV) Update(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
+	if err := kv.gate.wait(ctx); err != nil {
+		return 0, err
+	}
+	return kv.KeyValue.Update(ctx, key, value, revision)
+}
+
+// gate opens after n reads, and stays open.
+type gate struct {
+	mu   sync.Mutex
+	n    int
+	open chan struct{}
+}
+
+func newGate(n int) *gate { return &gate{n: n, open: make(chan struct{})} }
+
+func (g *gate) read() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.n > 0 {
+		g.n--
+		if g.n == 0 {
+			close(g.open)
+		}
+	}
+}
+
+func (g *gate) wait(ctx context.Context) error {
+	select {
+	case <-g.open:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(10 * time.Second):
+		return errors.New("test gate: too few credential reads")
+	}
+}

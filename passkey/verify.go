@@ -67,8 +67,8 @@ type VerifyRequest struct {
 	Method string
 	// Response is the PublicKeyCredential JSON from navigator.credentials.get().
 	Response json.RawMessage
-	// CheckOnly runs every check and reports the verdict without consuming
-	// the challenge or advancing the counter: the edge uses it to turn
+	// CheckOnly runs every check and reports the verdict without claiming
+	// the counter or consuming the challenge: the edge uses it to turn
 	// invalid evidence away before it reaches the task's workflow, which
 	// then verifies again and consumes. A challenge already consumed by
 	// ConsumerKey passes (that consumer may retry).
@@ -90,8 +90,8 @@ type Verified struct {
 }
 
 // Verify checks approval evidence in SEP-2672 §4.8 order and, only if every
-// check passes, consumes the challenge atomically and advances the stored
-// signature counter. The checks, each with its reason:
+// check passes, claims the stored signature counter and consumes the
+// challenge, each atomically. The checks, each with its reason:
 //
 //  1. missing_evidence: empty or malformed evidence or response
 //  2. unsupported_method: method other than "webauthn"
@@ -107,13 +107,19 @@ type Verified struct {
 //  8. authenticator_class_mismatch
 //  9. signature_verification_failed: any WebAuthn failure (signature, origin,
 //     RP id, user verification, challenge)
-//  10. signature_counter_regression: stored > 0 and new <= stored
+//  10. signature_counter_regression: stored > 0 and new <= stored (unless
+//     new == stored was claimed by an assertion over this same challenge)
 //  11. argument_hash_mismatch
 //  12. approver_not_eligible: approver not in the group
 //  13. self_approval: approver is the requester
 //
-// then the compare-and-set consume (a lost race is challenge_consumed) and
-// the counter update. A rejected assertion never consumes the challenge.
+// then the counter claim and the consume, each by compare-and-set. The claim
+// stores the new counter at the revision the checks read; when it loses the
+// race, the credential is read and checked again, so of assertions with the
+// same counter over different challenges (a cloned authenticator) at most
+// one gets past it, on any replica, and the others are
+// signature_counter_regression. A lost consume is challenge_consumed. A
+// rejected assertion never consumes the challenge.
 //
 // Rejections are *Error; other errors are infrastructure failures and may be
 // retried with the same ConsumerKey. A malformed request from the caller
@@ -273,22 +279,9 @@ func (s *Service) verify(ctx context.Context, req *VerifyRequest) (Verified, err
 	if !authData.Flags.HasUserVerified() { // backstop: the library checks it
 		return Verified{}, newError(ReasonSignatureVerificationFailed, errors.New("user not verified"))
 	}
-	// 11. Counter strictly increases unless the stored counter is zero.
-	stored := cred.Credential.Authenticator.SignCount
-	if stored > 0 && authData.Counter <= stored {
-		// The counter is the one piece of state a concurrent Verify of this
-		// same assertion changes. If that is what happened, the challenge is
-		// consumed by now and step 5 is the accurate answer (or the same
-		// success, for a retry with the consuming key).
-		var cur challengeRecord
-		if _, err := getJSON(ctx, s.challenges, req.ChallengeID, &cur); err == nil && cur.ConsumedBy != "" {
-			if req.ConsumerKey != "" && cur.ConsumedBy == req.ConsumerKey {
-				return s.replay(ctx, req, &cur, credID)
-			}
-			return Verified{}, newError(ReasonChallengeConsumed, nil)
-		}
-		return Verified{}, newError(ReasonSignatureCounterRegression,
-			fmt.Errorf("stored %d, asserted %d", stored, authData.Counter))
+	// 11. Counter strictly increases unless both are zero.
+	if err := counterCheck(&cred, authData.Counter, req.ChallengeID); err != nil {
+		return s.counterRejected(ctx, req, credID, err)
 	}
 	// 12. The call's action hash is the one the challenge committed to.
 	if ch.ActionHash != req.ActionHash.String() {
@@ -305,8 +298,9 @@ func (s *Service) verify(ctx context.Context, req *VerifyRequest) (Verified, err
 		return Verified{}, newError(ReasonSelfApproval, nil)
 	}
 
-	// 13. Every check passed: consume, by compare-and-set on the revision
-	// read in step 4 (unless the caller only asked whether it would pass).
+	// 13. Every check passed: claim the counter, then consume, by
+	// compare-and-set on the revision read in step 4 (unless the caller only
+	// asked whether it would pass).
 	if req.CheckOnly {
 		return Verified{ApproverID: a.ID, ApproverName: a.Name, CredentialID: credID, ChallengeID: req.ChallengeID}, nil
 	}
@@ -325,6 +319,15 @@ func (s *Service) verify(ctx context.Context, req *VerifyRequest) (Verified, err
 		ClientDataJSON:    parsed.Raw.AssertionResponse.ClientDataJSON,
 		Signature:         parsed.Raw.AssertionResponse.Signature,
 	}
+	if err := s.claimCounter(ctx, req, a, credID, cred, credRev, v.SignCount, now); err != nil {
+		if ReasonOf(err) == ReasonSignatureCounterRegression {
+			return s.counterRejected(ctx, req, credID, err)
+		}
+		return Verified{}, err
+	}
+	// A claimed counter that is not followed by the consume (a lost race, a
+	// store failure) stays claimed: the authenticator did make the assertion,
+	// and its own retry passes step 11 (counterCheck).
 	ch.ConsumedBy = key
 	ch.ConsumedAt = now
 	ch.Result = &v
@@ -341,26 +344,104 @@ func (s *Service) verify(ctx context.Context, req *VerifyRequest) (Verified, err
 		}
 		return Verified{}, newError(ReasonChallengeConsumed, err)
 	}
-	// 14. Store the counter. Fast path: write at the revision read in step 8; on a
-	// conflict fall back to the read-modify-write loop.
-	next := cred
-	next.Credential.Authenticator.SignCount = max(stored, v.SignCount)
-	next.LastUsedAt = now
-	if _, err := updateJSON(ctx, s.credentials, credID, &next, credRev); err != nil {
-		if !isConflict(err) {
-			return Verified{}, fmt.Errorf("passkey: update signature counter: %w", err)
-		}
-		if err := s.advanceCounter(ctx, credID, v.SignCount, now); err != nil {
-			return Verified{}, err
+	// 14. A zero counter claimed nothing: record the use time. Fast path:
+	// write at the revision read in step 8; on a conflict fall back to the
+	// read-modify-write loop.
+	if v.SignCount == 0 {
+		next := cred
+		next.LastUsedAt = now
+		if _, err := updateJSON(ctx, s.credentials, credID, &next, credRev); err != nil {
+			if !isConflict(err) {
+				return Verified{}, fmt.Errorf("passkey: record passkey use: %w", err)
+			}
+			if err := s.advanceCounter(ctx, credID, 0, now); err != nil {
+				return Verified{}, err
+			}
 		}
 	}
 	return v, nil
 }
 
+// counterCheck is step 11: an assertion's signature counter must exceed the
+// stored one, unless both are zero (an authenticator that reports no
+// counter, such as a synced passkey). An equal counter passes only when an
+// assertion over the same challenge claimed it (claimCounter): that is this
+// assertion, tried again after a claim whose consume did not follow, or an
+// assertion competing for the same single consume.
+func counterCheck(cred *credentialRecord, count uint32, challengeID string) error {
+	stored := cred.Credential.Authenticator.SignCount
+	if count > stored || (count == 0 && stored == 0) ||
+		(count == stored && cred.CounterChallenge == challengeID) {
+		return nil
+	}
+	return newError(ReasonSignatureCounterRegression, fmt.Errorf("stored %d, asserted %d", stored, count))
+}
+
+// counterRejected answers an assertion that failed the counter check with
+// rejection, unless the challenge is consumed by now. The counter is the one
+// piece of state a concurrent Verify of this same assertion changes; if that
+// is what happened, step 5 is the accurate answer (or the same success, for a
+// retry with the consuming key).
+func (s *Service) counterRejected(ctx context.Context, req *VerifyRequest, credID string, rejection error) (Verified, error) {
+	var cur challengeRecord
+	if _, err := getJSON(ctx, s.challenges, req.ChallengeID, &cur); err == nil && cur.ConsumedBy != "" {
+		if req.ConsumerKey != "" && cur.ConsumedBy == req.ConsumerKey {
+			return s.replay(ctx, req, &cur, credID)
+		}
+		return Verified{}, newError(ReasonChallengeConsumed, nil)
+	}
+	return Verified{}, rejection
+}
+
+// claimCounter stores count as the credential's signature counter, with the
+// challenge that claimed it and the use time, before the challenge is
+// consumed. It writes by compare-and-set at rev, the revision the checks
+// read cred at; when another write got there first, it reads the credential
+// again and checks it again (its status, and the counter: counterCheck), so
+// of two assertions with the same counter over different challenges at most
+// one claims it, whatever replica verifies them. It never lowers the
+// counter. It writes nothing when there is nothing to claim: both counters
+// zero, or the counter already claimed by this challenge.
+func (s *Service) claimCounter(ctx context.Context, req *VerifyRequest, a Approver, credID string,
+	cred credentialRecord, rev uint64, count uint32, now time.Time) error {
+	for range casAttempts {
+		if count == cred.Credential.Authenticator.SignCount {
+			return nil // both zero, or claimed by this challenge (counterCheck passed)
+		}
+		cred.Credential.Authenticator.SignCount = count
+		cred.CounterChallenge = req.ChallengeID
+		if cred.LastUsedAt.Before(now) {
+			cred.LastUsedAt = now
+		}
+		_, err := updateJSON(ctx, s.credentials, credID, &cred, rev)
+		if err == nil {
+			return nil
+		}
+		if !isConflict(err) {
+			return fmt.Errorf("passkey: claim signature counter: %w", err)
+		}
+		cred = credentialRecord{}
+		if rev, err = getJSON(ctx, s.credentials, credID, &cred); err != nil {
+			if isNotFound(err) {
+				return newError(ReasonUnknownCredential, err)
+			}
+			return fmt.Errorf("passkey: get credential: %w", err)
+		}
+		if err := usable(a, cred); err != nil {
+			return inBandReason(req, err)
+		}
+		if err := counterCheck(&cred, count, req.ChallengeID); err != nil {
+			return err
+		}
+	}
+	return errCASExhausted
+}
+
 // replay answers a retry by the consumer that already consumed the challenge.
-// It must carry the same call and credential; it re-applies the counter
-// update, which may not have happened if the first attempt failed after the
-// consume.
+// It must carry the same call and credential. It does not check the counter,
+// which the first attempt claimed before the consume; it re-applies the use
+// time, which may not have been stored if that attempt failed after the
+// consume (and the counter, never lowering it).
 //
 // An in-band retry (the client's own: the same signed call sent again, to
 // recover a first attempt that died, or was refused, after the consume) is

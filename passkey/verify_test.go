@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -677,6 +678,186 @@ func TestVerifyCounter(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantReason(t, verify(w.alice, 8), passkey.ReasonSignatureCounterRegression)
+}
+
+// TestVerifyCounterClaim has a cloned authenticator answer many challenges
+// at once, every assertion with the same signature counter, on two replicas:
+// exactly one is accepted, and the others are signature_counter_regression
+// and leave their challenges usable for the legitimate approver. Counters
+// that are all zero (synced passkeys) are all accepted.
+func TestVerifyCounterClaim(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	const n = 20
+	// replicas returns two Services on w's buckets; with a gate, the n
+	// verifications all read the credential before any writes it.
+	replicas := func(g *gate) [2]*passkey.Service {
+		var svcs [2]*passkey.Service
+		for i := range svcs {
+			js := w.js
+			if g != nil {
+				js = gatedJS{JetStream: w.js, gate: g}
+			}
+			svc, err := passkey.New(ctx, js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin}, Now: w.clock.Now})
+			if err != nil {
+				t.Fatal(err)
+			}
+			svcs[i] = svc
+		}
+		return svcs
+	}
+	signed := func(c *call, counter uint32) passkey.VerifyRequest {
+		cred := w.alice.Cred
+		cred.Counter = counter
+		return c.verifyReq(w.alice.signRaw(t, w.rp, c.Ch.RequestOptions.Challenge, cred))
+	}
+	// race verifies n assertions with counter, each over its own challenge,
+	// released together, half on each replica.
+	race := func(svcs [2]*passkey.Service, round string, counter uint32) ([]*call, []error) {
+		calls := make([]*call, n)
+		reqs := make([]passkey.VerifyRequest, n)
+		for i := range n {
+			calls[i] = w.issue(t, fmt.Sprintf("%s-%d", round, i), "finance", "")
+			reqs[i] = signed(calls[i], counter)
+		}
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				_, errs[i] = svcs[i%2].Verify(ctx, reqs[i])
+			}()
+		}
+		close(start)
+		wg.Wait()
+		return calls, errs
+	}
+
+	_, errs := race(replicas(nil), "synced", 0)
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("zero counter, assertion %d: %v", i, err)
+		}
+	}
+
+	calls, errs := race(replicas(newGate(n)), "clone", 5)
+	var wins int
+	var losers []*call
+	for i, err := range errs {
+		switch passkey.ReasonOf(err) {
+		case "":
+			if err != nil {
+				t.Fatalf("assertion %d: infrastructure error: %v", i, err)
+			}
+			wins++
+		case passkey.ReasonSignatureCounterRegression:
+			losers = append(losers, calls[i])
+		default:
+			t.Errorf("assertion %d: %v, want success or %s", i, err, passkey.ReasonSignatureCounterRegression)
+		}
+	}
+	if wins != 1 || len(losers) != n-1 {
+		t.Fatalf("same counter on %d challenges: %d accepted, %d counter regressions; want 1 and %d", n, wins, len(losers), n-1)
+	}
+	// The rejected assertions consumed nothing: each challenge is still
+	// there for the approver's next, higher counter.
+	counter := uint32(5)
+	for _, c := range losers {
+		counter++
+		if _, err := w.svc.Verify(ctx, signed(c, counter)); err != nil {
+			t.Fatalf("challenge %s after a rejected assertion, counter %d: %v", c.Ch.ID, counter, err)
+		}
+	}
+	pks, err := w.svc.Passkeys(ctx, w.alice.A.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pks) != 1 || pks[0].SignCount != counter {
+		t.Errorf("stored passkeys %+v, want one with sign count %d", pks, counter)
+	}
+}
+
+// TestVerifyCounterClaimedRetry retries an assertion whose counter claim was
+// stored but whose consume was not (a store failure, a crash between the
+// two), for a task decision and in-band: the retry succeeds with the same
+// result, and so does a retry after the consume, while the same counter over
+// another challenge is still a regression.
+func TestVerifyCounterClaimedRetry(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	kv, err := w.js.KeyValue(ctx, passkey.BucketChallenges)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := w.enrollInBand(t, "agent-a", "usb")
+	tests := []struct {
+		name  string
+		k     *kit
+		issue func(taskID string) *call
+		req   func(c *call, resp json.RawMessage) passkey.VerifyRequest
+	}{
+		{
+			name:  "task decision",
+			k:     w.alice,
+			issue: func(taskID string) *call { return w.issue(t, taskID, "finance", "") },
+			req:   (*call).verifyReq,
+		},
+		{
+			name: "in-band",
+			k:    agent,
+			issue: func(string) *call {
+				c, err := w.issueInBand(t, "agent-a", "")
+				if err != nil {
+					t.Fatal(err)
+				}
+				return c
+			},
+			req: func(c *call, resp json.RawMessage) passkey.VerifyRequest {
+				r := inBandReq(c, "agent-a", resp)
+				r.ConsumerKey = "inband-" + c.Ch.ID // mcpserver derives it from the evidence
+				return r
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := tt.issue("task-1")
+			unconsumed, err := kv.Get(ctx, c.Ch.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := tt.req(c, tt.k.sign(t, w.rp, c.Ch))
+			first, err := w.svc.Verify(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			again, err := w.svc.Verify(ctx, req)
+			if err != nil {
+				t.Fatalf("retry after the consume: %v", err)
+			}
+			if diff := cmp.Diff(first, again); diff != "" {
+				t.Errorf("retry result differs (-first +retry):\n%s", diff)
+			}
+			// Undo the consume: the counter stays claimed, the challenge is not.
+			if _, err := kv.Put(ctx, c.Ch.ID, unconsumed.Value()); err != nil {
+				t.Fatal(err)
+			}
+			again, err = w.svc.Verify(ctx, req)
+			if err != nil {
+				t.Fatalf("retry after a claimed counter and a lost consume: %v", err)
+			}
+			if diff := cmp.Diff(first, again); diff != "" {
+				t.Errorf("retry result differs (-first +retry):\n%s", diff)
+			}
+			other := tt.issue("task-2")
+			cred := tt.k.Cred // the counter the retried assertion carried
+			_, err = w.svc.Verify(ctx, tt.req(other, tt.k.signRaw(t, w.rp, other.Ch.RequestOptions.Challenge, cred)))
+			wantReason(t, err, passkey.ReasonSignatureCounterRegression)
+		})
+	}
 }
 
 func TestVerifyRejectsBadCallerInput(t *testing.T) {
