@@ -258,9 +258,11 @@
 // challenge_expired, challenge_wrong_tool, unknown_credential,
 // authenticator_class_mismatch, signature_verification_failed,
 // signature_counter_regression, argument_hash_mismatch; and only then the
-// compare-and-set consume. Every rejection is JSON-RPC -32001 with the
-// reason's fixed message and data.reason, and changes nothing: nothing is
-// stored, run or consumed. A verified call then runs through the approval
+// compare-and-set counter claim and consume (passkey's doc, "Signature
+// counter"). Every rejection is JSON-RPC -32001 with the reason's fixed
+// message and data.reason, and changes nothing: nothing is stored, run or
+// consumed (an assertion that lost the consume race to another keeps its
+// counter claim). A verified call then runs through the approval
 // workflow in tasks.ModeVerified (see callVerified for why a workflow and
 // why it is crash-safe) and the caller gets the result of an approved call:
 // the [approved-executed] line, then the tool's own content and
