@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"net"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -187,6 +188,41 @@ func (m *manifests) checkDeployment(t *testing.T, c *code, d appsv1.Deployment) 
 	}
 	if p := ctr.ReadinessProbe; p != nil && p.HTTPGet != nil && p.HTTPGet.Path != "/readyz" {
 		t.Errorf("%s: readiness probe on %s, want /readyz", where, p.HTTPGet.Path)
+	}
+	m.checkMetrics(t, where, pod, ctr, envs)
+}
+
+// checkMetrics: every process serves /metrics only on its operations
+// listener (--metrics-addr), never on --addr, so each Deployment opens one
+// on a named container port that a NetworkPolicy selecting its pods admits:
+// else Prometheus cannot scrape what that role counts (a server's gated
+// calls, decisions and verification failures; a worker's executions).
+func (m *manifests) checkMetrics(t *testing.T, where string, pod corev1.PodTemplateSpec, ctr corev1.Container, envs map[string]string) {
+	t.Helper()
+	_, port, err := net.SplitHostPort(envs["COUNTERSIGN_METRICS_ADDR"])
+	if err != nil || port == "" {
+		t.Errorf("%s: no operations listener (COUNTERSIGN_METRICS_ADDR): its /metrics cannot be scraped", where)
+		return
+	}
+	var name string
+	for _, p := range ctr.Ports {
+		if strconv.Itoa(int(p.ContainerPort)) == port {
+			name = p.Name
+		}
+	}
+	if name == "" {
+		t.Errorf("%s: the operations port %s is not a named container port", where, port)
+		return
+	}
+	admitted := slicesAny(m.policies, func(p networkingv1.NetworkPolicy) bool {
+		return selects(&p.Spec.PodSelector, pod.Labels) && slicesAny(p.Spec.Ingress, func(r networkingv1.NetworkPolicyIngressRule) bool {
+			return slicesAny(r.Ports, func(np networkingv1.NetworkPolicyPort) bool {
+				return np.Port != nil && (np.Port.String() == name || np.Port.String() == port)
+			})
+		})
+	})
+	if !admitted {
+		t.Errorf("%s: no NetworkPolicy admits ingress to the operations port %s (%s)", where, name, port)
 	}
 }
 
