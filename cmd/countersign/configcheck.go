@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -13,8 +14,9 @@ const configUsage = "usage: countersign config check FILE [--mode dev|server|wor
 // runConfig is `countersign config check FILE [--mode M] [flags]`: it loads
 // FILE as `countersign M --config FILE [flags]` would, with the same
 // environment, reports every problem (exit 1) or prints the effective
-// configuration, secrets redacted (exit 0). It connects to nothing.
-func runConfig(args []string, stdout, stderr io.Writer) error {
+// configuration, secrets redacted (exit 0). It connects to nothing, but
+// loads the policy as the service would.
+func runConfig(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] != "check" {
 		return usageError{configUsage}
 	}
@@ -55,7 +57,7 @@ func runConfig(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := cfg.Resolve(m); err != nil {
+	if err := cfg.Check(ctx, m); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "# %s: OK for countersign %s. The effective configuration (flags > environment > file > defaults), secrets redacted:\n", file, mode)

@@ -155,6 +155,48 @@ limits:
 	}
 }
 
+// TestConfigCheckPolicy: config check loads the policy as startup does, so
+// a policy that would stop the server (a directory that is not there, Rego
+// that does not compile) fails the check too, beside the file's problems.
+func TestConfigCheckPolicy(t *testing.T) {
+	unsetEnv(t, "COUNTERSIGN_CONFIG", "COUNTERSIGN_POLICY", "TEMPORAL_ADDRESS", "NATS_URL")
+	broken := t.TempDir()
+	if err := os.WriteFile(filepath.Join(broken, "policy.rego"), []byte("package countersign.authz\n\ndecision := \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const base = "temporal:\n  address: temporal:7233\nnats:\n  url: nats://nats:4222\n"
+	for _, tc := range []struct {
+		name string
+		file string
+		args []string
+		code int
+		want []string
+	}{
+		{name: "embedded default", file: base, code: 0},
+		{name: "no such directory", file: base + "policy: /nonexistent/countersign-policy\n", code: 1,
+			want: []string{"policy:", "/nonexistent/countersign-policy"}},
+		{name: "does not compile", file: base, args: []string{"--policy", broken}, code: 1,
+			want: []string{"policy:", "policy.rego"}},
+		{name: "with the other problems", file: "temporal:\n  address: temporal:7233\n", args: []string{"--policy", broken}, code: 1,
+			want: []string{"--nats-url (nats.url) is required", "policy.rego"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, stderr := runCLI(append([]string{"config", "check", writeConfig(t, tc.file)}, tc.args...)...)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d; out %q, err %q", code, tc.code, out, stderr)
+			}
+			if tc.code != 0 && out != "" {
+				t.Errorf("a failed check printed a configuration: %q", out)
+			}
+			for _, want := range tc.want {
+				if !strings.Contains(stderr, want) {
+					t.Errorf("stderr lacks %q:\n%s", want, stderr)
+				}
+			}
+		})
+	}
+}
+
 // TestOAuthConfigSection: the oauth section of the file under the same
 // precedence (flag > environment > file > default), and printed by
 // config check.

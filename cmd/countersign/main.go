@@ -77,7 +77,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "healthcheck":
 		err = runHealthcheck(ctx, args[1:], stdout, stderr)
 	case "config":
-		err = runConfig(args[1:], stdout, stderr)
+		err = runConfig(ctx, args[1:], stdout, stderr)
 	case "bench":
 		err = runBench(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":

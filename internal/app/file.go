@@ -1,11 +1,13 @@
 package app
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
 
 	"github.com/countersign/countersign/internal/config"
+	"github.com/countersign/countersign/pdp"
 )
 
 // ApplyFile sets, from the configuration file f, every setting the file
@@ -160,7 +162,7 @@ func (c *Config) Effective(mode Mode) *config.File {
 // Resolve makes c the configuration a process of mode runs with: the file
 // loaded and applied when the caller has not (Config.File), the defaults
 // filled in, and every setting checked, all problems at once. New calls
-// it; `countersign config check` too.
+// it; `countersign config check` too, through Check.
 func (c *Config) Resolve(mode Mode) error {
 	if c.File == nil {
 		f, err := loadConfigFile(c.ConfigFile)
@@ -191,4 +193,21 @@ func (c *Config) Resolve(mode Mode) error {
 		return fmt.Errorf("configuration: %w", errors.Join(errs...))
 	}
 	return nil
+}
+
+// Check is what `countersign config check` checks: Resolve, and the policy
+// (Config.PolicyDir, or the embedded default) loaded and compiled as New
+// does, since a policy that does not compile stops the start. It connects
+// to nothing. Every problem is reported at once.
+func (c *Config) Check(ctx context.Context, mode Mode) error {
+	err := c.Resolve(mode)
+	if c.File == nil || (c.Conformance && c.PolicyDir == "") {
+		// The file did not load; or New writes the policy of
+		// --conformance itself.
+		return err
+	}
+	if _, perr := pdp.New(ctx, pdp.Options{Dir: c.PolicyDir}); perr != nil {
+		return errors.Join(err, fmt.Errorf("policy: %w", perr))
+	}
+	return err
 }
