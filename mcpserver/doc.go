@@ -110,7 +110,9 @@
 // While it waits, a request with a progress token gets
 // notifications/progress every 5 seconds. A client that hangs up ends only
 // the wait; the task goes on, and countersign_await finds it. The wait
-// holds one of the principal's in-flight request slots.
+// holds one of the principal's in-flight request slots. Server.EndWaits
+// (at shutdown) ends it, and every countersign_await and 2025-11-25
+// tasks/result wait, at once: the call answers with how the task stands.
 //
 // # Asynchronous tools, required tasks and input requests
 //

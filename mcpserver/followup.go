@@ -217,6 +217,9 @@ func (s *Server) waitFor(ctx context.Context, info *callInfo, rec tasks.Record, 
 		stop := context.AfterFunc(info.httpCtx, cancel)
 		defer stop()
 	}
+	// At shutdown the wait is over, as if its time were up (EndWaits).
+	stopAtEnd := context.AfterFunc(s.waitsEnded, cancel)
+	defer stopAtEnd()
 	if info.notify != nil && info.notify.token != nil {
 		start := s.now()
 		t := time.NewTicker(progressEvery)

@@ -166,6 +166,16 @@ func (st *streams) openCount(principal string) int {
 // and these would not on their own. Idempotent.
 func (s *Server) CloseStreams() { s.streams.close() }
 
+// EndWaits ends every wait for a task's decision, those in progress and
+// those to come: a gated call held by Options.InlineWait and
+// countersign_await answer with how the task stands (as when their time is
+// up), and a 2025-11-25 tasks/result, which would wait until the task
+// ends, answers -32603 "The server is shutting down; …", to be sent again.
+// The tasks go on. Call it when the HTTP server starts shutting down, as
+// CloseStreams: Shutdown waits for handlers, and a wait could outlast its
+// deadline, cutting the connection without an answer. Idempotent.
+func (s *Server) EndWaits() { s.endWaits() }
+
 // admitStream admits a notification stream of principal: it spends a
 // request token (no in-flight slot: the stream is long-lived by design,
 // like 2025-11-25 tasks/result) and takes one of the principal's stream

@@ -333,6 +333,71 @@ func TestInlineWait(t *testing.T) {
 	})
 }
 
+// TestEndWaits: EndWaits (the HTTP server shutting down) ends the waits
+// for a decision that would hold the shutdown: an inline wait answers with
+// how its task stands ([approval-pending]) and tasks/result with an error
+// to send it again; one that starts after answers at once. The tasks go on.
+func TestEndWaits(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.InlineWait = MaxInlineWait })
+	p := principal(t, "a")
+	id := h.createTask(t, p, tasks.Era2025, acct(t, "held"))
+	inline, result := make(chan rpc, 1), make(chan rpc, 1)
+	go func() {
+		inline <- h.do(t, call{token: tok(p), era: tasks.Era2025, method: "tools/call", params: gatedArgs(acct(t, "waiting"), 5000)})
+	}()
+	go func() {
+		result <- h.do(t, call{token: tok(p), era: tasks.Era2025, method: "tasks/result", params: map[string]any{"taskId": id}})
+	}()
+	// Both are waiting: the inline call's task exists, and neither answered.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		recs, _, _ := h.env.store.List(context.Background(), p, "", 50)
+		if len(recs) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the inline call's task never appeared: %d tasks", len(recs))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	select {
+	case r := <-inline:
+		t.Fatalf("the inline call answered before EndWaits: %s", r.Body)
+	case r := <-result:
+		t.Fatalf("tasks/result answered before EndWaits: %s", r.Body)
+	case <-time.After(300 * time.Millisecond):
+	}
+
+	h.srv.EndWaits()
+	h.srv.EndWaits() // idempotent
+	for name, ch := range map[string]chan rpc{"inline call": inline, "tasks/result": result} {
+		select {
+		case r := <-ch:
+			if name == "tasks/result" {
+				r.fails(t, http.StatusOK, codeInternal)
+				if !strings.Contains(r.Error.Message, "shutting down") {
+					t.Errorf("tasks/result: %s", r.Body)
+				}
+				continue
+			}
+			var res toolCallResult
+			r.ok(t, &res)
+			if !strings.HasPrefix(res.text(), prefixPending) {
+				t.Errorf("inline call: %+v", res)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s still waits after EndWaits", name)
+		}
+	}
+	start := time.Now()
+	res, st := h.pendingCall(t, p, tasks.Era2025, acct(t, "after"))
+	if el := time.Since(start); el > 5*time.Second || !strings.HasPrefix(res.text(), prefixPending) {
+		t.Errorf("a call after EndWaits: after %v: %+v", el, res)
+	}
+	h.waitStatus(t, st.TaskID, tasks.StatusWorking)
+	h.waitStatus(t, id, tasks.StatusWorking)
+}
+
 func TestInlineWaitBounds(t *testing.T) {
 	env := sharedEnv(t)
 	svc, err := approvals.New(approvals.Options{Store: env.store, Engine: env.workflow})

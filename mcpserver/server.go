@@ -196,6 +196,9 @@ type Server struct {
 	listed       map[string][]byte
 	toolsChanged chan struct{}
 	streams      streams
+	// waitsEnded ends every wait for a task's decision (EndWaits).
+	waitsEnded context.Context
+	endWaits   context.CancelFunc
 }
 
 // New validates opts, registers the tools and task methods on an MCP server
@@ -258,6 +261,7 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("mcpserver: request state key: %w", err)
 	}
 	s.streams.init()
+	s.waitsEnded, s.endWaits = context.WithCancel(context.Background())
 	// The SDK logs every stateless request at info; keep its warnings.
 	sdkLog := slog.New(minLevel{Handler: log.Handler(), min: slog.LevelWarn}).With("component", "mcp-sdk")
 

@@ -141,9 +141,14 @@ func (s *Server) tasksResult(ctx context.Context, info *callInfo, p *taskParams)
 			stop := context.AfterFunc(info.httpCtx, cancel)
 			defer stop()
 		}
+		stopAtEnd := context.AfterFunc(s.waitsEnded, cancel)
+		defer stopAtEnd()
 		if rec, err = s.opts.Approvals.Await(wctx, info.principal, p.TaskID); err != nil {
 			if errors.Is(err, approvals.ErrNotFound) {
 				return nil, taskNotFound()
+			}
+			if s.waitsEnded.Err() != nil && ctx.Err() == nil && (info.httpCtx == nil || info.httpCtx.Err() == nil) {
+				return nil, &rpcError{code: codeInternal, msg: msgShuttingDown}
 			}
 			return nil, err // a client that hung up: see wireError
 		}

@@ -659,9 +659,12 @@ func (a *App) startHTTP(ctx context.Context) error {
 		IdleTimeout: idleTimeout,
 		// No WriteTimeout: it would cut Streamable HTTP SSE streams.
 	}
-	// Notification streams last until the client leaves; Shutdown waits
-	// for handlers to return, so it ends them first.
+	// Notification streams last until the client leaves, and a wait for
+	// a decision (--inline-wait, 2025-11-25 tasks/result) until the
+	// task's approvers act; Shutdown waits for handlers to return, so it
+	// ends them first.
 	a.httpSrv.RegisterOnShutdown(mcp.CloseStreams)
+	a.httpSrv.RegisterOnShutdown(mcp.EndWaits)
 	if !a.cfg.Conformance {
 		// Requests authenticate anew; a notification stream opened with
 		// a token that is then disabled or revoked is ended here.
