@@ -22,23 +22,40 @@
 // and the bucket is in the same Countersign NATS account that already holds
 // what a token grants no more than (the agent and admin token digests, the
 // approvers and their credentials), so it adds no new secret to protect.
-// The first replica to start creates the key (a create-only write of
-// "current"); the others load it. A kid this process has not seen is
-// looked up in the bucket, so a key added later verifies everywhere.
-// [Service.Rotate] makes a new key current (compare-and-set) and retires
-// the old one ("retired.<kid>" = when); every replica follows "current" when
-// it next issues, and a retired key's token verifies only if issued before
-// the retirement, so once those have expired the old key mints nothing
-// that passes. A failed compare-and-set is judged by what "current" holds
+// Each key is two records: its public half ("pub.<kid>", PKIX), the only
+// one verification reads, and its private half ("key.<kid>", PKCS#8), which
+// only signing reads; a kid is the hash of the public key, and both are
+// checked against it on read. The first replica to start creates the key
+// (a create-only write of "current"); the others load it. A kid this
+// process has not seen is looked up in the bucket, so a key added later
+// verifies everywhere. [Service.Rotate] makes a new key current
+// (compare-and-set) and retires the old one ("retired.<kid>" = when);
+// every replica follows "current" when it next issues, and a retired key's
+// token verifies only if issued before the retirement, so once those have
+// expired (MaxLifetime plus the skew) the old key mints nothing that
+// passes. A failed compare-and-set is judged by what "current" holds
 // afterwards (a timeout may come after the write landed): only a revision
 // conflict with another new key current means another rotation won, and a
 // key that is current is never retired.
+//
+// A retired key's private half is purged PurgeAfter (MaxLifetime plus
+// MaxSkew) after its retirement, by [Service.PurgeRetired] (at Open, and
+// periodically in a server), so a later copy of the bucket (a backup, a
+// mis-scoped NATS user) no longer holds it. Its public half stays: a token
+// of it is still refused precisely (expired, or retired_key), not as
+// unknown_key. The purge stores the public half first, and skips a key
+// whose public half cannot be stored, and the current key.
+//
+// Keys stored before the split (a private half alone) keep working: Open
+// stores the public half of each; a key an older replica adds later is
+// migrated when this process first verifies one of its tokens, the only
+// case in which verification reads a private half.
 //
 // # Verification, in order
 //
 //  1. form: at most MaxTokenBytes, three base64url parts, a JSON header;
 //  2. alg: EdDSA only (none, HS256 and the rest are refused);
-//  3. kid: present and known (this server's bucket);
+//  3. kid: present and known (its public half in this server's bucket);
 //  4. signature;
 //  5. claims: exactly the claims above, all present (unknown claims refused);
 //     then the key's retirement: a retired key's token must be issued

@@ -140,7 +140,7 @@ func TestRedeemStoreReadFailures(t *testing.T) {
 		key  func(is Issued) string
 		jti  bool
 	}{
-		{"key", func(is Issued) string { return "key." + is.KeyID }, false},
+		{"key", func(is Issued) string { return "pub." + is.KeyID }, false},
 		{"retirement", func(is Issued) string { return "retired." + is.KeyID }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -25,8 +25,11 @@ import (
 
 // Buckets.
 const (
-	// KeyBucket holds the signing keys (PKCS#8, under "key.<kid>") and the
-	// kid of the one that signs ("current").
+	// KeyBucket holds each signing key in two records, its public half
+	// (PKIX, under "pub.<kid>"), which verification reads, and its private
+	// half (PKCS#8, under "key.<kid>"), which only signing reads and which
+	// is purged PurgeAfter after the key's retirement ("retired.<kid>");
+	// and the kid of the key that signs ("current").
 	KeyBucket = "countersign_txtoken_keys"
 	// UsedBucket holds one entry per consumed jti, created with a
 	// compare-and-set; entries live UsedTTL.
@@ -49,6 +52,12 @@ const (
 	UsedTTL = 5 * time.Minute
 	// MaxTokenBytes bounds a presented token; a longer one is malformed.
 	MaxTokenBytes = 4096
+	// PurgeAfter is how long after its retirement a key's private half is
+	// purged ([Service.PurgeRetired]): by then every token it signed is
+	// refused (issued after the retirement, or expired, under the largest
+	// skew any replica may allow), and the key signs nothing more. Its
+	// public half stays, so those tokens keep their precise refusal.
+	PurgeAfter = MaxLifetime + MaxSkew
 )
 
 // Algorithm is the one signature algorithm tokens use and accept.
@@ -137,6 +146,12 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, 
 	if err := s.loadCurrent(ctx); err != nil {
 		return nil, err
 	}
+	if err := s.migrate(ctx); err != nil {
+		return nil, err
+	}
+	if _, err := s.PurgeRetired(ctx); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -150,22 +165,94 @@ var kidRE = regexp.MustCompile(`^ed25519-[0-9a-f]{32}$`)
 
 const currentKey = "current"
 
+// Key records: a key's public half, its private half, its retirement.
+const (
+	pubPrefix     = "pub."
+	privPrefix    = "key."
+	retiredPrefix = "retired."
+)
+
 // newKey generates a signing key and stores it under its kid (not yet
-// current).
+// current): the public half first, so that no key of this version exists
+// without it.
 func (s *Service) newKey(ctx context.Context) (string, error) {
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return "", err
 	}
-	kid := KeyID(priv.Public().(ed25519.PublicKey))
+	kid := KeyID(pub)
+	if err := s.storePublic(ctx, kid, pub); err != nil {
+		return "", err
+	}
 	der, err := x509.MarshalPKCS8PrivateKey(priv)
 	if err != nil {
 		return "", err
 	}
-	if _, err := s.keys.Create(ctx, "key."+kid, der); err != nil {
+	if _, err := s.keys.Create(ctx, privPrefix+kid, der); err != nil {
 		return "", fmt.Errorf("txtoken: store key: %w", err)
 	}
 	return kid, nil
+}
+
+// storePublic writes kid's public half, create-only: a record already
+// there is the same key's (a kid is the hash of its public key, and
+// readPublic checks it).
+func (s *Service) storePublic(ctx context.Context, kid string, pub ed25519.PublicKey) error {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return err
+	}
+	if _, err := s.keys.Create(ctx, pubPrefix+kid, der); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("txtoken: store public key %s: %w", kid, err)
+	}
+	return nil
+}
+
+// migrate gives every key stored before the keys were split (a private
+// half alone, "key.<kid>") its public half, so that verification never
+// needs the private one. It runs at Open; a key an older replica adds
+// later is migrated when first verified (publicKey).
+func (s *Service) migrate(ctx context.Context) error {
+	kids, err := s.listKids(ctx, privPrefix)
+	if err != nil {
+		return err
+	}
+	for _, kid := range kids {
+		if _, err := s.readPublic(ctx, kid); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		priv, err := s.privateKey(ctx, kid)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // purged meanwhile, by a replica that stored its public half first
+		}
+		if err != nil {
+			return err
+		}
+		if err := s.storePublic(ctx, kid, priv.Public().(ed25519.PublicKey)); err != nil {
+			return err
+		}
+		s.log.InfoContext(ctx, "txtoken: stored the public half of a key of the old shape", "kid", kid)
+	}
+	return nil
+}
+
+// listKids lists the kids of the records under prefix.
+func (s *Service) listKids(ctx context.Context, prefix string) ([]string, error) {
+	l, err := s.keys.ListKeysFiltered(ctx, prefix+"*")
+	if err != nil {
+		return nil, fmt.Errorf("txtoken: list keys: %w", err)
+	}
+	defer func() { _ = l.Stop() }()
+	var kids []string
+	for k := range l.Keys() {
+		if kid := strings.TrimPrefix(k, prefix); kidRE.MatchString(kid) {
+			kids = append(kids, kid)
+		}
+	}
+	return kids, ctx.Err()
 }
 
 // loadCurrent loads the signing key named by "current", creating a key
@@ -207,13 +294,14 @@ func (s *Service) use(ctx context.Context, kid string) error {
 	return nil
 }
 
-// privateKey reads a key from the bucket and checks that it is the key
-// its name says.
+// privateKey reads a key's private half from the bucket and checks that
+// it is the key its name says. Only signing (use) and the migration of a
+// key of the old shape read it; verification reads the public half.
 func (s *Service) privateKey(ctx context.Context, kid string) (ed25519.PrivateKey, error) {
 	if !kidRE.MatchString(kid) {
 		return nil, fmt.Errorf("txtoken: bad key id %q", kid)
 	}
-	e, err := s.keys.Get(ctx, "key."+kid)
+	e, err := s.keys.Get(ctx, privPrefix+kid)
 	if err != nil {
 		return nil, fmt.Errorf("txtoken: read key %s: %w", kid, err)
 	}
@@ -228,9 +316,30 @@ func (s *Service) privateKey(ctx context.Context, kid string) (ed25519.PrivateKe
 	return priv, nil
 }
 
+// readPublic reads a key's public half from the bucket and checks that it
+// is the key its name says.
+func (s *Service) readPublic(ctx context.Context, kid string) (ed25519.PublicKey, error) {
+	e, err := s.keys.Get(ctx, pubPrefix+kid)
+	if err != nil {
+		return nil, fmt.Errorf("txtoken: read public key %s: %w", kid, err)
+	}
+	k, err := x509.ParsePKIXPublicKey(e.Value())
+	if err != nil {
+		return nil, fmt.Errorf("txtoken: public key %s: %w", kid, err)
+	}
+	pub, ok := k.(ed25519.PublicKey)
+	if !ok || KeyID(pub) != kid {
+		return nil, fmt.Errorf("txtoken: public key %s is not the Ed25519 key its name says", kid)
+	}
+	return pub, nil
+}
+
 // publicKey resolves a kid for verification: the keys this process has
-// seen, else the bucket (a key another replica created). errUnknownKey
-// when neither has it.
+// seen, else the key's public half in the bucket (a key another replica
+// created). errUnknownKey when neither has it. The private half is read
+// only for a key without a public half, which a replica of an older
+// version created after this one's migration; its public half is then
+// stored.
 func (s *Service) publicKey(ctx context.Context, kid string) (ed25519.PublicKey, error) {
 	s.mu.RLock()
 	pub, ok := s.pubs[kid]
@@ -241,14 +350,23 @@ func (s *Service) publicKey(ctx context.Context, kid string) (ed25519.PublicKey,
 	if !kidRE.MatchString(kid) {
 		return nil, errUnknownKey
 	}
-	priv, err := s.privateKey(ctx, kid)
+	pub, err := s.readPublic(ctx, kid)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, errUnknownKey
+		priv, perr := s.privateKey(ctx, kid)
+		if errors.Is(perr, jetstream.ErrKeyNotFound) {
+			return nil, errUnknownKey
+		}
+		if perr != nil {
+			return nil, perr
+		}
+		pub, err = priv.Public().(ed25519.PublicKey), nil
+		if serr := s.storePublic(ctx, kid, pub); serr != nil {
+			s.log.WarnContext(ctx, "txtoken: store the public half of a key of the old shape", "kid", kid, "err", serr)
+		}
 	}
 	if err != nil {
 		return nil, err
 	}
-	pub = priv.Public().(ed25519.PublicKey)
 	s.mu.Lock()
 	s.pubs[kid] = pub
 	s.mu.Unlock()
@@ -429,7 +547,7 @@ func (s *Service) Rotate(ctx context.Context) (Rotation, error) {
 			out, retire = Rotation{KeyID: cur}, kid
 		}
 	}
-	if _, err := s.keys.Create(ctx, "retired."+retire, []byte(now.Format(time.RFC3339Nano))); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+	if _, err := s.keys.Create(ctx, retiredPrefix+retire, []byte(now.Format(time.RFC3339Nano))); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
 		return Rotation{}, fmt.Errorf("txtoken: retire key %s: %w", retire, err)
 	}
 	if err := s.use(ctx, out.KeyID); err != nil {
@@ -443,7 +561,7 @@ func (s *Service) Rotate(ctx context.Context) (Rotation, error) {
 // use. It is read for every redemption, so a retirement on any replica
 // counts at once everywhere.
 func (s *Service) retiredAt(ctx context.Context, kid string) (time.Time, error) {
-	e, err := s.keys.Get(ctx, "retired."+kid)
+	e, err := s.keys.Get(ctx, retiredPrefix+kid)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return time.Time{}, nil
 	}
@@ -455,4 +573,49 @@ func (s *Service) retiredAt(ctx context.Context, kid string) (time.Time, error) 
 		return time.Time{}, fmt.Errorf("txtoken: retirement of %s: %w", kid, err)
 	}
 	return t, nil
+}
+
+// PurgeRetired purges the private half of every key retired at least
+// PurgeAfter ago, and returns their kids. By then no token of the key
+// passes verification, which needs only the public half (kept, so that
+// such a token is still refused as expired or retired, not as unknown).
+// A key whose public half cannot be stored keeps its private half, and a
+// key that is current is never purged. Open runs it; a server runs it
+// periodically, on every replica (a purge is idempotent).
+func (s *Service) PurgeRetired(ctx context.Context) ([]string, error) {
+	kids, err := s.listKids(ctx, retiredPrefix)
+	if err != nil {
+		return nil, err
+	}
+	cur, err := s.keys.Get(ctx, currentKey)
+	if err != nil {
+		return nil, fmt.Errorf("txtoken: read current key: %w", err)
+	}
+	now := s.opts.Now()
+	var purged []string
+	for _, kid := range kids {
+		retired, err := s.retiredAt(ctx, kid)
+		if err != nil {
+			return purged, err
+		}
+		if retired.IsZero() || now.Before(retired.Add(PurgeAfter)) || kid == string(cur.Value()) {
+			continue
+		}
+		priv, err := s.privateKey(ctx, kid)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // purged already
+		}
+		if err != nil {
+			return purged, err
+		}
+		if err := s.storePublic(ctx, kid, priv.Public().(ed25519.PublicKey)); err != nil {
+			return purged, err
+		}
+		if err := s.keys.Purge(ctx, privPrefix+kid); err != nil {
+			return purged, fmt.Errorf("txtoken: purge the private half of retired key %s: %w", kid, err)
+		}
+		purged = append(purged, kid)
+		s.log.InfoContext(ctx, "txtoken: purged the private half of a retired key", "kid", kid, "retired_at", retired)
+	}
+	return purged, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -621,5 +622,180 @@ func TestRotateConflict(t *testing.T) {
 	}
 	if r, err := c.svc.retiredAt(ctx, old); err != nil || !r.IsZero() {
 		t.Fatalf("the current key was retired: %v %v", r, err)
+	}
+}
+
+// claimsAt are valid claims for the test call, issued at iat.
+func claimsAt(t *testing.T, iat int64) Claims {
+	return Claims{Issuer: serverID, Subject: "agent-a", Audience: serverID, IssuedAt: iat, Expiry: iat + 60,
+		ID: newID("txt_"), MCP: MCP{Tool: "transfer_funds", ParametersHash: hashOf(t, "transfer_funds", args)}}
+}
+
+// keyRecord reports whether the key bucket holds key.
+func (f *fixture) keyRecord(t *testing.T, key string) bool {
+	t.Helper()
+	_, err := f.svc.keys.Get(context.Background(), key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return true
+}
+
+// TestVerifyNeedsNoPrivateKey: a replica verifies a token of a key it has
+// not seen from the key's public half alone: with the private half gone
+// from the bucket, the token verifies and is consumed.
+func TestVerifyNeedsNoPrivateKey(t *testing.T) {
+	a := newFixture(t)
+	b := newFixtureOn(t, a.js, serverID)
+	ctx := context.Background()
+	rot, err := a.svc.Rotate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	is := a.issue(t)
+	if is.KeyID != rot.KeyID {
+		t.Fatalf("signed with %s, want %s", is.KeyID, rot.KeyID)
+	}
+	if err := a.svc.keys.Purge(ctx, "key."+is.KeyID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.svc.Redeem(ctx, is.Token, expect(t)); err != nil {
+		t.Fatalf("verify without the private half: %v", err)
+	}
+}
+
+// TestPurgeRetired: a retired key's private half stays until PurgeAfter
+// has passed since its retirement, then PurgeRetired purges it; its public
+// half stays. Its tokens then get the refusals they got before the purge,
+// on a replica that never saw the key too: expired for one issued before
+// the retirement, retired_key for one forged after it with the leaked key.
+func TestPurgeRetired(t *testing.T) {
+	a := newFixture(t)
+	ctx := context.Background()
+	old := a.svc.CurrentKeyID()
+	oldPriv, err := a.svc.privateKey(ctx, old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := a.issue(t)
+	rot, err := a.svc.Rotate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	retiredAt := a.now.Load().Unix()
+	a.advance(PurgeAfter - time.Second)
+	if purged, err := a.svc.PurgeRetired(ctx); err != nil || len(purged) != 0 || !a.keyRecord(t, "key."+old) {
+		t.Fatalf("within PurgeAfter: purged %v, %v", purged, err)
+	}
+	a.advance(2 * time.Second)
+	purged, err := a.svc.PurgeRetired(ctx)
+	if err != nil || !slices.Equal(purged, []string{old}) {
+		t.Fatalf("purged %v, %v; want [%s]", purged, err, old)
+	}
+	if a.keyRecord(t, "key."+old) || !a.keyRecord(t, "pub."+old) {
+		t.Fatal("after the purge: want the public half alone")
+	}
+	if !a.keyRecord(t, "key."+rot.KeyID) {
+		t.Fatal("the current key's private half was purged")
+	}
+	if purged, err := a.svc.PurgeRetired(ctx); err != nil || len(purged) != 0 {
+		t.Fatalf("a second purge: %v, %v", purged, err)
+	}
+
+	c := newFixtureOn(t, a.js, serverID) // has never seen the old key
+	c.svc.opts.Now = a.svc.opts.Now
+	now := a.now.Load().Unix()
+	for _, tc := range []struct {
+		name   string
+		token  string
+		reason string
+	}{
+		{"issued before the retirement", before.Token, ReasonExpired},
+		{"forged before the retirement", signWith(t, oldPriv, jose.EdDSA, old, claimsAt(t, retiredAt-1)), ReasonExpired},
+		{"forged after the retirement", signWith(t, oldPriv, jose.EdDSA, old, claimsAt(t, now)), ReasonRetiredKey},
+	} {
+		_, err := c.svc.Redeem(ctx, tc.token, expect(t))
+		var rej *Error
+		if !errors.As(err, &rej) || rej.Reason != tc.reason {
+			t.Errorf("%s: got %v, want %s", tc.name, err, tc.reason)
+		}
+	}
+	if _, err := c.svc.Redeem(ctx, c.issue(t).Token, expect(t)); err != nil {
+		t.Fatalf("a token of the current key: %v", err)
+	}
+}
+
+// TestOldShapeKeys: a bucket written before the keys were split holds
+// private halves alone. Open stores their public halves and purges the
+// private half of a key retired long ago; a key an older replica adds
+// afterwards (a rotation of its own) verifies on this version, which then
+// stores its public half.
+func TestOldShapeKeys(t *testing.T) {
+	js, _ := testnats.Start(t)
+	ctx := context.Background()
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: KeyBucket, History: 1, Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldKey := func() (string, ed25519.PrivateKey) {
+		pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+		der, err := x509.MarshalPKCS8PrivateKey(priv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kid := KeyID(pub)
+		if _, err := kv.Create(ctx, "key."+kid, der); err != nil {
+			t.Fatal(err)
+		}
+		return kid, priv
+	}
+	gone, _ := oldKey()
+	if _, err := kv.Create(ctx, "retired."+gone, []byte(time.Now().Add(-time.Hour).Format(time.RFC3339Nano))); err != nil {
+		t.Fatal(err)
+	}
+	cur, _ := oldKey()
+	if _, err := kv.Create(ctx, currentKey, []byte(cur)); err != nil {
+		t.Fatal(err)
+	}
+
+	a := newFixtureOn(t, js, serverID)
+	if a.svc.CurrentKeyID() != cur {
+		t.Fatalf("current %s, want %s", a.svc.CurrentKeyID(), cur)
+	}
+	for key, want := range map[string]bool{"pub." + cur: true, "key." + cur: true, "pub." + gone: true, "key." + gone: false} {
+		if a.keyRecord(t, key) != want {
+			t.Errorf("%s: present %t, want %t", key, !want, want)
+		}
+	}
+	// A replica that has not seen the key verifies without its private half.
+	b := newFixtureOn(t, js, serverID)
+	if err := kv.Purge(ctx, "key."+cur); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.svc.Redeem(ctx, a.issue(t).Token, expect(t)); err != nil {
+		t.Fatalf("a token of a migrated key: %v", err)
+	}
+
+	// An older replica rotates: a private half alone, made current.
+	added, _ := oldKey()
+	e, err := kv.Get(ctx, currentKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Update(ctx, currentKey, []byte(added), e.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	is := a.issue(t) // a follows "current"
+	if is.KeyID != added {
+		t.Fatalf("signed with %s, want %s", is.KeyID, added)
+	}
+	if _, err := b.svc.Redeem(ctx, is.Token, expect(t)); err != nil {
+		t.Fatalf("a token of a key an older replica added: %v", err)
+	}
+	if !b.keyRecord(t, "pub."+added) {
+		t.Fatal("its public half was not stored")
 	}
 }

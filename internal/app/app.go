@@ -292,6 +292,9 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		a.stopBG = cancel
 		a.startReconciler(bg)
 		a.startRetention(bg)
+		if a.Transactions != nil {
+			a.startKeyPurge(bg)
+		}
 	}
 	return a, nil
 }
@@ -370,6 +373,23 @@ func (a *App) startRetention(ctx context.Context) {
 			from, wait = round.Next, retentionPause
 			if from == 0 {
 				wait = retentionInterval
+			}
+		}
+	})
+}
+
+// keyPurgeInterval is how often a server purges the private halves of
+// retired transaction-token keys (txtoken.Service.PurgeRetired): a
+// retired key's private half outlives txtoken.PurgeAfter by at most this.
+const keyPurgeInterval = time.Minute
+
+// startKeyPurge purges retired transaction-token keys' private halves
+// until Shutdown. Every replica that serves purges; a purge is idempotent.
+func (a *App) startKeyPurge(ctx context.Context) {
+	a.bg.Go(func() {
+		for sleep(ctx, keyPurgeInterval) {
+			if _, err := a.Transactions.PurgeRetired(ctx); err != nil && ctx.Err() == nil {
+				a.log.Warn("transaction-token key purge", "err", err)
 			}
 		}
 	})
