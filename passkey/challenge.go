@@ -5,11 +5,13 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/go-webauthn/webauthn/protocol"
 	"github.com/go-webauthn/webauthn/webauthn"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/countersign/countersign/internal/canon"
 )
@@ -215,11 +217,17 @@ func (s *Service) IssueChallenge(ctx context.Context, req ChallengeRequest) (Cha
 	}
 	// The browser's own timeout is the challenge's lifetime.
 	assertion.Response.Timeout = int(ttl / time.Millisecond)
+	if err := s.admitChallenge(ctx); err != nil {
+		return Challenge{}, err
+	}
 	for range casAttempts {
 		id := randomID(challengeIDSize)
 		_, err := createJSON(ctx, s.challenges, id, &rec)
 		if isConflict(err) {
 			continue // id collision: astronomically unlikely, try another
+		}
+		if isFull(err) {
+			return Challenge{}, fmt.Errorf("%w: the bucket refused the challenge: %w", ErrChallengeCapacity, err)
 		}
 		if err != nil {
 			return Challenge{}, fmt.Errorf("passkey: store challenge: %w", err)
@@ -268,4 +276,39 @@ func inGroup(a Approver, group string) bool {
 		}
 	}
 	return false
+}
+
+// ChallengeAdmitBytes is how much of a challenges bucket of maxBytes
+// (Options.ChallengeMaxBytes) new challenges may fill: seven eighths. The
+// last eighth is kept for the consumes of the challenges already issued:
+// a consume rewrites its record with the assertion (it grows), and NATS
+// stores a write, even one that replaces a record, only if the bucket has
+// room for the whole new record.
+func ChallengeAdmitBytes(maxBytes int64) int64 { return maxBytes - maxBytes/8 }
+
+// admitChallenge refuses a new challenge, with ErrChallengeCapacity, once
+// the challenges bucket holds ChallengeAdmitBytes. Concurrent issuers may
+// pass it together; the bucket's own cap still bounds them.
+func (s *Service) admitChallenge(ctx context.Context) error {
+	st, err := s.challenges.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("passkey: challenges bucket status: %w", err)
+	}
+	if admit := ChallengeAdmitBytes(s.challengeMax); st.Bytes() >= uint64(admit) {
+		s.log.WarnContext(ctx, "challenges bucket at capacity", "bytes", st.Bytes(), "admit_bytes", admit, "max_bytes", s.challengeMax)
+		return fmt.Errorf("%w: the challenges bucket holds %d bytes, its admission limit is %d of its cap %d", ErrChallengeCapacity, st.Bytes(), admit, s.challengeMax)
+	}
+	return nil
+}
+
+// errCodeStreamStoreFailed is the JetStream API error code of a write the
+// stream refused to store; "maximum bytes exceeded" says it is full.
+const errCodeStreamStoreFailed = 10077
+
+// isFull reports whether err is a bucket's refusal of a write for its
+// MaxBytes.
+func isFull(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeStreamStoreFailed &&
+		strings.Contains(apiErr.Description, "maximum bytes exceeded")
 }

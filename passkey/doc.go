@@ -99,6 +99,17 @@
 // bucket has a MaxAge for housekeeping only; a purged challenge reads as
 // unknown, which still rejects.
 //
+// Bounded challenges. The challenges bucket has a size cap
+// (Options.ChallengeMaxBytes, applied to an existing bucket at New) and,
+// as every NATS KV bucket, discards new writes, never old ones, when
+// full: a consumed challenge is never evicted to make room, so it never
+// becomes replayable. IssueChallenge refuses with ErrChallengeCapacity,
+// storing nothing, once the bucket holds ChallengeAdmitBytes (seven
+// eighths of the cap); the last eighth is for the consumes of challenges
+// already issued (a consume rewrites its record, larger, and NATS needs
+// room for the whole new record). A consume that finds no room is
+// ErrChallengeCapacity too and consumes nothing.
+//
 // # Reasons
 //
 // Rejections are *[Error] with a Reason from the SEP-2672 §4.10 set

@@ -127,4 +127,9 @@ var (
 	// ErrRevoked is returned, wrapped, when an admin tries to disable or
 	// enable what was revoked: revocation is permanent.
 	ErrRevoked = errors.New("passkey: revoked; a revocation is permanent")
+	// ErrChallengeCapacity is returned, wrapped, when the challenges
+	// bucket is full (Options.ChallengeMaxBytes): IssueChallenge stores
+	// nothing, and a consume that finds no room consumes nothing. It is
+	// not final: space frees as challenges age out (ChallengeRetention).
+	ErrChallengeCapacity = errors.New("passkey: the server is at capacity for approval challenges")
 )

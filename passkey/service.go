@@ -49,6 +49,12 @@ const (
 	ChallengeRetention = 2 * MaxChallengeTTL
 	// casAttempts bounds compare-and-set retry loops.
 	casAttempts = 16
+	// DefaultChallengeMaxBytes is the challenges bucket's size cap when
+	// Options.ChallengeMaxBytes is 0, and MinChallengeMaxBytes its least:
+	// its last eighth (ChallengeAdmitBytes) then holds a score of consumes
+	// of the largest challenges (4 KB of display text, plus the assertion).
+	DefaultChallengeMaxBytes = 256 << 20
+	MinChallengeMaxBytes     = 1 << 20
 )
 
 // Options configures a [Service]. The zero value of each optional field is
@@ -72,6 +78,13 @@ type Options struct {
 	InBandChallengeTTL time.Duration
 	// InviteTTL is how long an enrollment invite is valid. Zero means DefaultInviteTTL.
 	InviteTTL time.Duration
+	// ChallengeMaxBytes caps the challenges bucket (its MaxBytes, applied
+	// to an existing bucket too). IssueChallenge refuses with
+	// ErrChallengeCapacity once the bucket holds ChallengeAdmitBytes of
+	// it; the rest is kept for the consumes of the challenges already
+	// issued. Nothing stored is ever evicted. Zero means
+	// DefaultChallengeMaxBytes; at least MinChallengeMaxBytes.
+	ChallengeMaxBytes int64
 	// Replicas is the JetStream replica count of the buckets. Zero means 1;
 	// use 3 on a production NATS cluster.
 	Replicas int
@@ -97,6 +110,8 @@ type Service struct {
 	challengeTTL time.Duration
 	inBandTTL    time.Duration
 	inviteTTL    time.Duration
+	// challengeMax is the challenges bucket's MaxBytes.
+	challengeMax int64
 	log          *slog.Logger
 	now          func() time.Time
 
@@ -142,6 +157,13 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 	if s.inviteTTL < 0 {
 		return nil, errors.New("passkey: InviteTTL must be positive")
 	}
+	s.challengeMax = opts.ChallengeMaxBytes
+	if s.challengeMax == 0 {
+		s.challengeMax = DefaultChallengeMaxBytes
+	}
+	if s.challengeMax < MinChallengeMaxBytes {
+		return nil, fmt.Errorf("passkey: ChallengeMaxBytes %d is under the minimum, %d", opts.ChallengeMaxBytes, MinChallengeMaxBytes)
+	}
 	if opts.Replicas < 0 || opts.Replicas > 5 {
 		return nil, errors.New("passkey: Replicas must be between 0 and 5")
 	}
@@ -185,15 +207,19 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 
 	replicas := max(opts.Replicas, 1)
 	buckets := []struct {
-		dst    *jetstream.KeyValue
-		name   string
-		desc   string
-		maxAge time.Duration
+		dst      *jetstream.KeyValue
+		name     string
+		desc     string
+		maxAge   time.Duration
+		maxBytes int64
 	}{
-		{&s.approvers, BucketApprovers, "Countersign approvers", 0},
-		{&s.invites, BucketInvites, "Countersign enrollment invites (keyed by token hash)", 0},
-		{&s.credentials, BucketCredentials, "Countersign WebAuthn credentials", 0},
-		{&s.challenges, BucketChallenges, "Countersign SEP-2672 challenges", ChallengeRetention},
+		{&s.approvers, BucketApprovers, "Countersign approvers", 0, 0},
+		{&s.invites, BucketInvites, "Countersign enrollment invites (keyed by token hash)", 0, 0},
+		{&s.credentials, BucketCredentials, "Countersign WebAuthn credentials", 0, 0},
+		// A KV bucket discards new writes when full (DiscardNew), never
+		// old ones: a consumed challenge is never evicted, so it is never
+		// replayable.
+		{&s.challenges, BucketChallenges, "Countersign SEP-2672 challenges", ChallengeRetention, s.challengeMax},
 	}
 	for _, b := range buckets {
 		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
@@ -201,6 +227,7 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 			Description: b.desc,
 			History:     1,
 			TTL:         b.maxAge,
+			MaxBytes:    b.maxBytes,
 			Storage:     jetstream.FileStorage,
 			Replicas:    replicas,
 		})

@@ -332,6 +332,9 @@ func (s *Service) verify(ctx context.Context, req *VerifyRequest) (Verified, err
 	ch.ConsumedAt = now
 	ch.Result = &v
 	if _, err := updateJSON(ctx, s.challenges, req.ChallengeID, &ch, chRev); err != nil {
+		if isFull(err) {
+			return Verified{}, fmt.Errorf("passkey: consume challenge: %w: %w", ErrChallengeCapacity, err)
+		}
 		if !isConflict(err) {
 			return Verified{}, fmt.Errorf("passkey: consume challenge: %w", err)
 		}

@@ -1,0 +1,131 @@
+package passkey_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/countersign/countersign/passkey"
+)
+
+// TestChallengeCapacity: a challenges bucket created without a cap gets
+// one when a service opens it with ChallengeMaxBytes, with DiscardNew.
+// Once it holds ChallengeAdmitBytes, IssueChallenge refuses with
+// ErrChallengeCapacity and stores nothing; every challenge issued before
+// is still there, verifies and is consumed, and a consumed one still
+// refuses its replay. A consume the bucket itself refuses (no room left)
+// is ErrChallengeCapacity too, and consumes nothing; under a raised cap
+// it succeeds.
+func TestChallengeCapacity(t *testing.T) {
+	w := newWorld(t) // the default cap
+	ctx := context.Background()
+	early := w.issue(t, "task-early", "finance", "")
+
+	const capBytes = passkey.MinChallengeMaxBytes
+	svc, err := passkey.New(ctx, w.js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin},
+		Now: w.clock.Now, ChallengeMaxBytes: capBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := w.js.Stream(ctx, "KV_"+passkey.BucketChallenges)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg := st.CachedInfo().Config; cfg.MaxBytes != capBytes || cfg.Discard != jetstream.DiscardNew {
+		t.Fatalf("bucket MaxBytes %d, discard %v; want %d, DiscardNew", cfg.MaxBytes, cfg.Discard, capBytes)
+	}
+	kv, err := w.js.KeyValue(ctx, passkey.BucketChallenges)
+	if err != nil {
+		t.Fatal(err)
+	}
+	values := func() uint64 {
+		s, err := kv.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Values()
+	}
+
+	req := early.Req
+	req.DisplayText = strings.Repeat("x", 4000)
+	var issued []passkey.Challenge
+	for i := 0; ; i++ {
+		if i > 400 {
+			t.Fatal("the bucket never filled")
+		}
+		req.TaskID = fmt.Sprintf("task-%d", i)
+		ch, err := svc.IssueChallenge(ctx, req)
+		if errors.Is(err, passkey.ErrChallengeCapacity) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		issued = append(issued, ch)
+	}
+	n := values()
+	if _, err := svc.IssueChallenge(ctx, req); !errors.Is(err, passkey.ErrChallengeCapacity) || passkey.ReasonOf(err) != "" {
+		t.Fatalf("a full bucket: %v", err)
+	}
+	if values() != n || n != uint64(len(issued)+1) {
+		t.Fatalf("%d values, want %d: a refused challenge was stored or one was evicted", values(), len(issued)+1)
+	}
+
+	// Earlier challenges verify and are consumed; a replay is refused.
+	resp := w.alice.sign(t, w.rp, early.Ch)
+	if _, err := svc.Verify(ctx, early.verifyReq(resp)); err != nil {
+		t.Fatalf("an earlier challenge at capacity: %v", err)
+	}
+	replay := early.verifyReq(resp)
+	replay.ConsumerKey = "someone-else"
+	_, err = svc.Verify(ctx, replay)
+	wantReason(t, err, passkey.ReasonChallengeConsumed)
+	last := &call{Req: req, Ch: issued[len(issued)-1]}
+	last.Req.TaskID = fmt.Sprintf("task-%d", len(issued)-1)
+
+	// The bucket's own cap: filled to the last byte, it refuses the
+	// consume (the record grows), and the challenge stays unconsumed.
+	var fillers []string
+	for i := 0; ; i++ {
+		key := fmt.Sprintf("filler%d", i)
+		if _, err := kv.Create(ctx, key, []byte(strings.Repeat("f", 256))); err != nil {
+			break
+		}
+		fillers = append(fillers, key)
+	}
+	_, err = svc.Verify(ctx, last.verifyReq(w.alice.sign(t, w.rp, last.Ch)))
+	if !errors.Is(err, passkey.ErrChallengeCapacity) || passkey.ReasonOf(err) != "" {
+		t.Fatalf("a consume with no room: %v", err)
+	}
+	// The operator raises the cap: it applies at the next start, and the
+	// challenge is consumed, once.
+	svc, err = passkey.New(ctx, w.js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin},
+		Now: w.clock.Now, ChallengeMaxBytes: 2 * capBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp = w.alice.sign(t, w.rp, last.Ch)
+	if _, err := svc.Verify(ctx, last.verifyReq(resp)); err != nil {
+		t.Fatalf("the same challenge under a raised cap: %v", err)
+	}
+	replay = last.verifyReq(resp)
+	replay.ConsumerKey = "someone-else"
+	_, err = svc.Verify(ctx, replay)
+	wantReason(t, err, passkey.ReasonChallengeConsumed)
+	if len(fillers) == 0 {
+		t.Fatal("no filler fit")
+	}
+}
+
+func TestChallengeMaxBytesTooSmall(t *testing.T) {
+	e := newEnv(t)
+	_, err := passkey.New(context.Background(), e.js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin},
+		ChallengeMaxBytes: passkey.MinChallengeMaxBytes - 1})
+	if err == nil || !strings.Contains(err.Error(), "ChallengeMaxBytes") {
+		t.Fatalf("got %v", err)
+	}
+}
