@@ -251,7 +251,11 @@
 // as received, ServerID), listed only for the principal's passkeys that the
 // class allows (no_eligible_credential when none), and usable only by the
 // same principal; they expire after passkey.Options.InBandChallengeTTL
-// (default 60 s, --verified-challenge-ttl).
+// (default 60 s, --verified-challenge-ttl). While the challenges bucket is
+// full (passkey.ErrChallengeCapacity, --challenge-max-bytes),
+// approval/challenge/create answers
+// CodeTooManyRequests (-31029) "Server at capacity for approval
+// challenges: …" and creates nothing.
 //
 // A tools/call whose decision is "verify" is checked in SEP-2672 §4.8
 // order: evidence present and shaped {method, challengeId, response}

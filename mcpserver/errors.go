@@ -24,8 +24,9 @@ const (
 	codeMissingCapability = mcp.CodeMissingRequiredClientCapabilities
 	// CodeTooManyRequests answers a request refused for load, never for
 	// what it asked: over the caller's request budget (HTTP 429) or while
-	// the server sheds slow request bodies (HTTP 503). Retry-After says
-	// when to retry. An application code (429, as in HTTP), outside
+	// the server sheds slow request bodies (HTTP 503), where Retry-After
+	// says when to retry; or an approval/challenge/create while the
+	// challenges bucket is full (passkey.ErrChallengeCapacity). An application code (429, as in HTTP), outside
 	// -32768 to -32000, which JSON-RPC reserves: MCP keeps -32020 to -32099
 	// for codes its specification defines and forbids emitting any other
 	// there, and allocates nothing new in -32000 to -32019.
@@ -34,11 +35,12 @@ const (
 
 // Fixed client-facing messages.
 const (
-	msgInternal        = "Internal error"
-	msgTaskNotFound    = "Failed to retrieve task: Task not found"
-	msgTaskExpired     = "Failed to retrieve task: Task has expired"
-	msgMissingTasksCap = "Missing required client capability"
-	msgTooManyRequests = "Too many requests: this caller is over its request budget; retry after the Retry-After delay"
+	msgInternal          = "Internal error"
+	msgTaskNotFound      = "Failed to retrieve task: Task not found"
+	msgTaskExpired       = "Failed to retrieve task: Task has expired"
+	msgMissingTasksCap   = "Missing required client capability"
+	msgTooManyRequests   = "Too many requests: this caller is over its request budget; retry after the Retry-After delay"
+	msgChallengeCapacity = "Server at capacity for approval challenges: no challenge was created; try again later"
 )
 
 // missingTasksData is the data of a -32021 error: the client must declare

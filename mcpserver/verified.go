@@ -66,6 +66,9 @@ func fromPasskey(err error) error {
 	if reason := passkey.ReasonOf(err); reason != "" {
 		return approvalError(reason, nil)
 	}
+	if errors.Is(err, passkey.ErrChallengeCapacity) {
+		return &rpcError{code: CodeTooManyRequests, msg: msgChallengeCapacity, cause: err}
+	}
 	return internal(err)
 }
 

@@ -59,6 +59,7 @@ func TestFlagDefaultsAreConfigDefaults(t *testing.T) {
 		{"config", "COUNTERSIGN_CONFIG", def.ConfigFile},
 		{"inline-wait", "COUNTERSIGN_INLINE_WAIT", def.InlineWait},
 		{"verified-challenge-ttl", "COUNTERSIGN_VERIFIED_CHALLENGE_TTL", def.VerifiedChallengeTTL},
+		{"challenge-max-bytes", "COUNTERSIGN_CHALLENGE_MAX_BYTES", def.ChallengeMaxBytes},
 		{"verified-origins", "COUNTERSIGN_VERIFIED_ORIGINS", ""}, // none: dev adds app.DevVerifiedOrigin
 		{"policy", "COUNTERSIGN_POLICY", def.PolicyDir},
 		{"sqlite-sync", "COUNTERSIGN_SQLITE_SYNC", def.SQLiteSync},

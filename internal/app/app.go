@@ -192,6 +192,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	if a.Passkeys, err = passkey.New(ctx, js, passkey.Options{
 		RPID: cfg.RPID(), RPOrigins: []string{cfg.Origin()}, RPDisplayName: "Countersign",
 		Replicas: cfg.NATSReplicas, Logger: log, InBandChallengeTTL: cfg.VerifiedChallengeTTL,
+		ChallengeMaxBytes: cfg.ChallengeMaxBytes,
 	}); err != nil {
 		return nil, fmt.Errorf("passkeys: %w", err)
 	}
@@ -204,6 +205,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	if a.InBandPasskeys, err = passkey.New(ctx, js, passkey.Options{
 		RPID: cfg.RPID(), RPOrigins: inBandOrigins, RPDisplayName: "Countersign",
 		Replicas: cfg.NATSReplicas, Logger: log, InBandChallengeTTL: cfg.VerifiedChallengeTTL,
+		ChallengeMaxBytes:           cfg.ChallengeMaxBytes,
 		IgnoreUnsolicitedExtensions: true,
 	}); err != nil {
 		return nil, fmt.Errorf("passkeys (--verified-origins): %w", err)

@@ -102,6 +102,10 @@ type Config struct {
 	// (approval/challenge/create) is accepted; zero means 60 s
 	// (passkey.DefaultInBandChallengeTTL), at most 24 h.
 	VerifiedChallengeTTL time.Duration
+	// ChallengeMaxBytes caps the passkey challenges bucket
+	// (passkey.Options.ChallengeMaxBytes); zero means 256 MiB
+	// (passkey.DefaultChallengeMaxBytes), at least 1 MiB.
+	ChallengeMaxBytes int64
 	// VerifiedOrigins are the origins, besides PublicURL's, of the pages
 	// where MCP clients run the in-band WebAuthn ceremony (SEP-2672), for
 	// example "https://agent.example.com". Each must be within the RP ID
@@ -309,6 +313,9 @@ func (c *Config) Validate() error {
 	}
 	if c.InlineWait < 0 || c.InlineWait > mcpserver.MaxInlineWait {
 		errs = append(errs, fmt.Errorf("--inline-wait %s must be from 0s to %s", c.InlineWait, mcpserver.MaxInlineWait))
+	}
+	if c.ChallengeMaxBytes != 0 && c.ChallengeMaxBytes < passkey.MinChallengeMaxBytes {
+		errs = append(errs, fmt.Errorf("--challenge-max-bytes %d must be 0 (the default, %d) or at least %d", c.ChallengeMaxBytes, passkey.DefaultChallengeMaxBytes, passkey.MinChallengeMaxBytes))
 	}
 	if c.VerifiedChallengeTTL < 0 || c.VerifiedChallengeTTL > passkey.MaxChallengeTTL {
 		errs = append(errs, fmt.Errorf("--verified-challenge-ttl %s must be from 0s (the default, 60s) to %s", c.VerifiedChallengeTTL, passkey.MaxChallengeTTL))

@@ -52,6 +52,7 @@ func TestErrorReply(t *testing.T) {
 		{"no pending enrollment", &passkey.Error{Reason: passkey.ReasonNoPendingEnrollment, Message: "m"}, 410, passkey.ReasonNoPendingEnrollment, ""},
 		{"enrollment verification", &passkey.Error{Reason: passkey.ReasonVerificationFailed, Message: "m"}, 400, passkey.ReasonVerificationFailed, ""},
 		{"other passkey rejection", &passkey.Error{Reason: passkey.ReasonChallengeConsumed, Message: "m"}, 422, passkey.ReasonChallengeConsumed, ""},
+		{"challenge capacity", fmt.Errorf("approvals: issue challenge: %w", fmt.Errorf("%w: full", passkey.ErrChallengeCapacity)), 503, "at_capacity", ""},
 		{"internal", errors.New("nats: connection closed"), 500, "internal", ""},
 		{"other service error", approvals.ErrExpired, 500, "internal", ""},
 	} {

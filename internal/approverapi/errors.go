@@ -24,6 +24,7 @@ const (
 	CodeRateLimited             = "rate_limited"
 	CodeVerificationUnavailable = tasks.ErrTypeVerificationUnavailable
 	CodeDecisionInProgress      = "decision_in_progress"
+	CodeAtCapacity              = "at_capacity"
 	CodeInternal                = "internal"
 )
 
@@ -93,6 +94,7 @@ var passkeyStatus = map[string]int{
 //	approvals.ErrVerificationUnavailable  503 verification_unavailable (try again)
 //	approvals.ErrInProgress               503 decision_in_progress, Retry-After 2:
 //	                                      the same request again gets the outcome
+//	passkey.ErrChallengeCapacity          503 at_capacity: no room for a challenge
 //	*passkey.Error                        by reason: 410, 409, 400, else 422, with
 //	                                      the reason as code
 //	anything else                         500 internal "internal error"
@@ -120,6 +122,9 @@ func ErrorReply(err error) Reply {
 			"the decision is still being processed; send the same request again for its outcome")
 		r.RetryAfter = "2"
 		return r
+	case errors.Is(err, passkey.ErrChallengeCapacity):
+		return errReply(http.StatusServiceUnavailable, CodeAtCapacity,
+			"the server is at capacity for approval challenges; try again later")
 	case errors.As(err, &pe):
 		status, ok := passkeyStatus[pe.Reason]
 		if !ok {
