@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -232,6 +233,9 @@ func (s *Service) IssueChallenge(ctx context.Context, req ChallengeRequest) (Cha
 		if err != nil {
 			return Challenge{}, fmt.Errorf("passkey: store challenge: %w", err)
 		}
+		s.adm.mu.Lock()
+		s.adm.bytes += uint64(len(rec.DisplayText) + challengeRecordOverhead)
+		s.adm.mu.Unlock()
 		s.log.InfoContext(ctx, "challenge issued", "challenge_id", id, "task_id", req.TaskID,
 			"tool", req.Tool, "group", req.Group, "authenticator_class", class, "allowed_credentials", len(allow))
 		return Challenge{
@@ -286,15 +290,46 @@ func inGroup(a Approver, group string) bool {
 // room for the whole new record.
 func ChallengeAdmitBytes(maxBytes int64) int64 { return maxBytes - maxBytes/8 }
 
+// admissionRefresh is how long a reading of the challenges bucket's size
+// stands in for a new one while the bucket is far from its limit.
+const admissionRefresh = time.Second
+
+// admission is what a process knows of the challenges bucket's size: the
+// last reading (when, and its bytes) plus an upper estimate of what this
+// process stored since. It spares IssueChallenge a stream-info request to
+// NATS on every challenge while the bucket is under three quarters of its
+// cap; near the limit, every challenge reads the size.
+type admission struct {
+	mu    sync.Mutex
+	at    time.Time // monotonic; zero until the first reading
+	bytes uint64
+}
+
+// challengeRecordOverhead bounds a stored challenge record's size beyond
+// its display text (ids, hashes, times, the stream's own headers).
+const challengeRecordOverhead = 1 << 10
+
 // admitChallenge refuses a new challenge, with ErrChallengeCapacity, once
-// the challenges bucket holds ChallengeAdmitBytes. Concurrent issuers may
-// pass it together; the bucket's own cap still bounds them.
+// the challenges bucket holds ChallengeAdmitBytes. Concurrent issuers (and
+// other replicas, between readings) may pass it together; the bucket's own
+// cap still bounds them.
 func (s *Service) admitChallenge(ctx context.Context) error {
+	admit := ChallengeAdmitBytes(s.challengeMax)
+	s.adm.mu.Lock()
+	far := !s.adm.at.IsZero() && time.Since(s.adm.at) < admissionRefresh &&
+		s.adm.bytes < uint64(admit-s.challengeMax/8)
+	s.adm.mu.Unlock()
+	if far {
+		return nil
+	}
 	st, err := s.challenges.Status(ctx)
 	if err != nil {
 		return fmt.Errorf("passkey: challenges bucket status: %w", err)
 	}
-	if admit := ChallengeAdmitBytes(s.challengeMax); st.Bytes() >= uint64(admit) {
+	s.adm.mu.Lock()
+	s.adm.at, s.adm.bytes = time.Now(), st.Bytes()
+	s.adm.mu.Unlock()
+	if st.Bytes() >= uint64(admit) {
 		s.log.WarnContext(ctx, "challenges bucket at capacity", "bytes", st.Bytes(), "admit_bytes", admit, "max_bytes", s.challengeMax)
 		return fmt.Errorf("%w: the challenges bucket holds %d bytes, its admission limit is %d of its cap %d", ErrChallengeCapacity, st.Bytes(), admit, s.challengeMax)
 	}

@@ -112,6 +112,7 @@ type Service struct {
 	inviteTTL    time.Duration
 	// challengeMax is the challenges bucket's MaxBytes.
 	challengeMax int64
+	adm          admission
 	log          *slog.Logger
 	now          func() time.Time
 
