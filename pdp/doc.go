@@ -12,8 +12,12 @@
 //     A decision that breaks the contract below (unknown effect, requestable
 //     without a group, quorum < 1, TTL ≤ 0, unknown authenticator class) is a
 //     deny decision whose reason starts "malformed policy decision". An
-//     evaluation error (for example conflicting outputs of a complete rule) is
-//     returned as an error, and the caller must deny.
+//     evaluation error (for example conflicting outputs of a complete rule,
+//     or a built-in function that fails at run time, such as to_number on a
+//     string that is no number) is returned as an error, and the caller must
+//     deny. Built-in errors are strict: OPA's default would make the failing
+//     expression undefined and drop the rule it is in, so arguments chosen
+//     by the caller could skip a deny rule.
 //   - Every decision records the policy version it was made under:
 //     Decision.PolicyVersion is [Engine.Version], "sha256:" and the hex SHA-256
 //     over each loaded file, in sorted order of relative path, as

@@ -154,10 +154,16 @@ func (s *policySet) defines(ref ast.Ref) bool {
 	return false
 }
 
+// prepare compiles the set for the one query. Built-in errors are strict:
+// by default OPA makes an expression whose built-in fails (to_number("x"),
+// a bad regex, an unparsable time) undefined, which silently drops the rule
+// it is in, so arguments an agent chose could skip a deny rule and reach a
+// default allow. Strict, the evaluation fails and the call is denied.
 func (s *policySet) prepare(ctx context.Context) (rego.PreparedEvalQuery, error) {
 	opts := []func(*rego.Rego){
 		rego.Query(Query),
 		rego.Store(inmem.NewFromObject(s.data)),
+		rego.StrictBuiltinErrors(true),
 	}
 	for _, m := range s.modules {
 		opts = append(opts, rego.ParsedModule(m))

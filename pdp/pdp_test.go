@@ -298,6 +298,31 @@ decision := {"effect": "deny"} if input.resource.id == "both"
 	}
 }
 
+// TestBuiltinErrorDenies: a built-in function that fails at run time on the
+// caller's arguments is an evaluation error (so the call is denied), not an
+// undefined expression that quietly drops the rule it sits in. Otherwise an
+// agent could send an amount to_number cannot parse, skip the deny rule and
+// fall through to the policy's default allow.
+func TestBuiltinErrorDenies(t *testing.T) {
+	dir := writePolicy(t, map[string]string{"p.rego": `package countersign.authz
+
+default decision := {"effect": "allow", "reason": "small amounts are allowed"}
+
+decision := {"effect": "deny", "reason": "over 1000"} if to_number(input.context.arguments.amount) > 1000
+`})
+	e := newEngine(t, dir)
+	runCases(t, e, []evalCase{
+		{"parsed, small", call("x", `{"amount": "5"}`), allow("small amounts are allowed")},
+		{"parsed, large", call("x", `{"amount": "5000"}`), deny("over 1000")},
+	})
+	for _, amount := range []string{`"5e3x"`, `"0x2000"`, `"1,000,000"`} {
+		d, err := e.Evaluate(context.Background(), call("x", `{"amount": `+amount+`}`))
+		if err == nil || !strings.Contains(err.Error(), "to_number") {
+			t.Errorf("amount %s: got %+v, %v; want an evaluation error naming to_number", amount, d, err)
+		}
+	}
+}
+
 func TestNewErrors(t *testing.T) {
 	tests := []struct {
 		name    string
