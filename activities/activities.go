@@ -288,7 +288,9 @@ func (a *Activities) VerifyDecision(ctx context.Context, in VerifyDecisionInput)
 // so an approver removed from a group meanwhile no longer counts for it, and
 // an approval whose approver or passkey an admin disabled or revoked
 // meanwhile counts for no group (a stolen phone's approval, its passkey
-// revoked, does not make up a quorum).
+// revoked, does not make up a quorum). The tool is the one served under the
+// envelope's name now; a tool not served is a retryable error, never a
+// decision about a resource without its upstream (see policyResource).
 func (a *Activities) Reevaluate(ctx context.Context, in ReevaluateInput) (ReevaluateOutput, error) {
 	if err := checkVersion(in.Version); err != nil {
 		return ReevaluateOutput{}, err
@@ -318,10 +320,14 @@ func (a *Activities) Reevaluate(ctx context.Context, in ReevaluateInput) (Reeval
 			ApprovedAt:   e.At,
 		})
 	}
+	resource, err := a.policyResource(env.Tool)
+	if err != nil {
+		return ReevaluateOutput{}, fmt.Errorf("activities: reevaluate %s: %w", env.TaskID, err)
+	}
 	d, err := a.PDP.Evaluate(ctx, pdp.Input{
 		Subject:  pdp.Entity{Type: "agent", ID: env.Principal, Properties: env.Subject},
 		Action:   pdp.Action{Name: "tools/call"},
-		Resource: a.policyResource(env.Tool),
+		Resource: resource,
 		Context: pdp.Context{
 			Arguments:  env.Arguments,
 			ActionHash: env.ActionHash,
@@ -630,13 +636,20 @@ func (a *Activities) observeDecision(before tasks.Record, now tasks.ApprovalStat
 
 // policyResource is the held call's tool as policy sees it now: for an
 // upstream's tool, with the upstream's current annotations and approval
-// override. A tool no longer served (its upstream is down) is named alone;
-// the default policy denies a tool it does not know.
-func (a *Activities) policyResource(tool string) pdp.Resource {
-	if a.Tools != nil {
-		if t, ok := a.Tools.Lookup(tool); ok {
-			return t.PolicyResource()
-		}
+// override. A tool no longer served (its upstream is down or restarting) is
+// an error, and a retryable one: named alone, without its upstream, it would
+// look to policy like one of Countersign's own tools, so the call would be
+// judged as another one (a policy that allows its own tools and holds the
+// upstreams' would allow it without approval). Should the upstream be back
+// by the next attempt, the call is judged as it is; ExecuteTool then checks
+// the tool against its pin.
+func (a *Activities) policyResource(tool string) (pdp.Resource, error) {
+	if a.Tools == nil {
+		return pdp.Resource{Type: "tool", ID: tool}, nil
 	}
-	return pdp.Resource{Type: "tool", ID: tool}
+	t, ok := a.Tools.Lookup(tool)
+	if !ok {
+		return pdp.Resource{}, fmt.Errorf("tool %s is not served now, so policy cannot see it as the call did: %w", tool, gateway.ErrUnknownTool)
+	}
+	return t.PolicyResource(), nil
 }

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +20,7 @@ import (
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/gateway/upstream"
 	"github.com/countersign/countersign/internal/canon"
+	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -223,4 +226,71 @@ func restart(t *testing.T, opts upstream.Options) *gateway.Registry {
 	serveUpstream(t, reg, opts)
 	awaitTool(t, reg, "fs__write", anyPin)
 	return reg
+}
+
+// Re-evaluation judges the tool the call was made against. When its
+// upstream no longer serves it (restarting, down), policy would see a bare
+// {type, id} resource, without the upstream: one that looks like
+// Countersign's own tool, which this policy allows at once. The
+// re-evaluation fails instead, retryably, so an upstream back within the
+// workflow's retries is judged as it is, and one still gone denies.
+func TestReevaluateToolNotServed(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t)
+	engine, err := pdp.New(ctx, pdp.Options{Dir: writeRego(t, `package countersign.authz
+
+default decision := {"effect": "allow", "reason": "Countersign's own tools run"}
+
+decision := {"effect": "requestable", "reason": "upstream calls need approval", "approver_group": "approvers",
+	"quorum": 1, "approval_ttl_seconds": 3600} if input.resource.upstream
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.acts.PDP = engine
+	write := gateway.Tool{
+		Name: "fs__write", Upstream: "fs", UpstreamTool: "write", InputSchema: json.RawMessage(pathSchema),
+		Run: func(context.Context, gateway.Call) (tasks.CallToolResult, error) {
+			return tasks.CallToolResult{}, errors.New("must not run")
+		},
+	}
+	if err := w.acts.Tools.Replace("fs", []gateway.Tool{write}); err != nil {
+		t.Fatal(err)
+	}
+	pin := awaitTool(t, w.acts.Tools, "fs__write", anyPin)
+	env := pinnedEnvelope(t, "fs__write", `{"path":"/srv/a"}`, &pin)
+	reevaluate := func() (activities.ReevaluateOutput, error) {
+		var out activities.ReevaluateOutput
+		val, err := w.env.ExecuteActivity(w.acts.Reevaluate, activities.ReevaluateInput{
+			Version: activities.Version, Envelope: env, At: env.CreatedAt.Add(time.Hour)})
+		if err == nil {
+			err = val.Get(&out)
+		}
+		return out, err
+	}
+
+	out, err := reevaluate()
+	if err != nil || out.Allow || out.Effect != string(pdp.EffectRequestable) {
+		t.Fatalf("served, no approvals: got %+v, %v; want requestable, not allowed", out, err)
+	}
+	if err := w.acts.Tools.Replace("fs", nil); err != nil {
+		t.Fatal(err)
+	}
+	out, err = reevaluate()
+	if err == nil {
+		t.Fatalf("not served: got %+v; want an error, not a decision on another resource", out)
+	}
+	if _, nonRetryable := appErrType(err); nonRetryable {
+		t.Errorf("not served: err = %v is non-retryable; the upstream may be back at the next attempt", err)
+	}
+}
+
+// writeRego writes one policy file into a fresh directory and returns it.
+func writeRego(t *testing.T, rego string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "policy.rego"), []byte(rego), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
