@@ -46,20 +46,6 @@ func (rt *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// stdioTransport is the SDK's CommandTransport, its connection wrapped in a
-// writeRecorder.
-type stdioTransport struct {
-	*mcp.CommandTransport
-}
-
-func (t stdioTransport) Connect(ctx context.Context) (mcp.Connection, error) {
-	c, err := t.CommandTransport.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return writeRecorder{c}, nil
-}
-
 // writeRecorder records, for calls carrying a tracker, that their request
 // was handed to the connection: from then on it may have reached the child.
 // The SDK writes a call's request with the call's context, so the tracker

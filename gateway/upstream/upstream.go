@@ -7,6 +7,18 @@
 // notifications/tools/list_changed, and reconnects with exponential backoff
 // when the session ends. [Start] never fails because the upstream is down.
 //
+// # A stdio upstream's processes
+//
+// A stdio upstream's command runs as the leader of a process group of its
+// own (on Unix), so that a wrapper (npx, uv run, sh -c) and whatever it
+// starts end together. When the command exits, for whatever reason, what
+// is left of its group gets SIGTERM, then SIGKILL if anything is still
+// there 2 seconds later. Closing the session (Close, a restart) first
+// closes the command's stdin and waits up to 2 seconds for it to exit, then
+// sends the group SIGTERM and waits up to 2 seconds more, then sends the
+// group SIGKILL. A process that leaves the group (setsid, a daemon) is not
+// reached; on other systems, only the command itself is signalled.
+//
 // # What a tool's Run returns
 //
 //   - The upstream answered: its CallToolResult, converted but not altered
@@ -88,7 +100,9 @@ var (
 	// followed by an immediate reconnect.
 	stableAfter = 10 * time.Second
 	// terminateWait is how long a child gets to exit after its stdin is
-	// closed, and again after SIGTERM, before it is killed.
+	// closed, and again after SIGTERM, before its process group is killed;
+	// and how long what is left of the group gets after SIGTERM once the
+	// child has exited.
 	terminateWait = 2 * time.Second
 )
 
@@ -449,10 +463,8 @@ func (u *Upstream) connect() (*mcp.ClientSession, func(), error) {
 		cmd := exec.Command(u.opts.Command[0], u.opts.Command[1:]...)
 		cmd.Env = childEnv(u.opts.Env)
 		stderr := &lineLogger{log: u.log}
-		cmd.Stderr = stderr
-		cmd.WaitDelay = terminateWait
 		flush = stderr.flush
-		t = stdioTransport{&mcp.CommandTransport{Command: cmd, TerminateDuration: terminateWait}}
+		t = stdioTransport{cmd: cmd, stderr: stderr, grace: terminateWait}
 	}
 	sess, err := u.client.Connect(ctx, t, &mcp.ClientSessionOptions{ProtocolVersion: ProtocolVersion})
 	if err != nil {

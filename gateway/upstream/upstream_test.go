@@ -911,3 +911,88 @@ func TestResultCapCountsMeta(t *testing.T) {
 		t.Fatalf("%+v", r)
 	}
 }
+
+// processGone reports whether pid has exited: it is not there, or it is a
+// zombie (its new parent, maybe this test's PID 1, has not reaped it).
+func processGone(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return true
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(stat, ')')
+	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z'
+}
+
+func waitGone(t *testing.T, what string, pid int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !processGone(pid); {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s (pid %d) still running", what, pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A stdio upstream started through a wrapper that leaves a process of its
+// own behind (here sh, with a background sleep, exec'ing the server): that
+// process is ended with the upstream, when the upstream is closed and when
+// the server dies (and is restarted).
+func TestStdioProcessGroup(t *testing.T) {
+	start := func(t *testing.T) (*Upstream, *logBuf, changes) {
+		logs := &logBuf{}
+		ch := make(changes, 100)
+		u := Start(context.Background(), Options{
+			Name:    "helper",
+			Command: []string{"sh", "-c", `sleep 300 & echo "grandchild pid=$!" >&2; exec "$0"`, os.Args[0]},
+			Env:     map[string]string{helperEnv: "server", "HELPER_VAR": "v1"},
+			Logger:  logs.logger(), OnChange: ch.onChange,
+		})
+		t.Cleanup(func() { u.Close() })
+		ch.wait(t, "initial list", has("helper__echo"))
+		return u, logs, ch
+	}
+	// grandchild returns the PID of the first sleep started after skip.
+	grandchild := func(t *testing.T, logs *logBuf, skip int) int {
+		var pid int
+		logs.wait(t, "grandchild line", func(r map[string]any) bool {
+			if !stderrLine("grandchild pid=")(r) {
+				return false
+			}
+			_, err := fmt.Sscanf(fmt.Sprint(r["line"]), "grandchild pid=%d", &pid)
+			return err == nil && pid != skip
+		})
+		t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+		return pid
+	}
+
+	t.Run("close", func(t *testing.T) {
+		u, logs, _ := start(t)
+		sleep := grandchild(t, logs, 0)
+		if processGone(sleep) {
+			t.Fatal("the grandchild is gone before Close")
+		}
+		if err := u.Close(); err != nil {
+			t.Fatal(err)
+		}
+		waitGone(t, "the grandchild after Close", sleep)
+	})
+	t.Run("server dies", func(t *testing.T) {
+		_, logs, ch := start(t)
+		server := pidOf(t, logs.wait(t, "start line", stderrLine("helper started")))
+		sleep := grandchild(t, logs, 0)
+		if err := syscall.Kill(server, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		waitGone(t, "the grandchild after the server died", sleep)
+		tools := ch.wait(t, "tools back", func(tools []Tool) bool { return tools != nil })
+		grandchild(t, logs, sleep)
+		r, err := run(t, find(tools, "helper__echo"), `{"text":"back"}`)
+		if err != nil || firstText(t, r) != "back" {
+			t.Fatalf("%+v %v", r, err)
+		}
+	})
+}
