@@ -133,16 +133,22 @@ func (c *child) reap(errR *os.File, drained <-chan struct{}) {
 }
 
 // endGroup sends the group p led SIGTERM, and SIGKILL if any process is still
-// in it after grace. p has exited.
+// in it after grace, then reaps the members handed to Countersign
+// (reapGroup). p has exited.
 func endGroup(p *os.Process, grace time.Duration) {
+	defer reapGroup(p)
 	if signalGroup(p, syscall.SIGTERM) != nil {
 		return // no process left, or signals are not supported here
 	}
 	deadline := time.Now().Add(grace)
+	killed := false
 	for groupAlive(p) {
 		if time.Now().After(deadline) {
+			if killed {
+				return
+			}
 			_ = signalGroup(p, syscall.SIGKILL)
-			return
+			killed, deadline = true, time.Now().Add(grace)
 		}
 		time.Sleep(groupPoll)
 	}

@@ -29,8 +29,8 @@ func signalGroup(p *os.Process, sig syscall.Signal) error {
 
 // groupAlive reports whether a process that has not exited is left in the
 // group p led. On Linux, a member that has exited but is not reaped yet (a
-// zombie, which stays one for good when Countersign is PID 1 and reaps
-// nothing) does not count; elsewhere, and when /proc cannot be read, it
+// zombie: one whose parent is Countersign is reaped by reapGroup once the
+// group is ended) does not count; elsewhere, and when /proc cannot be read, it
 // does, and such a group is waited for until SIGKILL.
 func groupAlive(p *os.Process) bool {
 	if syscall.Kill(-p.Pid, 0) == syscall.ESRCH {
@@ -63,4 +63,26 @@ func groupAlive(p *os.Process) bool {
 		}
 	}
 	return false
+}
+
+// reapGroup collects the exit status of every member of the group p led
+// that has exited and whose parent is now this process: a wrapper's
+// children are handed to it when the wrapper dies and Countersign is PID 1
+// (in a container with no init) or a child subreaper. Left unreaped they
+// would stay zombies, one more with every restart of the upstream. It
+// waits only on that group (p, the leader, is reaped already by
+// exec.Cmd.Wait), so it never takes the status of another child. It
+// returns when no member has exited unreaped: ECHILD (none of the group is
+// Countersign's child), or a member still running.
+func reapGroup(p *os.Process) {
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-p.Pid, &ws, syscall.WNOHANG, nil)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil || pid <= 0 {
+			return
+		}
+	}
 }

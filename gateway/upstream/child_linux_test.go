@@ -1,0 +1,62 @@
+//go:build linux
+
+package upstream
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// When Countersign is PID 1 (a container with no init) or a child
+// subreaper, a wrapper's children become its own when the wrapper dies.
+// Ending the upstream's group must also reap them: a zombie left behind
+// stays one for good, one more with every restart. The test process makes
+// itself a subreaper to stand where PID 1 stands.
+func TestStdioGroupReaped(t *testing.T) {
+	const prSetChildSubreaper = 36
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0); errno != 0 {
+		t.Fatalf("prctl(PR_SET_CHILD_SUBREAPER): %v", errno)
+	}
+	logs := &logBuf{}
+	ch := make(changes, 100)
+	u := Start(context.Background(), Options{
+		Name:    "helper",
+		Command: []string{"sh", "-c", `sleep 300 & echo "grandchild pid=$!" >&2; exec "$0"`, os.Args[0]},
+		Env:     map[string]string{helperEnv: "server", "HELPER_VAR": "v1"},
+		Logger:  logs.logger(), OnChange: ch.onChange,
+	})
+	t.Cleanup(func() { u.Close() })
+	ch.wait(t, "initial list", has("helper__echo"))
+	var sleep int
+	logs.wait(t, "grandchild line", func(r map[string]any) bool {
+		line, _ := r["line"].(string)
+		rest, ok := strings.CutPrefix(line, "grandchild pid=")
+		n, err := strconv.Atoi(rest)
+		sleep = n
+		return ok && err == nil
+	})
+	t.Cleanup(func() { syscall.Kill(sleep, syscall.SIGKILL) })
+	server := pidOf(t, logs.wait(t, "start line", stderrLine("helper started")))
+	// The server (the exec'd wrapper) dies: its sleep becomes this
+	// process's child, and the group is ended.
+	if err := syscall.Kill(server, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(sleep)); os.IsNotExist(err) {
+			break // ended and reaped: not even a zombie is left
+		}
+		if time.Now().After(deadline) {
+			stat, _ := os.ReadFile("/proc/" + strconv.Itoa(sleep) + "/stat")
+			t.Fatalf("the grandchild (pid %d) is still in the process table: %s", sleep, stat)
+		}
+	}
+	if err := u.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
