@@ -8,7 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -60,7 +60,7 @@ func checkNamespaces(file string, own []gateway.Tool, ups []config.Upstream) err
 // startUpstreams connects every configured upstream MCP server and serves
 // its tools through the registry as they come and go. An upstream that is
 // down does not stop Countersign: its tools are missing until it is up, and
-// /readyz names it.
+// /readyz names it (and answers 503 only for a required one).
 func (a *App) startUpstreams(ctx context.Context, ups []config.Upstream) {
 	for _, cu := range ups {
 		name := cu.Name
@@ -75,7 +75,17 @@ func (a *App) startUpstreams(ctx context.Context, ups []config.Upstream) {
 			log.Info("app: upstream tools", "tools", len(out))
 		}
 		u := upstream.Start(context.WithoutCancel(ctx), opts)
-		a.upstreams = append(a.upstreams, namedUpstream{name: name, u: u})
+		a.upstreams = append(a.upstreams, namedUpstream{name: name, required: cu.Required, u: u})
+	}
+	started := a.upstreams
+	if err := a.tel.M().WatchUpstreams(func() map[string]bool {
+		out := make(map[string]bool, len(started))
+		for _, n := range started {
+			out[n.name] = n.u.State().Up
+		}
+		return out
+	}); err != nil {
+		a.log.Error("app: upstream state metric", "err", err)
 	}
 }
 
@@ -130,8 +140,9 @@ func served(tools []upstream.Tool, approval config.Approval) []gateway.Tool {
 }
 
 type namedUpstream struct {
-	name string
-	u    *upstream.Upstream
+	name     string
+	required bool // its being down fails readiness (config.Upstream.Required)
+	u        *upstream.Upstream
 }
 
 // closeUpstreams stops every upstream (and its process).
@@ -154,7 +165,10 @@ func (a *App) UpstreamStates() map[string]upstream.State {
 }
 
 // readyz answers 200 when NATS is connected, the Temporal frontend answers
-// and every upstream is up, else 503 naming what is not.
+// and every required upstream is up, else 503. Its body has a line for each
+// thing that is down, an upstream that is not required included: one
+// flaky upstream must not take every replica out of the Service, and with
+// them every other tool and the approver site.
 func (a *App) readyz(w http.ResponseWriter, r *http.Request) {
 	var down []string
 	if !a.natsConnected() {
@@ -163,24 +177,47 @@ func (a *App) readyz(w http.ResponseWriter, r *http.Request) {
 	if why := a.temporalDown(r.Context()); why != "" {
 		down = append(down, why)
 	}
-	states := a.UpstreamStates()
-	names := make([]string, 0, len(states))
-	for n := range states {
-		names = append(names, n)
+	ups := make([]upstreamReadiness, 0, len(a.upstreams))
+	for _, n := range a.upstreams {
+		ups = append(ups, upstreamReadiness{name: n.name, required: n.required, state: n.u.State()})
 	}
-	sort.Strings(names)
-	for _, n := range names {
-		if st := states[n]; !st.Up {
-			down = append(down, fmt.Sprintf("upstream %s: down (%s)", n, oneLine(st.Err)))
+	ready, lines := readiness(down, ups)
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if !ready {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	if len(lines) == 0 {
+		lines = []string{"ok"}
+	}
+	fmt.Fprintln(w, strings.Join(lines, "\n"))
+}
+
+// upstreamReadiness is an upstream's part in readiness.
+type upstreamReadiness struct {
+	name     string
+	required bool
+	state    upstream.State
+}
+
+// readiness decides /readyz from what is down among the process's own
+// dependencies (down, each failing readiness) and the upstreams' states:
+// ready unless something in down or a required upstream is down. lines
+// names everything that is down, upstreams by name.
+func readiness(down []string, ups []upstreamReadiness) (ready bool, lines []string) {
+	ready = len(down) == 0
+	lines = slices.Clone(down)
+	ups = slices.Clone(ups)
+	slices.SortFunc(ups, func(x, y upstreamReadiness) int { return strings.Compare(x.name, y.name) })
+	for _, u := range ups {
+		if u.state.Up {
+			continue
+		}
+		lines = append(lines, fmt.Sprintf("upstream %s: down (%s)", u.name, oneLine(u.state.Err)))
+		if u.required {
+			ready = false
 		}
 	}
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	if len(down) > 0 {
-		w.WriteHeader(http.StatusServiceUnavailable)
-		fmt.Fprintln(w, strings.Join(down, "\n"))
-		return
-	}
-	fmt.Fprintln(w, "ok")
+	return ready, lines
 }
 
 func oneLine(s string) string {

@@ -8,8 +8,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/gateway/conformance"
+	"github.com/countersign/countersign/gateway/upstream"
 	"github.com/countersign/countersign/internal/config"
 )
 
@@ -49,5 +53,50 @@ func TestDuplicatePrefixStopsStartup(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
 		t.Errorf("the data dir was created before the configuration was checked (%v)", err)
+	}
+}
+
+// An upstream that is down is named in /readyz's body but fails readiness
+// only when it is required; NATS or Temporal down always fails it.
+func TestReadiness(t *testing.T) {
+	up := upstream.State{Up: true}
+	down := upstream.State{Err: "connection refused"}
+	tests := []struct {
+		name      string
+		down      []string
+		ups       []upstreamReadiness
+		wantReady bool
+		wantLines []string
+	}{{
+		name:      "all up",
+		ups:       []upstreamReadiness{{name: "fs", state: up}, {name: "web", required: true, state: up}},
+		wantReady: true,
+	}, {
+		name:      "an upstream down",
+		ups:       []upstreamReadiness{{name: "web", state: down}, {name: "fs", state: up}},
+		wantReady: true,
+		wantLines: []string{"upstream web: down (connection refused)"},
+	}, {
+		name:      "a required upstream down",
+		ups:       []upstreamReadiness{{name: "web", state: down}, {name: "fs", required: true, state: upstream.State{}}},
+		wantReady: false,
+		wantLines: []string{"upstream fs: down (not connected yet)", "upstream web: down (connection refused)"},
+	}, {
+		name:      "nats down",
+		down:      []string{"nats: not connected"},
+		ups:       []upstreamReadiness{{name: "fs", state: down}},
+		wantReady: false,
+		wantLines: []string{"nats: not connected", "upstream fs: down (connection refused)"},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ready, lines := readiness(tt.down, tt.ups)
+			if ready != tt.wantReady {
+				t.Errorf("ready = %v, want %v", ready, tt.wantReady)
+			}
+			if diff := cmp.Diff(tt.wantLines, lines, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("lines (-want +got):\n%s", diff)
+			}
+		})
 	}
 }

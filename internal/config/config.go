@@ -99,6 +99,9 @@ type Upstream struct {
 	Timeout time.Duration     // per call; never 0 after Load
 	// Approval is never empty after Load: defaults to ApprovalPolicy.
 	Approval Approval
+	// Required makes the upstream's being down fail readiness (/readyz
+	// 503); by default an upstream's state does not gate it.
+	Required bool
 	// Line is the line of the entry in the file, for diagnostics.
 	Line int
 }
@@ -215,7 +218,7 @@ var sections = []section{
 	{"oauth", (*decoder).oauth},
 }
 
-var upstreamFields = []string{"name", "command", "url", "env", "headers", "prefix", "timeout", "approval"}
+var upstreamFields = []string{"name", "command", "url", "env", "headers", "prefix", "timeout", "approval", "required"}
 
 var (
 	namePattern = regexp.MustCompile(`^[a-z0-9-]{1,32}$`)
@@ -436,6 +439,10 @@ func (d *decoder) upstream(n *yaml.Node, field string) (u Upstream, lines upstre
 				default:
 					d.addf(v.Line, sub, "%q must be always, never or policy", s)
 				}
+			}
+		case "required":
+			if b, ok := d.boolean(v, sub); ok {
+				u.Required = b
 			}
 		}
 	})

@@ -65,6 +65,7 @@ upstreams:
     url: http://127.0.0.1:3001/mcp
     headers: {Authorization: "Bearer ${EVERYTHING_TOKEN}"}
     timeout: 30s
+    required: true
 demo_tools: true
 inline_wait: 20s
 `
@@ -93,6 +94,7 @@ func TestLoadFullExample(t *testing.T) {
 			Headers:  map[string]string{"Authorization": "Bearer tok-123"},
 			Timeout:  30 * time.Second,
 			Approval: ApprovalPolicy,
+			Required: true,
 			Line:     8,
 		}},
 		DemoTools:  &yes,
@@ -160,7 +162,7 @@ func TestProblems(t *testing.T) {
 	}, {
 		name:    "unknown upstream key",
 		content: "upstreams:\n  - name: a\n    url: http://h\n    tiemout: 3s\n",
-		want:    []string{"c.yaml:4: upstreams[0].tiemout: unknown field (known: name, command, url, env, headers, prefix, timeout, approval)"},
+		want:    []string{"c.yaml:4: upstreams[0].tiemout: unknown field (known: name, command, url, env, headers, prefix, timeout, approval, required)"},
 	}, {
 		name:    "top level not a mapping",
 		content: "- a\n- b\n",
@@ -301,6 +303,10 @@ func TestProblems(t *testing.T) {
 		content: "upstreams:\n  - name: a\n    url: http://h\n    approval: sometimes\n",
 		want:    []string{`c.yaml:4: upstreams[0].approval: "sometimes" must be always, never or policy`},
 	}, {
+		name:    "required not a boolean",
+		content: "upstreams:\n  - name: a\n    url: http://h\n    required: yes-please\n",
+		want:    []string{`c.yaml:4: upstreams[0].required: must be true or false, not a string`},
+	}, {
 		name:    "duplicate key in an upstream",
 		content: "upstreams:\n  - name: a\n    url: http://h\n    name: b\n",
 		want:    []string{"c.yaml:4: upstreams[0].name: duplicate key (first at line 2)"},
@@ -409,7 +415,7 @@ func TestDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	u := f.Upstreams[0]
-	if u.Prefix != "a" || u.Timeout != DefaultTimeout || u.Approval != ApprovalPolicy || u.Env != nil || u.Headers != nil {
+	if u.Prefix != "a" || u.Timeout != DefaultTimeout || u.Approval != ApprovalPolicy || u.Required || u.Env != nil || u.Headers != nil {
 		t.Errorf("defaults: %+v", u)
 	}
 	f, err = Parse("c.yaml", []byte("upstreams:\n  - name: a\n    url: https://h\n    timeout: 5m\n    approval: never\ndemo_tools: false\n"), env(nil))

@@ -24,6 +24,7 @@
 //	    url: http://127.0.0.1:3001/mcp
 //	    headers: {Authorization: "Bearer ${EVERYTHING_TOKEN}"}   # optional, HTTP only
 //	    timeout: 30s                 # optional; per call, default 60s
+//	    required: true               # optional; default false: down fails /readyz
 //	demo_tools: true                 # optional; default: true in dev, false in server
 //	inline_wait: 20s                 # optional; default 0s
 //
@@ -56,6 +57,11 @@
 //   - approval: always (every call needs a human approval), never (calls
 //     pass through without approval) or policy (the policy decides;
 //     the default).
+//   - required: true or false (the default). By default an upstream that is
+//     down is named in /readyz's body but does not fail readiness: the
+//     other tools keep serving. With required: true its being down makes
+//     /readyz answer 503, for a deployment where a replica without that
+//     upstream is useless.
 //
 // Exactly one of command and url must be given.
 //
@@ -100,7 +106,7 @@
 // the form "path:line: field: problem", for example
 //
 //	countersign.yaml:7: upstreams[1].timeout: must be at most 5m0s, the limit on an approved call's execution, not 2h0m0s
-//	countersign.yaml:9: upstreams[1].tiemout: unknown field (known: name, command, url, env, headers, prefix, timeout, approval)
+//	countersign.yaml:9: upstreams[1].tiemout: unknown field (known: name, command, url, env, headers, prefix, timeout, approval, required)
 //
 // Unknown and duplicate keys are errors.
 package config

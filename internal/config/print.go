@@ -90,13 +90,14 @@ type upstreamView struct {
 	Prefix   string            `yaml:"prefix" json:"prefix"`
 	Timeout  string            `yaml:"timeout" json:"timeout"`
 	Approval Approval          `yaml:"approval" json:"approval"`
+	Required bool              `yaml:"required,omitempty" json:"required,omitempty"`
 }
 
 func (u Upstream) view() upstreamView {
 	r := u.redacted()
 	return upstreamView{
 		Name: r.Name, Command: r.Command, Env: r.Env, URL: r.URL, Headers: r.Headers,
-		Prefix: r.Prefix, Timeout: r.Timeout.String(), Approval: r.Approval,
+		Prefix: r.Prefix, Timeout: r.Timeout.String(), Approval: r.Approval, Required: r.Required,
 	}
 }
 
@@ -163,7 +164,11 @@ func (u Upstream) String() string {
 		b.WriteString(" (http: " + u.URL)
 		writeKeys(&b, ", headers ", u.Headers)
 	}
-	fmt.Fprintf(&b, ", prefix %s, timeout %v, approval %s)", u.Prefix, u.Timeout, u.Approval)
+	fmt.Fprintf(&b, ", prefix %s, timeout %v, approval %s", u.Prefix, u.Timeout, u.Approval)
+	if u.Required {
+		b.WriteString(", required")
+	}
+	b.WriteByte(')')
 	return b.String()
 }
 
@@ -204,6 +209,9 @@ func (u Upstream) LogValue() slog.Value {
 		slog.String("prefix", u.Prefix),
 		slog.String("timeout", u.Timeout.String()),
 		slog.String("approval", string(u.Approval)))
+	if u.Required {
+		attrs = append(attrs, slog.Bool("required", true))
+	}
 	return slog.GroupValue(attrs...)
 }
 

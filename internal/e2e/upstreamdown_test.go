@@ -14,7 +14,9 @@ import (
 )
 
 // An upstream that is down at startup does not stop Countersign: its tools
-// are missing, the other tools work, and /readyz says which upstream is down.
+// are missing, the other tools work, and /readyz says which upstream is down;
+// this one is required, so /readyz answers 503 (TestProbes has one that is
+// not).
 func TestUpstreamDownAtStartup(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -23,7 +25,7 @@ func TestUpstreamDownAtStartup(t *testing.T) {
 	url := "http://" + ln.Addr().String() + "/mcp"
 	ln.Close() // nothing listens there
 	path := filepath.Join(t.TempDir(), "countersign.yaml")
-	if err := os.WriteFile(path, []byte("upstreams:\n  - name: gone\n    url: "+url+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte("upstreams:\n  - name: gone\n    url: "+url+"\n    required: true\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	s := startStackConfig(t, app.Config{ConfigFile: path}, 0)
@@ -40,7 +42,7 @@ func TestUpstreamDownAtStartup(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("/readyz = %d %q, want 503 naming the upstream", resp.StatusCode, body)
+			t.Fatalf("/readyz = %d %q, want 503 naming the required upstream", resp.StatusCode, body)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

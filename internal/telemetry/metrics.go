@@ -22,6 +22,7 @@ const (
 	MetricExecutions           = "countersign_executions_total"
 	MetricUpstreamCallSeconds  = "countersign_upstream_call_seconds"
 	MetricVerificationFailures = "countersign_verification_failures_total"
+	MetricUpstreamUp           = "countersign_upstream_up"
 )
 
 // Verification kinds, the kind label of MetricVerificationFailures.
@@ -185,5 +186,36 @@ func (m *Metrics) UpstreamCall(upstream, result string, d time.Duration) {
 func (m *Metrics) VerificationFailed(kind, reason string) {
 	if m != nil {
 		m.verifyFailures.WithLabelValues(kind, reason).Inc()
+	}
+}
+
+// WatchUpstreams exports MetricUpstreamUp, 1 for each upstream that is up
+// and 0 for each one that is down, read from states at every scrape. The
+// upstream label is a configured name, so it is a bounded set. Call it once.
+func (m *Metrics) WatchUpstreams(states func() map[string]bool) error {
+	if m == nil {
+		return nil
+	}
+	return m.reg.Register(upstreamsCollector{
+		desc:   prometheus.NewDesc(MetricUpstreamUp, "Whether each configured upstream MCP server is connected (1) or down (0), by upstream.", []string{"upstream"}, nil),
+		states: states,
+	})
+}
+
+// upstreamsCollector reads the upstreams' states at scrape time.
+type upstreamsCollector struct {
+	desc   *prometheus.Desc
+	states func() map[string]bool
+}
+
+func (c upstreamsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c upstreamsCollector) Collect(ch chan<- prometheus.Metric) {
+	for name, up := range c.states() {
+		v := 0.0
+		if up {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, name)
 	}
 }
