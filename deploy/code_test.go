@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // What the deployment files may name, read from the code itself (Go
@@ -22,6 +23,9 @@ type code struct {
 	subcommands map[string]bool // the first argument `countersign` takes
 	endpoints   map[string]bool // HTTP paths internal/app serves itself
 	modules     map[string]string
+	// shutdownTimeout is app.ShutdownTimeout: how long a stopping process's
+	// graceful shutdown may take, after its shutdown delay.
+	shutdownTimeout time.Duration
 }
 
 func readCode(t *testing.T) *code {
@@ -42,6 +46,9 @@ func readCode(t *testing.T) *code {
 	}
 	for _, f := range parseDir(t, filepath.Join("..", "internal", "app")) {
 		ast.Inspect(f, func(n ast.Node) bool {
+			if vs, ok := n.(*ast.ValueSpec); ok && len(vs.Names) == 1 && vs.Names[0].Name == "ShutdownTimeout" && len(vs.Values) == 1 {
+				c.shutdownTimeout = durationExpr(vs.Values[0])
+			}
 			call, ok := n.(*ast.CallExpr)
 			if !ok || len(call.Args) == 0 {
 				return true
@@ -58,6 +65,9 @@ func readCode(t *testing.T) *code {
 		})
 	}
 	c.modules = readGoMod(t)
+	if c.shutdownTimeout <= 0 {
+		t.Fatal("no const ShutdownTimeout = N * time.Second in internal/app: has the code moved?")
+	}
 	for what, m := range map[string]map[string]bool{"environment variables": c.envs, "flags": c.flags, "subcommands": c.subcommands, "endpoints": c.endpoints} {
 		if len(m) < 3 {
 			t.Fatalf("found only %d %s in the code (%v): has the code moved?", len(m), what, m)
@@ -100,6 +110,26 @@ func (c *code) call(n *ast.CallExpr) {
 			}
 		}
 	}
+}
+
+// durationExpr is the value of a constant expression N * time.Unit, 0 for
+// any other expression.
+func durationExpr(e ast.Expr) time.Duration {
+	b, ok := e.(*ast.BinaryExpr)
+	if !ok || b.Op != token.MUL {
+		return 0
+	}
+	lit, ok := b.X.(*ast.BasicLit)
+	sel, ok2 := b.Y.(*ast.SelectorExpr)
+	if !ok || !ok2 || lit.Kind != token.INT {
+		return 0
+	}
+	n, err := strconv.Atoi(lit.Value)
+	if err != nil {
+		return 0
+	}
+	unit := map[string]time.Duration{"Millisecond": time.Millisecond, "Second": time.Second, "Minute": time.Minute}[sel.Sel.Name]
+	return time.Duration(n) * unit
 }
 
 var envName = regexp.MustCompile(`^[A-Z][A-Z0-9]*_[A-Z0-9_]+$`)

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/compose-spec/compose-go/v2/loader"
 	"github.com/compose-spec/compose-go/v2/types"
@@ -167,8 +168,25 @@ func TestComposeCountersign(t *testing.T) {
 	}
 	server := service(t, p, "countersign-server")
 	for _, name := range []string{"countersign-server", "countersign-worker"} {
-		if service(t, p, name).HealthCheck == nil {
+		s := service(t, p, name)
+		if s.HealthCheck == nil {
 			t.Errorf("%s: no healthcheck", name)
+		}
+		// docker stop kills after stop_grace_period (10s by default): a
+		// stopping process needs its shutdown delay and app.ShutdownTimeout.
+		var delay time.Duration
+		if d := env(s, "COUNTERSIGN_SHUTDOWN_DELAY"); d != "" {
+			var err error
+			if delay, err = time.ParseDuration(d); err != nil {
+				t.Errorf("%s: COUNTERSIGN_SHUTDOWN_DELAY %q: %v", name, d, err)
+			}
+		}
+		grace := 10 * time.Second
+		if s.StopGracePeriod != nil {
+			grace = time.Duration(*s.StopGracePeriod)
+		}
+		if delay+c.shutdownTimeout >= grace {
+			t.Errorf("%s: stop_grace_period %v does not exceed the shutdown delay %v plus the shutdown's %v", name, grace, delay, c.shutdownTimeout)
 		}
 	}
 	// The first admin token comes from a secret the server reads.

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -190,6 +191,40 @@ func (m *manifests) checkDeployment(t *testing.T, c *code, d appsv1.Deployment) 
 		t.Errorf("%s: readiness probe on %s, want /readyz", where, p.HTTPGet.Path)
 	}
 	m.checkMetrics(t, where, pod, ctr, envs)
+	m.checkTermination(t, c, where, pod, flags, envs)
+}
+
+// checkTermination: a stopping pod gets its shutdown delay and its graceful
+// shutdown (app.ShutdownTimeout) before Kubernetes kills it, and a pod that
+// a Service routes to has a delay, so that it keeps serving, not ready,
+// while the endpoints drop it, instead of refusing the requests routed to
+// it meanwhile.
+func (m *manifests) checkTermination(t *testing.T, c *code, where string, pod corev1.PodTemplateSpec, flags, envs map[string]string) {
+	t.Helper()
+	s := flags["shutdown-delay"]
+	if s == "" {
+		s = envs["COUNTERSIGN_SHUTDOWN_DELAY"]
+	}
+	var delay time.Duration
+	if s != "" {
+		var err error
+		if delay, err = time.ParseDuration(s); err != nil {
+			t.Errorf("%s: shutdown delay %q: %v", where, s, err)
+		}
+	}
+	grace := 30 * time.Second // the Kubernetes default
+	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
+		grace = time.Duration(*g) * time.Second
+	}
+	if delay+c.shutdownTimeout >= grace {
+		t.Errorf("%s: terminationGracePeriodSeconds %v does not exceed the shutdown delay %v plus the shutdown's %v", where, grace, delay, c.shutdownTimeout)
+	}
+	routed := slicesAny(m.services, func(svc corev1.Service) bool {
+		return selects(&metav1.LabelSelector{MatchLabels: svc.Spec.Selector}, pod.Labels)
+	})
+	if routed && delay <= 0 {
+		t.Errorf("%s: a Service routes to its pods but it has no shutdown delay (COUNTERSIGN_SHUTDOWN_DELAY): a stopping pod would refuse the requests sent before the endpoints drop it", where)
+	}
 }
 
 // checkMetrics: every process serves /metrics only on its operations

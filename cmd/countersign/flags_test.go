@@ -87,6 +87,7 @@ func TestFlagDefaultsAreConfigDefaults(t *testing.T) {
 		{"oauth-jwks-max-age", "COUNTERSIGN_OAUTH_JWKS_MAX_AGE", def.OAuthJWKSMaxAge},
 		{"conformance", "", def.Conformance},
 		{"metrics-addr", "COUNTERSIGN_METRICS_ADDR", def.MetricsAddr},
+		{"shutdown-delay", "COUNTERSIGN_SHUTDOWN_DELAY", def.ShutdownDelay},
 		{"otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", def.OTLPEndpoint},
 		{"otlp-protocol", "OTEL_EXPORTER_OTLP_PROTOCOL", def.OTLPProtocol},
 		{"log-format", "COUNTERSIGN_LOG_FORMAT", def.LogFormat},

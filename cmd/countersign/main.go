@@ -62,6 +62,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	defer exitOnSecondSignal(stderr)()
 	var err error
 	switch args[0] {
 	case "dev", "server", "worker":
@@ -100,6 +101,34 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// exitOnSecondSignal makes a second SIGTERM or SIGINT exit the process at
+// once, status 1: the first one ends run's context and starts a graceful
+// stop (a shutdown delay, then up to app.ShutdownTimeout), which an
+// operator may not want to wait for. The returned func stops watching.
+func exitOnSecondSignal(stderr io.Writer) (stop func()) {
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		for n := 0; ; n++ {
+			select {
+			case s := <-sig:
+				if n == 0 {
+					continue // the first: run's context ends
+				}
+				fmt.Fprintf(stderr, "countersign: %v again: exiting without finishing the shutdown\n", s)
+				os.Exit(1)
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(sig)
+		close(done)
+	}
 }
 
 type usageError struct{ msg string }

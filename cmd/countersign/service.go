@@ -130,6 +130,7 @@ func serviceFlags(cmd string, cfg *app.Config, conformance bool) (fs *flag.FlagS
 		fs.BoolVar(&cfg.Conformance, "conformance", false, "serve /mcp WITHOUT authentication for conformance suites (loopback only); lifts the defaults of --rate-per-minute, --requests-per-second, --request-burst and --max-in-flight")
 	}
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "", e("metrics-addr", "COUNTERSIGN_METRICS_ADDR", "operations listener for /metrics (Prometheus), /healthz and /readyz, in every mode (the worker's probes too), e.g. 127.0.0.1:9090; off when empty. /metrics is never served on --addr"))
+	fs.DurationVar(&cfg.ShutdownDelay, "shutdown-delay", def.ShutdownDelay, e("shutdown-delay", "COUNTERSIGN_SHUTDOWN_DELAY", "on SIGTERM or SIGINT, answer /readyz with 503 at once but keep serving this long (the time a load balancer takes to stop routing here, e.g. 5s) before the graceful shutdown (at most 15s); 0 to 5m. A second signal exits at once"))
 	fs.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", "", e("otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", "OpenTelemetry collector URL for traces (OTLP), e.g. http://otel-collector:4318; tracing is off when empty"))
 	fs.StringVar(&cfg.OTLPProtocol, "otlp-protocol", def.OTLPProtocol, e("otlp-protocol", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTLP protocol: http/protobuf or grpc"))
 	fs.StringVar(&cfg.LogFormat, "log-format", def.LogFormat, e("log-format", "COUNTERSIGN_LOG_FORMAT", "log format: text or json"))

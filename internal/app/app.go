@@ -75,6 +75,9 @@ type App struct {
 	log    *slog.Logger
 	out    io.Writer
 	closed atomic.Bool
+	// stopping is set when Run's context ends: /readyz answers 503 from
+	// then on, through Config.ShutdownDelay and the shutdown.
+	stopping atomic.Bool
 	// stopBG ends the background loops (the reconciler, the retention
 	// sweep), and bg waits for them.
 	stopBG context.CancelFunc
@@ -729,7 +732,9 @@ func (a *App) Addr() string {
 	return a.listener.Addr().String()
 }
 
-// Run serves until ctx ends, then shuts down cleanly.
+// Run serves until ctx ends, then shuts down cleanly: /readyz answers 503
+// ("shutting down") at once, HTTP keeps serving for Config.ShutdownDelay,
+// then Shutdown has ShutdownTimeout to finish.
 func (a *App) Run(ctx context.Context) error {
 	errc := make(chan error, 2)
 	if a.httpSrv != nil {
@@ -738,15 +743,37 @@ func (a *App) Run(ctx context.Context) error {
 	if a.opsSrv != nil {
 		go func() { errc <- a.opsSrv.Serve(a.opsListener) }()
 	}
+	served := func(err error) error {
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		a.Shutdown(context.Background())
+		return fmt.Errorf("http: %w", err)
+	}
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
-		if !errors.Is(err, http.ErrServerClosed) {
-			a.Shutdown(context.Background())
-			return fmt.Errorf("http: %w", err)
+		if err := served(err); err != nil {
+			return err
 		}
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	// Not ready from now on, but still serving for the delay: the
+	// requests a load balancer routes here until it sees that are
+	// answered, not refused.
+	a.stopping.Store(true)
+	if d := a.cfg.ShutdownDelay; d > 0 && !a.closed.Load() {
+		a.log.Info("app: stopping: /readyz answers 503, serving on until the delay ends", "delay", d)
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case err := <-errc:
+			t.Stop()
+			if err := served(err); err != nil {
+				return err
+			}
+		}
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 	defer cancel()
 	return a.Shutdown(sctx)
 }

@@ -131,6 +131,8 @@ func TestConfigValidation(t *testing.T) {
 		{"negative retention", Config{ResultRetention: -time.Hour}, "--result-retention"},
 		{"negative inline wait", Config{InlineWait: -time.Second}, "--inline-wait -1s must be from 0s to 10m"},
 		{"inline wait too long", Config{InlineWait: time.Hour}, "--inline-wait 1h0m0s must be from 0s to 10m"},
+		{"negative shutdown delay", Config{ShutdownDelay: -time.Second}, "--shutdown-delay -1s must be from 0s to 5m0s"},
+		{"shutdown delay too long", Config{ShutdownDelay: time.Hour}, "--shutdown-delay 1h0m0s must be from 0s to 5m0s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Defaults()

@@ -182,6 +182,11 @@ type Config struct {
 	// /healthz and /readyz, in every mode, the worker's too. Empty: none
 	// (and /metrics is never served on Addr, the agents' port).
 	MetricsAddr string
+	// ShutdownDelay is how long a stopping process keeps serving, /readyz
+	// answering 503, before its graceful shutdown (ShutdownTimeout) starts:
+	// the time a load balancer takes to stop routing to it. From 0 (the
+	// default: shut down at once) to MaxShutdownDelay.
+	ShutdownDelay time.Duration
 	// LogFormat is the log line format: "text" (the default) or "json".
 	LogFormat string
 	// OTLPEndpoint turns on tracing: spans go to this OTLP collector URL
@@ -258,6 +263,15 @@ const (
 	conformanceRatePerMinute = 100000
 	conformanceRequestBudget = 100000
 )
+
+// ShutdownTimeout bounds a stopping process's graceful shutdown (open
+// requests, the workflow starts in flight, the worker's activities), after
+// Config.ShutdownDelay. A deployment's termination grace period must exceed
+// their sum (deploy/ checks its manifests against this value).
+const ShutdownTimeout = 15 * time.Second
+
+// MaxShutdownDelay is the longest Config.ShutdownDelay.
+const MaxShutdownDelay = 5 * time.Minute
 
 // setDefault sets *v to def if it is the zero value.
 func setDefault[T comparable](v *T, def T) {
@@ -336,6 +350,9 @@ func (c *Config) Validate() error {
 	}
 	if c.OAuthJWKSMaxAge < config.MinOAuthJWKSMaxAge || c.OAuthJWKSMaxAge > config.MaxOAuthJWKSMaxAge {
 		errs = append(errs, fmt.Errorf("--oauth-jwks-max-age %s must be from %s to %s (0s: the default, %s)", c.OAuthJWKSMaxAge, config.MinOAuthJWKSMaxAge, config.MaxOAuthJWKSMaxAge, oauth.DefaultJWKSMaxAge))
+	}
+	if c.ShutdownDelay < 0 || c.ShutdownDelay > MaxShutdownDelay {
+		errs = append(errs, fmt.Errorf("--shutdown-delay %s must be from 0s to %s", c.ShutdownDelay, MaxShutdownDelay))
 	}
 	if c.MetricsAddr != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {

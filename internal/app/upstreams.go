@@ -165,12 +165,16 @@ func (a *App) UpstreamStates() map[string]upstream.State {
 }
 
 // readyz answers 200 when NATS is connected, the Temporal frontend answers
-// and every required upstream is up, else 503. Its body has a line for each
+// and every required upstream is up, else 503; and 503 ("shutting down")
+// from the moment the process begins to stop (Run). Its body has a line for each
 // thing that is down, an upstream that is not required included: one
 // flaky upstream must not take every replica out of the Service, and with
 // them every other tool and the approver site.
 func (a *App) readyz(w http.ResponseWriter, r *http.Request) {
 	var down []string
+	if a.stopping.Load() {
+		down = append(down, "shutting down")
+	}
 	if !a.natsConnected() {
 		down = append(down, "nats: not connected")
 	}
