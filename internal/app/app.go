@@ -238,13 +238,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		return nil, err
 	}
 	var tools []gateway.Tool
-	if file.DemoToolsOr(mode == ModeDev) {
-		tools = gateway.DemoTools(a.Ledger)
-	}
-	if cfg.Conformance {
-		a.Fixtures = conformance.New()
-		tools = append(tools, a.Fixtures.Tools()...)
-	}
+	tools, a.Fixtures = ownTools(&cfg, mode, a.Ledger)
 	if err := checkNamespaces(cfg.ConfigFile, tools, file.Upstreams); err != nil {
 		return nil, err
 	}

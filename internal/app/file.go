@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/internal/config"
 	"github.com/countersign/countersign/pdp"
 )
@@ -195,12 +196,23 @@ func (c *Config) Resolve(mode Mode) error {
 	return nil
 }
 
-// Check is what `countersign config check` checks: Resolve, and the policy
-// (Config.PolicyDir, or the embedded default) loaded and compiled as New
-// does, since a policy that does not compile stops the start. It connects
-// to nothing. Every problem is reported at once.
+// Check is what `countersign config check` checks: Resolve; the upstreams'
+// prefixes against the tools Countersign serves itself in mode
+// (checkNamespaces, as New does); and the policy (Config.PolicyDir, or the
+// embedded default) loaded and compiled as New does, since a policy that
+// does not compile stops the start. It connects to nothing. Every problem
+// is reported at once.
 func (c *Config) Check(ctx context.Context, mode Mode) error {
+	own, _ := ownTools(c, mode, nil)
+	return c.check(ctx, mode, own)
+}
+
+// check is Check with the tools Countersign serves itself, own.
+func (c *Config) check(ctx context.Context, mode Mode, own []gateway.Tool) error {
 	err := c.Resolve(mode)
+	if c.File != nil {
+		err = errors.Join(err, checkNamespaces(c.ConfigFile, own, c.File.Upstreams))
+	}
 	if c.File == nil || (c.Conformance && c.PolicyDir == "") {
 		// The file did not load; or New writes the policy of
 		// --conformance itself.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/countersign/countersign/gateway"
+	"github.com/countersign/countersign/gateway/conformance"
 	"github.com/countersign/countersign/gateway/upstream"
 	"github.com/countersign/countersign/internal/canon"
 	"github.com/countersign/countersign/internal/config"
@@ -32,7 +33,22 @@ func loadConfigFile(path string) (*config.File, error) {
 	return f, nil
 }
 
-// checkNamespaces refuses, at startup, a configuration under which an
+// ownTools are the tools Countersign serves itself in mode under cfg: the
+// demo tools (demo_tools; on by default in dev) and, with --conformance,
+// the conformance fixtures (fixtures, nil without). ledger backs the demo
+// tools; with nil they only name them, for checks (config check).
+func ownTools(cfg *Config, mode Mode, ledger *gateway.Ledger) (tools []gateway.Tool, fixtures *conformance.Set) {
+	if cfg.File.DemoToolsOr(mode == ModeDev) {
+		tools = gateway.DemoTools(ledger)
+	}
+	if cfg.Conformance {
+		fixtures = conformance.New()
+		tools = append(tools, fixtures.Tools()...)
+	}
+	return tools, fixtures
+}
+
+// checkNamespaces refuses, at startup (and in config check, Config.Check), a configuration under which an
 // upstream's tool could take the name of one of Countersign's own tools
 // (the demo tools, the conformance fixtures). Served names cannot collide
 // otherwise: an upstream tool is <prefix>__<tool>, a prefix is a-z, 0-9 and

@@ -100,3 +100,28 @@ func TestReadiness(t *testing.T) {
 		})
 	}
 }
+
+// Config check refuses an upstream prefix whose namespace holds one of
+// Countersign's own tools, with the error startup gives (it runs the same
+// checkNamespaces over the same own tools, ownTools); the shipped tools
+// leave every prefix free, so the collision is made with an extra tool.
+func TestConfigCheckNamespaces(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "countersign.yaml")
+	if err := os.WriteFile(path, []byte("upstreams:\n  - name: fs\n    url: http://127.0.0.1:1/mcp\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{ConfigFile: path}
+	cfg.Defaults()
+	if err := cfg.Check(context.Background(), ModeDev); err != nil {
+		t.Fatalf("Check with the shipped own tools: %v", err)
+	}
+	own, fixtures := ownTools(&cfg, ModeDev, nil)
+	if len(own) != len(gateway.DemoTools(nil)) || fixtures != nil {
+		t.Errorf("own tools in dev: %d tools, fixtures %v; want the demo tools only", len(own), fixtures)
+	}
+	err := cfg.check(context.Background(), ModeDev, append(own, gateway.Tool{Name: "fs__read"}))
+	want := checkNamespaces(path, []gateway.Tool{{Name: "fs__read"}}, cfg.File.Upstreams)
+	if err == nil || want == nil || !strings.Contains(err.Error(), want.Error()) {
+		t.Fatalf("Check with an own tool fs__read: %v, want it to hold startup's error %v", err, want)
+	}
+}
