@@ -454,11 +454,14 @@ func (s *Service) startOutcome(ctx context.Context, taskID string, startErr erro
 	switch {
 	case err != nil:
 		s.log.ErrorContext(ctx, "approvals: workflow start failed and its state is unknown; keeping the task record", "task_id", taskID, "start_err", startErr, "err", err)
+		s.metrics.StartFailed(telemetry.StartUnknown)
 		return startedUnknown
 	case running:
 		s.log.WarnContext(ctx, "approvals: workflow start reported an error but the workflow exists", "task_id", taskID, "start_err", startErr)
+		s.metrics.StartFailed(telemetry.StartStartedAnyway)
 		return startedAnyway
 	}
+	s.metrics.StartFailed(telemetry.StartNotStarted)
 	return startedNot
 }
 
@@ -609,39 +612,45 @@ type Round struct {
 // ReconcileRound is [Service.Reconcile], reporting what the round left for
 // a later one.
 func (s *Service) ReconcileRound(ctx context.Context, grace time.Duration) (Round, error) {
-	var young int
+	var young, resumed int
 	n, err := tasks.ReconcileResuming(ctx, s.store, s.engine, grace, func(ctx context.Context, r tasks.Record) bool {
-		keep, tooYoung := s.resumeOrphan(ctx, r)
+		keep, tooYoung, started := s.resumeOrphan(ctx, r)
 		if tooYoung {
 			young++
 		}
+		if started {
+			resumed++
+		}
 		return keep
 	}, s.log)
+	s.metrics.Orphans(telemetry.OrphanResumed, resumed)
+	s.metrics.Orphans(telemetry.OrphanFailed, n)
 	return Round{Failed: n, Young: young}, err
 }
 
 // resumeOrphan is a reconcile round's tasks.Resumer: keep reports that r
 // is not to be failed now, tooYoung that it was left alone only for its
-// age. It resumes a record once: a record some resume has already marked
+// age, resumed that it started r's workflow. It resumes a record once: a record some resume has already marked
 // (StartAttemptAt) is left to the reconciler's judgement, so a start
 // Temporal keeps refusing ends the task instead of being tried every
 // round.
-func (s *Service) resumeOrphan(ctx context.Context, r tasks.Record) (keep, tooYoung bool) {
+func (s *Service) resumeOrphan(ctx context.Context, r tasks.Record) (keep, tooYoung, resumed bool) {
 	c, ok := callFromRecord(r)
 	if !ok || !r.StartAttemptAt.IsZero() {
-		return false, false
+		return false, false, false
 	}
 	if s.starts.inFlight(r.TaskID) {
-		return true, false // its own start is under way
+		return true, false, false // its own start is under way
 	}
 	if age, _ := r.Unconfirmed(s.now()); age < resumeAfter {
-		return true, true // its start may still be under way elsewhere
+		return true, true, false // its start may still be under way elsewhere
 	}
-	if _, _, err := s.resume(ctx, c, r); err != nil {
+	_, resumed, err := s.resume(ctx, c, r)
+	if err != nil {
 		s.log.WarnContext(ctx, "approvals: could not resume an orphaned task", "task_id", r.TaskID, "err", err)
-		return false, false
+		return false, false, false
 	}
 	// Resumed (resume logs it), or not an orphan after all: its workflow
 	// exists, or the record was confirmed, ended or resumed meanwhile.
-	return true, false
+	return true, false, resumed
 }

@@ -509,3 +509,32 @@ func BenchmarkReconcile(b *testing.B) {
 		b.Fatalf("described %d workflows", c)
 	}
 }
+
+// PendingTotal sums every owner's pending counter: reservations held, less
+// those given back.
+func TestPendingTotal(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	if n, err := s.PendingTotal(ctx); err != nil || n != 0 {
+		t.Fatalf("PendingTotal of an empty store = %d, %v; want 0", n, err)
+	}
+	var alice []string
+	for range 3 {
+		id := NewID("tsk_")
+		if err := s.ReservePending(ctx, "alice", id, 10); err != nil {
+			t.Fatal(err)
+		}
+		alice = append(alice, id)
+	}
+	for range 2 {
+		if err := s.ReservePending(ctx, "bob", NewID("tsk_"), 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.ReleasePending(ctx, "alice", alice[0]); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.PendingTotal(ctx); err != nil || n != 4 {
+		t.Fatalf("PendingTotal = %d, %v; want 4", n, err)
+	}
+}

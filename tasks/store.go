@@ -704,6 +704,26 @@ func (s *Store) addPendingFrom(ctx context.Context, owner string, delta, limit i
 	return fmt.Errorf("tasks: pending counter: too much contention")
 }
 
+// PendingTotal is the sum of every owner's pending counter: the tasks of
+// the whole deployment that hold a pending slot. It reads every counter
+// (one key per owner that ever had a task) in one scan, so its cost grows
+// with the number of owners, not of tasks; for metrics, read now and then.
+func (s *Store) PendingTotal(ctx context.Context) (int, error) {
+	entries, err := s.entries(ctx, "n.>")
+	if err != nil {
+		return 0, err
+	}
+	total := 0
+	for _, e := range entries {
+		n, err := strconv.Atoi(string(e.Value()))
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("tasks: pending counter %s: %w: %q", e.Key(), errCorruptCounter, e.Value())
+		}
+		total += n
+	}
+	return total, nil
+}
+
 // CountPending returns how many non-terminal tasks owner has, by listing
 // the pending index: a scan, for tests and diagnostics. The pending cap uses
 // [Store.ReservePending], which reads one counter.

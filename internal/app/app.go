@@ -189,6 +189,9 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	if a.Store, err = tasks.NewStore(ctx, js, tasks.StoreOptions{Replicas: cfg.NATSReplicas, Logger: log}); err != nil {
 		return nil, err
 	}
+	if err := a.tel.M().WatchPending(a.Store.PendingTotal); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
 	if a.Tokens, err = authn.Open(ctx, js, authn.Options{Replicas: cfg.NATSReplicas}); err != nil {
 		return nil, err
 	}

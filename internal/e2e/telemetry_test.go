@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -249,6 +250,8 @@ func TestTelemetryGatedCall(t *testing.T) {
 					return m.Counter.GetValue()
 				case m.Histogram != nil:
 					return float64(m.Histogram.GetSampleCount())
+				case m.Gauge != nil:
+					return m.Gauge.GetValue()
 				}
 			}
 			return 0
@@ -264,10 +267,17 @@ func TestTelemetryGatedCall(t *testing.T) {
 			{telemetry.MetricApprovalLatency, map[string]string{"outcome": "approved"}},
 			{telemetry.MetricExecutions, map[string]string{"disposition": "approved-executed"}},
 			{telemetry.MetricUpstreamCallSeconds, map[string]string{"upstream": "obs", "result": "ok"}},
+			{telemetry.MetricUpstreamUp, map[string]string{"upstream": "obs"}},
+			{telemetry.MetricBuildInfo, map[string]string{"go_version": runtime.Version()}},
 		} {
 			if v := value(c.name, c.labels); v != 1 {
 				t.Errorf("%s%v = %v, want 1", c.name, c.labels, v)
 			}
+		}
+		// The backlog: the one task, or none once it has ended (the value is
+		// read at most every telemetry.PendingReadEvery).
+		if v := value(telemetry.MetricPendingTasks, nil); v != 0 && v != 1 {
+			t.Errorf("%s = %v, want 0 or 1", telemetry.MetricPendingTasks, v)
 		}
 		var temporal bool
 		for name := range families {

@@ -10,8 +10,11 @@
 // caller that does not care passes nothing.
 //
 // Metric labels are bounded sets: decisions, statuses, dispositions, reason
-// codes and the configured upstreams' names. Never a task ID, a principal or
-// a tool argument.
+// codes, outcomes, the configured upstreams' names and the build's version.
+// Never a task ID, a principal or a tool argument. Two gauges are read at
+// scrape time from their source: each upstream's state (WatchUpstreams) and
+// the deployment's pending total (WatchPending, at most every
+// PendingReadEvery).
 //
 // Tracing is off unless an OTLP endpoint is configured (or a test supplies
 // an exporter): the tracer is then OpenTelemetry's no-op one, and

@@ -1,7 +1,11 @@
 package telemetry
 
 import (
+	"context"
 	"net/http"
+	"runtime"
+	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,6 +27,25 @@ const (
 	MetricUpstreamCallSeconds  = "countersign_upstream_call_seconds"
 	MetricVerificationFailures = "countersign_verification_failures_total"
 	MetricUpstreamUp           = "countersign_upstream_up"
+	MetricPendingTasks         = "countersign_pending_tasks"
+	MetricStartFailures        = "countersign_workflow_start_failures_total"
+	MetricOrphanedTasks        = "countersign_orphaned_tasks_total"
+	MetricBuildInfo            = "countersign_build_info"
+)
+
+// What became of a workflow start that returned an error, the outcome label
+// of MetricStartFailures.
+const (
+	StartNotStarted    = "not_started"    // Temporal never heard of it: the task fails, the tool does not run
+	StartStartedAnyway = "started_anyway" // the start took effect after all
+	StartUnknown       = "unknown"        // Temporal could not tell; the record stays for the reconciler
+)
+
+// What the reconciler did with an orphaned task (a record whose workflow
+// never started), the outcome label of MetricOrphanedTasks.
+const (
+	OrphanResumed = "resumed" // its workflow was started from the record
+	OrphanFailed  = "failed"  // it was failed: the tool did not run
 )
 
 // Verification kinds, the kind label of MetricVerificationFailures.
@@ -53,6 +76,9 @@ type Metrics struct {
 	executions      *prometheus.CounterVec
 	upstreamCalls   *prometheus.HistogramVec
 	verifyFailures  *prometheus.CounterVec
+	startFailures   *prometheus.CounterVec
+	orphans         *prometheus.CounterVec
+	pending         *pendingCollector // WatchPending's; nil before
 
 	temporal client.MetricsHandler
 }
@@ -93,8 +119,23 @@ func NewMetrics() (*Metrics, error) {
 		Name: MetricVerificationFailures,
 		Help: "Failed verifications by kind (passkey: an approver's decision; sep2672: an in-band verified call; txtoken: a transaction token) and reason code.",
 	}, []string{"kind", "reason"})
+	m.startFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: MetricStartFailures,
+		Help: "Workflow starts that returned an error, by what became of them (not_started: the task failed, the tool did not run; started_anyway; unknown: left to the reconciler).",
+	}, []string{"outcome"})
+	m.orphans = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: MetricOrphanedTasks,
+		Help: "Orphaned tasks (a record whose workflow never started) the reconciler resumed or failed, by outcome.",
+	}, []string{"outcome"})
+	version, goVersion := buildVersion()
+	buildInfo := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        MetricBuildInfo,
+		Help:        "Always 1; the labels say which build of countersign runs: its module version (or VCS revision) and Go version.",
+		ConstLabels: prometheus.Labels{"version": version, "go_version": goVersion},
+	}, func() float64 { return 1 })
 	for _, c := range []prometheus.Collector{
 		m.gatedCalls, m.transitions, m.decisions, m.approvalLatency, m.executions, m.upstreamCalls, m.verifyFailures,
+		m.startFailures, m.orphans, buildInfo,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {
@@ -218,4 +259,98 @@ func (c upstreamsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, name)
 	}
+}
+
+// StartFailed counts a workflow start that returned an error, by outcome
+// (StartNotStarted, StartStartedAnyway, StartUnknown).
+func (m *Metrics) StartFailed(outcome string) {
+	if m != nil {
+		m.startFailures.WithLabelValues(outcome).Inc()
+	}
+}
+
+// Orphans counts n orphaned tasks the reconciler handled with outcome
+// (OrphanResumed, OrphanFailed).
+func (m *Metrics) Orphans(outcome string, n int) {
+	if m != nil && n > 0 {
+		m.orphans.WithLabelValues(outcome).Add(float64(n))
+	}
+}
+
+// Bounds of WatchPending's read of the pending total.
+const (
+	// PendingReadEvery is how often, at most, a scrape reads the total;
+	// scrapes in between get the last value read.
+	PendingReadEvery = 15 * time.Second
+	// pendingReadTimeout bounds one read.
+	pendingReadTimeout = 2 * time.Second
+)
+
+// WatchPending exports MetricPendingTasks, the tasks of the whole
+// deployment that hold a pending slot (the approval backlog), read with
+// read at scrape time, at most once every PendingReadEvery and within
+// pendingReadTimeout. A failed read leaves the last value read (none
+// before the first success). Call it once.
+func (m *Metrics) WatchPending(read func(context.Context) (int, error)) error {
+	if m == nil {
+		return nil
+	}
+	c := &pendingCollector{
+		desc: prometheus.NewDesc(MetricPendingTasks, "Tasks of the whole deployment that hold a pending slot: waiting for a decision, or approved and not yet ended (the sum of the per-agent pending counters; the same on every process, aggregate with max).", nil, nil),
+		read: read,
+	}
+	if err := m.reg.Register(c); err != nil {
+		return err
+	}
+	m.pending = c
+	return nil
+}
+
+// pendingCollector reads the pending total at scrape time, rate-limited.
+type pendingCollector struct {
+	desc *prometheus.Desc
+	read func(context.Context) (int, error)
+
+	mu     sync.Mutex
+	at     time.Time // of the last read, failed or not
+	value  int
+	loaded bool
+}
+
+func (c *pendingCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *pendingCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if now := time.Now(); c.at.IsZero() || now.Sub(c.at) >= PendingReadEvery {
+		c.at = now
+		ctx, cancel := context.WithTimeout(context.Background(), pendingReadTimeout)
+		n, err := c.read(ctx)
+		cancel()
+		if err == nil {
+			c.value, c.loaded = n, true
+		}
+	}
+	if c.loaded {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(c.value))
+	}
+}
+
+// buildVersion is the running binary's module version (the VCS revision
+// for a build from a work tree that has one) and its Go version.
+func buildVersion() (version, goVersion string) {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown", runtime.Version()
+	}
+	version = info.Main.Version
+	for _, s := range info.Settings {
+		if s.Key == "vcs.revision" && (version == "" || version == "(devel)") {
+			version = s.Value
+		}
+	}
+	if version == "" {
+		version = "(devel)"
+	}
+	return version, info.GoVersion
 }
