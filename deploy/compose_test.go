@@ -205,6 +205,21 @@ func TestComposeCountersign(t *testing.T) {
 	if !slices.ContainsFunc(server.Ports, func(pc types.ServicePortConfig) bool { return strconv.Itoa(int(pc.Target)) == port }) {
 		t.Errorf("countersign-server listens on %s but publishes %v", port, server.Ports)
 	}
+	// Every role opens its operations listener, for /metrics; no port of
+	// any service is published beyond the host's loopback (the
+	// operations port's metrics name tools and upstreams).
+	for _, name := range []string{"countersign-server", "countersign-worker"} {
+		if env(service(t, p, name), "COUNTERSIGN_METRICS_ADDR") == "" {
+			t.Errorf("%s: no COUNTERSIGN_METRICS_ADDR: its /metrics cannot be scraped", name)
+		}
+	}
+	for name, s := range p.Services {
+		for _, pc := range s.Ports {
+			if pc.Published != "" && pc.HostIP != "127.0.0.1" {
+				t.Errorf("%s: port %s published on %q, want 127.0.0.1 only", name, pc.Published, pc.HostIP)
+			}
+		}
+	}
 	for _, name := range []string{"countersign-server", "countersign-worker"} {
 		s := service(t, p, name)
 		if s.HealthCheck == nil || len(s.HealthCheck.Test) < 2 {
