@@ -10,6 +10,7 @@ import (
 
 	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/internal/authn"
+	"github.com/countersign/countersign/internal/oauth"
 	"github.com/countersign/countersign/txtoken"
 )
 
@@ -50,8 +51,12 @@ func (h *Handler) issueToken(w http.ResponseWriter, r *http.Request) error {
 	if err := h.decodeJSON(w, r, &req, true); err != nil {
 		return err
 	}
-	if req.Principal == "" || len(req.Principal) > 64 || req.Tool == "" {
-		return badRequest("principal (1-64 characters) and tool are required")
+	if !authn.ValidName(req.Principal) && !oauth.ValidPrincipal(req.Principal) {
+		return badRequest("principal must be an agent's name (1-64 characters of letters, digits, '.', '_', '-' or '@') or an OAuth principal (%q and 1-%d bytes of its claim)",
+			oauth.PrincipalPrefix, oauth.MaxPrincipalBytes)
+	}
+	if req.Tool == "" {
+		return badRequest("tool is required")
 	}
 	if len(req.Arguments) == 0 || string(req.Arguments) == "null" {
 		req.Arguments = json.RawMessage("{}")

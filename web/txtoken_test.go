@@ -73,11 +73,23 @@ func TestAdminIssuesTransactionToken(t *testing.T) {
 		map[string]any{"principal": testRequester, "tool": "nope", "arguments": args},
 		map[string]any{"principal": testRequester, "tool": "transfer_funds", "arguments": map[string]any{}},
 		map[string]any{"principal": testRequester, "tool": "transfer_funds", "arguments": args, "admin": true},
+		map[string]any{"principal": "two words", "tool": "transfer_funds", "arguments": args},
+		map[string]any{"principal": strings.Repeat("a", 65), "tool": "transfer_funds", "arguments": args},
+		map[string]any{"principal": "oauth:", "tool": "transfer_funds", "arguments": args},
+		map[string]any{"principal": "oauth:" + strings.Repeat("a", 257), "tool": "transfer_funds", "arguments": args},
+		map[string]any{"principal": "oauth:a\nb", "tool": "transfer_funds", "arguments": args},
 		"{",
 	} {
 		if r := e.do(t, http.MethodPost, path, bad, e.adminAuth()...); r.code != http.StatusBadRequest {
 			t.Fatalf("%v: %v", bad, r)
 		}
+	}
+	// An OAuth principal is "oauth:" and up to 256 bytes of its claim: a
+	// token can be issued for the longest of them.
+	long := "oauth:" + strings.Repeat("é", 128)
+	if r := e.do(t, http.MethodPost, path, map[string]any{"principal": long, "tool": "transfer_funds", "arguments": args},
+		e.adminAuth()...); r.code != http.StatusCreated {
+		t.Fatalf("issue for a %d-byte OAuth principal: %v", len(long), r)
 	}
 	r := e.do(t, http.MethodPost, path, body, e.adminAuth()...)
 	if r.code != http.StatusCreated {

@@ -100,6 +100,10 @@ func NewToken(kind string) string {
 	return "cs" + kind[:2] + "_" + base64.RawURLEncoding.EncodeToString(b[:])
 }
 
+// ValidName reports whether name is a valid agent or admin name (and so a
+// principal a static token can give).
+func ValidName(name string) bool { return nameRE.MatchString(name) }
+
 // Issue creates a token for a new principal and returns it. Agent names are
 // unique: an agent's name is the principal that owns its tasks.
 func (t *Tokens) Issue(ctx context.Context, name, kind string) (string, error) {

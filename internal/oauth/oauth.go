@@ -428,6 +428,14 @@ func (v *Verifier) Verify(ctx context.Context, token string, now time.Time) (Ide
 	return id, nil
 }
 
+// ValidPrincipal reports whether p is a principal an OAuth access token
+// can give: PrincipalPrefix and a usable principal claim (1 to
+// MaxPrincipalBytes of UTF-8, no control characters).
+func ValidPrincipal(p string) bool {
+	claim, ok := strings.CutPrefix(p, PrincipalPrefix)
+	return ok && usablePrincipal(claim)
+}
+
 func usablePrincipal(s string) bool {
 	if s == "" || len(s) > MaxPrincipalBytes || !utf8.ValidString(s) {
 		return false
