@@ -583,7 +583,9 @@ func (s *Service) retiredAt(ctx context.Context, kid string) (time.Time, error) 
 // key that is current is never purged. Open runs it; a server runs it
 // periodically, on every replica (a purge is idempotent).
 func (s *Service) PurgeRetired(ctx context.Context) ([]string, error) {
-	kids, err := s.listKids(ctx, retiredPrefix)
+	// The keys that still have a private half: the work does not grow
+	// with every retirement ever made.
+	kids, err := s.listKids(ctx, privPrefix)
 	if err != nil {
 		return nil, err
 	}
@@ -603,7 +605,7 @@ func (s *Service) PurgeRetired(ctx context.Context) ([]string, error) {
 		}
 		priv, err := s.privateKey(ctx, kid)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue // purged already
+			continue // purged meanwhile, by another replica
 		}
 		if err != nil {
 			return purged, err
