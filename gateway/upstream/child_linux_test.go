@@ -3,10 +3,8 @@
 package upstream
 
 import (
-	"context"
 	"os"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -22,25 +20,8 @@ func TestStdioGroupReaped(t *testing.T) {
 	if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0); errno != 0 {
 		t.Fatalf("prctl(PR_SET_CHILD_SUBREAPER): %v", errno)
 	}
-	logs := &logBuf{}
-	ch := make(changes, 100)
-	u := Start(context.Background(), Options{
-		Name:    "helper",
-		Command: []string{"sh", "-c", `sleep 300 & echo "grandchild pid=$!" >&2; exec "$0"`, os.Args[0]},
-		Env:     map[string]string{helperEnv: "server", "HELPER_VAR": "v1"},
-		Logger:  logs.logger(), OnChange: ch.onChange,
-	})
-	t.Cleanup(func() { u.Close() })
-	ch.wait(t, "initial list", has("helper__echo"))
-	var sleep int
-	logs.wait(t, "grandchild line", func(r map[string]any) bool {
-		line, _ := r["line"].(string)
-		rest, ok := strings.CutPrefix(line, "grandchild pid=")
-		n, err := strconv.Atoi(rest)
-		sleep = n
-		return ok && err == nil
-	})
-	t.Cleanup(func() { syscall.Kill(sleep, syscall.SIGKILL) })
+	_, logs, _ := startWrapped(t)
+	sleep := grandchild(t, logs, 0)
 	server := pidOf(t, logs.wait(t, "start line", stderrLine("helper started")))
 	// The server (the exec'd wrapper) dies: its sleep becomes this
 	// process's child, and the group is ended.
@@ -55,8 +36,5 @@ func TestStdioGroupReaped(t *testing.T) {
 			stat, _ := os.ReadFile("/proc/" + strconv.Itoa(sleep) + "/stat")
 			t.Fatalf("the grandchild (pid %d) is still in the process table: %s", sleep, stat)
 		}
-	}
-	if err := u.Close(); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -941,36 +941,40 @@ func waitGone(t *testing.T, what string, pid int) {
 // own behind (here sh, with a background sleep, exec'ing the server): that
 // process is ended with the upstream, when the upstream is closed and when
 // the server dies (and is restarted).
-func TestStdioProcessGroup(t *testing.T) {
-	start := func(t *testing.T) (*Upstream, *logBuf, changes) {
-		logs := &logBuf{}
-		ch := make(changes, 100)
-		u := Start(context.Background(), Options{
-			Name:    "helper",
-			Command: []string{"sh", "-c", `sleep 300 & echo "grandchild pid=$!" >&2; exec "$0"`, os.Args[0]},
-			Env:     map[string]string{helperEnv: "server", "HELPER_VAR": "v1"},
-			Logger:  logs.logger(), OnChange: ch.onChange,
-		})
-		t.Cleanup(func() { u.Close() })
-		ch.wait(t, "initial list", has("helper__echo"))
-		return u, logs, ch
-	}
-	// grandchild returns the PID of the first sleep started after skip.
-	grandchild := func(t *testing.T, logs *logBuf, skip int) int {
-		var pid int
-		logs.wait(t, "grandchild line", func(r map[string]any) bool {
-			if !stderrLine("grandchild pid=")(r) {
-				return false
-			}
-			_, err := fmt.Sscanf(fmt.Sprint(r["line"]), "grandchild pid=%d", &pid)
-			return err == nil && pid != skip
-		})
-		t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
-		return pid
-	}
+// startWrapped starts a stdio upstream through a wrapper (sh) that leaves
+// a sleep of its own behind and execs the helper server.
+func startWrapped(t *testing.T) (*Upstream, *logBuf, changes) {
+	logs := &logBuf{}
+	ch := make(changes, 100)
+	u := Start(context.Background(), Options{
+		Name:    "helper",
+		Command: []string{"sh", "-c", `sleep 300 & echo "grandchild pid=$!" >&2; exec "$0"`, os.Args[0]},
+		Env:     map[string]string{helperEnv: "server", "HELPER_VAR": "v1"},
+		Logger:  logs.logger(), OnChange: ch.onChange,
+	})
+	t.Cleanup(func() { u.Close() })
+	ch.wait(t, "initial list", has("helper__echo"))
+	return u, logs, ch
+}
 
+// grandchild returns the PID of the first sleep a wrapper started after
+// skip (startWrapped).
+func grandchild(t *testing.T, logs *logBuf, skip int) int {
+	var pid int
+	logs.wait(t, "grandchild line", func(r map[string]any) bool {
+		if !stderrLine("grandchild pid=")(r) {
+			return false
+		}
+		_, err := fmt.Sscanf(fmt.Sprint(r["line"]), "grandchild pid=%d", &pid)
+		return err == nil && pid != skip
+	})
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	return pid
+}
+
+func TestStdioProcessGroup(t *testing.T) {
 	t.Run("close", func(t *testing.T) {
-		u, logs, _ := start(t)
+		u, logs, _ := startWrapped(t)
 		sleep := grandchild(t, logs, 0)
 		if processGone(sleep) {
 			t.Fatal("the grandchild is gone before Close")
@@ -981,7 +985,7 @@ func TestStdioProcessGroup(t *testing.T) {
 		waitGone(t, "the grandchild after Close", sleep)
 	})
 	t.Run("server dies", func(t *testing.T) {
-		_, logs, ch := start(t)
+		_, logs, ch := startWrapped(t)
 		server := pidOf(t, logs.wait(t, "start line", stderrLine("helper started")))
 		sleep := grandchild(t, logs, 0)
 		if err := syscall.Kill(server, syscall.SIGKILL); err != nil {
