@@ -44,7 +44,11 @@
 // mis-scoped NATS user) no longer holds it. Its public half stays: a token
 // of it is still refused precisely (expired, or retired_key), not as
 // unknown_key. The purge stores the public half first, and skips a key
-// whose public half cannot be stored, and the current key.
+// whose public half cannot be stored, and the current key. Before that it
+// retires any key left unretired that can never be current again (written
+// before "current" last moved): the old key of a rotation that moved
+// "current" and then failed to write the retirement, dated when "current"
+// moved, and the unused key of a rotation whose compare-and-set failed.
 //
 // Keys stored before the split (a private half alone) keep working: Open
 // stores the public half of each; a key an older replica adds later is

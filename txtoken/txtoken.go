@@ -548,7 +548,7 @@ func (s *Service) Rotate(ctx context.Context) (Rotation, error) {
 		}
 	}
 	if _, err := s.keys.Create(ctx, retiredPrefix+retire, []byte(now.Format(time.RFC3339Nano))); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
-		return Rotation{}, fmt.Errorf("txtoken: retire key %s: %w", retire, err)
+		return Rotation{}, fmt.Errorf("txtoken: retire key %s: %w (the next purge of retired keys retires it)", retire, err)
 	}
 	if err := s.use(ctx, out.KeyID); err != nil {
 		return Rotation{}, err
@@ -582,6 +582,10 @@ func (s *Service) retiredAt(ctx context.Context, kid string) (time.Time, error) 
 // A key whose public half cannot be stored keeps its private half, and a
 // key that is current is never purged. Open runs it; a server runs it
 // periodically, on every replica (a purge is idempotent).
+//
+// It first retires the keys a rotation left behind unretired (see
+// [Service.retireStranded]), so that a rotation that failed halfway does
+// not leave a key able to sign for ever.
 func (s *Service) PurgeRetired(ctx context.Context) ([]string, error) {
 	// The keys that still have a private half: the work does not grow
 	// with every retirement ever made.
@@ -599,6 +603,11 @@ func (s *Service) PurgeRetired(ctx context.Context) ([]string, error) {
 		retired, err := s.retiredAt(ctx, kid)
 		if err != nil {
 			return purged, err
+		}
+		if retired.IsZero() && kid != string(cur.Value()) {
+			if retired, err = s.retireStranded(ctx, kid, cur); err != nil {
+				return purged, err
+			}
 		}
 		if retired.IsZero() || now.Before(retired.Add(PurgeAfter)) || kid == string(cur.Value()) {
 			continue
@@ -620,4 +629,37 @@ func (s *Service) PurgeRetired(ctx context.Context) ([]string, error) {
 		s.log.InfoContext(ctx, "txtoken: purged the private half of a retired key", "kid", kid, "retired_at", retired)
 	}
 	return purged, nil
+}
+
+// retireStranded retires kid, a key that is not current and has no
+// retirement, if it can never become current: its private half was
+// written before "current" last moved (the bucket's revisions are one
+// sequence). Such a key is the one a rotation moved "current" away from
+// and then failed to retire, or a rotation's new key whose
+// compare-and-set failed; either signs nothing more. A key written after
+// "current" last moved may be a rotation's in progress and is left alone.
+// The retirement is dated when "current" moved, or now if that is later
+// by this process's clock. It returns the retirement, or the zero time
+// when kid is left alone.
+func (s *Service) retireStranded(ctx context.Context, kid string, cur jetstream.KeyValueEntry) (time.Time, error) {
+	e, err := s.keys.Get(ctx, privPrefix+kid)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return time.Time{}, nil // purged meanwhile
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("txtoken: read key %s: %w", kid, err)
+	}
+	if e.Revision() > cur.Revision() {
+		return time.Time{}, nil
+	}
+	at := cur.Created()
+	if now := s.opts.Now(); now.Before(at) {
+		at = now
+	}
+	at = at.UTC()
+	if _, err := s.keys.Create(ctx, retiredPrefix+kid, []byte(at.Format(time.RFC3339Nano))); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		return time.Time{}, fmt.Errorf("txtoken: retire stranded key %s: %w", kid, err)
+	}
+	s.log.WarnContext(ctx, "txtoken: retired a key a rotation left unretired", "kid", kid, "retired_at", at)
+	return s.retiredAt(ctx, kid)
 }

@@ -625,6 +625,75 @@ func TestRotateConflict(t *testing.T) {
 	}
 }
 
+// TestRotateRetirementFails: a rotation moves "current", then fails to
+// write the old key's retirement. The old key is not left able to sign
+// for ever: the next purge retires it, dated when "current" moved, and
+// purges its private half PurgeAfter later. A key a rotation is still
+// making (written after "current" last moved) is left alone; once
+// "current" moves past it unused, it is retired too.
+func TestRotateRetirementFails(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	old := f.svc.CurrentKeyID()
+	oldPriv, err := f.svc.privateKey(ctx, old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := f.svc.keys
+	f.svc.keys = &faultyKV{KeyValue: keys, key: retiredPrefix + old, onWrite: timeoutBefore}
+	if rot, err := f.svc.Rotate(ctx); err == nil {
+		t.Fatalf("rotate: %+v, want the retirement's error", rot)
+	}
+	f.svc.keys = keys
+	cur, err := keys.Get(ctx, currentKey)
+	if err != nil || string(cur.Value()) == old {
+		t.Fatalf("current: %v; want it moved", err)
+	}
+	if r, err := f.svc.retiredAt(ctx, old); err != nil || !r.IsZero() {
+		t.Fatalf("before the purge: retired %v %v", r, err)
+	}
+
+	inProgress, err := f.svc.newKey(ctx) // a rotation's key, before its compare-and-set
+	if err != nil {
+		t.Fatal(err)
+	}
+	if purged, err := f.svc.PurgeRetired(ctx); err != nil || len(purged) != 0 {
+		t.Fatalf("purge: %v %v", purged, err)
+	}
+	r, err := f.svc.retiredAt(ctx, old)
+	if err != nil || r.IsZero() || r.After(f.svc.opts.Now()) {
+		t.Fatalf("the stranded key: retired %v %v", r, err)
+	}
+	if r, err := f.svc.retiredAt(ctx, inProgress); err != nil || !r.IsZero() {
+		t.Fatalf("a key of a rotation in progress was retired: %v %v", r, err)
+	}
+	f.advance(10 * time.Second)
+	now := f.now.Load().Unix()
+	_, err = f.svc.Redeem(ctx, signWith(t, oldPriv, jose.EdDSA, old, claimsAt(t, now)), expect(t))
+	var rej *Error
+	if !errors.As(err, &rej) || rej.Reason != ReasonRetiredKey {
+		t.Fatalf("a token the stranded key signs now: %v", err)
+	}
+
+	f.advance(PurgeAfter + time.Second)
+	if _, err := f.svc.Rotate(ctx); err != nil { // moves past the unused key
+		t.Fatal(err)
+	}
+	// The unused key's retirement is dated when "current" moved by the
+	// store's clock, which this test's clock has left behind: it may be
+	// purged at once too.
+	purged, err := f.svc.PurgeRetired(ctx)
+	if err != nil || !slices.Contains(purged, old) || slices.Contains(purged, string(cur.Value())) {
+		t.Fatalf("purged %v, %v; want %s and not %s", purged, err, old, cur.Value())
+	}
+	if r, err := f.svc.retiredAt(ctx, inProgress); err != nil || r.IsZero() {
+		t.Fatalf("the unused key of a rotation that lost: retired %v %v", r, err)
+	}
+	if is := f.issue(t); is.KeyID == inProgress || is.KeyID == old {
+		t.Fatalf("signs with %s", is.KeyID)
+	}
+}
+
 // claimsAt are valid claims for the test call, issued at iat.
 func claimsAt(t *testing.T, iat int64) Claims {
 	return Claims{Issuer: serverID, Subject: "agent-a", Audience: serverID, IssuedAt: iat, Expiry: iat + 60,
