@@ -17,7 +17,9 @@
 //     string that is no number) is returned as an error, and the caller must
 //     deny. Built-in errors are strict: OPA's default would make the failing
 //     expression undefined and drop the rule it is in, so arguments chosen
-//     by the caller could skip a deny rule.
+//     by the caller could skip a deny rule. An evaluation that runs past
+//     [Options.EvalTimeout] (default [DefaultEvalTimeout]) is stopped and
+//     is such an error too.
 //   - Every decision records the policy version it was made under:
 //     Decision.PolicyVersion is [Engine.Version], "sha256:" and the hex SHA-256
 //     over each loaded file, in sorted order of relative path, as

@@ -150,12 +150,20 @@ type Decision struct {
 	PolicyVersion      string        `json:"policy_version"` // "sha256:<hex>"
 }
 
+// DefaultEvalTimeout bounds one evaluation when [Options.EvalTimeout] is
+// zero: far above what a policy of rules over one call needs (well under a
+// millisecond), short enough that a pathological policy, or one whose
+// http.send hangs, denies the call instead of holding the request.
+const DefaultEvalTimeout = 5 * time.Second
+
 // Options configures an [Engine]. The zero value loads the embedded default
-// policy, logs nothing and caps approval TTLs at [DefaultMaxApprovalTTL].
+// policy, logs nothing, caps approval TTLs at [DefaultMaxApprovalTTL] and
+// evaluations at [DefaultEvalTimeout].
 type Options struct {
 	Dir            string        // policy directory; empty = embedded default policy
 	Logger         *slog.Logger  // nil = discard
 	MaxApprovalTTL time.Duration // 0 = DefaultMaxApprovalTTL
+	EvalTimeout    time.Duration // 0 = DefaultEvalTimeout
 }
 
 // Engine evaluates tool calls against one compiled policy set. It is
@@ -164,6 +172,7 @@ type Engine struct {
 	query   rego.PreparedEvalQuery
 	version string
 	maxTTL  time.Duration
+	timeout time.Duration
 	log     *slog.Logger
 }
 
@@ -178,6 +187,10 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if maxTTL <= 0 {
 		maxTTL = DefaultMaxApprovalTTL
 	}
+	timeout := opts.EvalTimeout
+	if timeout <= 0 {
+		timeout = DefaultEvalTimeout
+	}
 	set, err := load(opts.Dir)
 	if err != nil {
 		return nil, err
@@ -187,7 +200,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	log.Info("policy loaded", "policy_dir", opts.Dir, "policy_files", len(set.modules)+set.dataFiles, "policy_version", set.version)
-	return &Engine{query: q, version: set.version, maxTTL: maxTTL, log: log}, nil
+	return &Engine{query: q, version: set.version, maxTTL: maxTTL, timeout: timeout, log: log}, nil
 }
 
 // Version returns the loaded policy set's content hash, "sha256:<hex>".
@@ -196,7 +209,9 @@ func (e *Engine) Version() string { return e.version }
 // Evaluate decides one call. An undefined decision is a deny decision, not an
 // error; a decision that breaks the contract is a deny decision naming the
 // problem. An error means the policy could not be evaluated; the caller must
-// treat it as deny.
+// treat it as deny. An evaluation that takes longer than
+// [Options.EvalTimeout] is stopped and is such an error, wrapping
+// context.DeadlineExceeded.
 func (e *Engine) Evaluate(ctx context.Context, in Input) (Decision, error) {
 	doc, err := policyInput(in)
 	if err != nil {
@@ -206,8 +221,13 @@ func (e *Engine) Evaluate(ctx context.Context, in Input) (Decision, error) {
 	if !in.Context.Time.IsZero() {
 		opts = append(opts, rego.EvalTime(in.Context.Time))
 	}
-	rs, err := e.query.Eval(ctx, opts...)
+	ectx, cancel := context.WithTimeout(ctx, e.timeout)
+	defer cancel()
+	rs, err := e.query.Eval(ectx, opts...)
 	if err != nil {
+		if ctx.Err() == nil && ectx.Err() != nil {
+			return Decision{}, fmt.Errorf("pdp: evaluate: the policy took longer than %v (--policy-timeout), stopped: %w", e.timeout, context.DeadlineExceeded)
+		}
 		return Decision{}, fmt.Errorf("pdp: evaluate: %w", err)
 	}
 	d := e.decide(rs)

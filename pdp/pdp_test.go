@@ -323,6 +323,40 @@ decision := {"effect": "deny", "reason": "over 1000"} if to_number(input.context
 	}
 }
 
+// TestEvalTimeout: an evaluation that runs past Options.EvalTimeout (here
+// a rule that tries ten billion pairs, as a policy walking an agent's
+// arguments could) is stopped at the deadline and is an error, which every
+// caller treats as deny; the engine then still evaluates the next call.
+func TestEvalTimeout(t *testing.T) {
+	dir := writePolicy(t, map[string]string{"p.rego": `package countersign.authz
+
+default decision := {"effect": "allow", "reason": "quick"}
+
+decision := {"effect": "deny", "reason": "slow"} if {
+	input.context.arguments.slow
+	some i in numbers.range(1, 100000)
+	some j in numbers.range(1, 100000)
+	i * j < 0
+}
+`})
+	e, err := pdp.New(context.Background(), pdp.Options{Dir: dir, EvalTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	d, err := e.Evaluate(ctx, call("x", `{"slow": true}`))
+	took := time.Since(start)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "--policy-timeout") {
+		t.Fatalf("got %+v, %v; want the evaluation timeout", d, err)
+	}
+	if took > 5*time.Second {
+		t.Fatalf("the evaluation was stopped after %v, want about 200ms", took)
+	}
+	runCases(t, e, []evalCase{{"after a timeout", call("x", `{"slow": false}`), allow("quick")}})
+}
+
 func TestNewErrors(t *testing.T) {
 	tests := []struct {
 		name    string

@@ -62,6 +62,7 @@ func TestFlagDefaultsAreConfigDefaults(t *testing.T) {
 		{"challenge-max-bytes", "COUNTERSIGN_CHALLENGE_MAX_BYTES", def.ChallengeMaxBytes},
 		{"verified-origins", "COUNTERSIGN_VERIFIED_ORIGINS", ""}, // none: dev adds app.DevVerifiedOrigin
 		{"policy", "COUNTERSIGN_POLICY", def.PolicyDir},
+		{"policy-timeout", "COUNTERSIGN_POLICY_TIMEOUT", def.PolicyTimeout},
 		{"sqlite-sync", "COUNTERSIGN_SQLITE_SYNC", def.SQLiteSync},
 		{"rate-per-minute", "COUNTERSIGN_RATE_PER_MINUTE", def.RatePerMinute},
 		{"rate-burst", "COUNTERSIGN_RATE_BURST", def.RateBurst},

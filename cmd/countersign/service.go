@@ -91,6 +91,7 @@ func serviceFlags(cmd string, cfg *app.Config, conformance bool) (fs *flag.FlagS
 		return nil
 	})
 	fs.StringVar(&cfg.PolicyDir, "policy", "", e("policy", "COUNTERSIGN_POLICY", "directory of Rego policy to load instead of the embedded default"))
+	fs.DurationVar(&cfg.PolicyTimeout, "policy-timeout", 0, e("policy-timeout", "COUNTERSIGN_POLICY_TIMEOUT", "longest one policy evaluation may take before it is stopped and the call denied (default 5s, 10ms to 20s)"))
 	cfg.SQLiteSync = def.SQLiteSync
 	if cmd == "dev" {
 		fs.StringVar(&cfg.SQLiteSync, "sqlite-sync", def.SQLiteSync, e("sqlite-sync", "COUNTERSIGN_SQLITE_SYNC", "embedded Temporal SQLite synchronous mode: FULL or NORMAL"))

@@ -226,7 +226,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 			return nil, err
 		}
 	}
-	if a.PDP, err = pdp.New(ctx, pdp.Options{Dir: policyDir, Logger: log}); err != nil {
+	if a.PDP, err = pdp.New(ctx, pdp.Options{Dir: policyDir, Logger: log, EvalTimeout: cfg.PolicyTimeout}); err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
 	}
 	if err := a.startAudit(ctx, js); err != nil {

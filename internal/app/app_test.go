@@ -133,6 +133,8 @@ func TestConfigValidation(t *testing.T) {
 		{"inline wait too long", Config{InlineWait: time.Hour}, "--inline-wait 1h0m0s must be from 0s to 10m"},
 		{"negative shutdown delay", Config{ShutdownDelay: -time.Second}, "--shutdown-delay -1s must be from 0s to 5m0s"},
 		{"shutdown delay too long", Config{ShutdownDelay: time.Hour}, "--shutdown-delay 1h0m0s must be from 0s to 5m0s"},
+		{"negative policy timeout", Config{PolicyTimeout: -time.Second}, "--policy-timeout -1s must be 0 (the default, 5s) or from 10ms to 20s"},
+		{"policy timeout too long", Config{PolicyTimeout: time.Minute}, "--policy-timeout 1m0s must be"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Defaults()

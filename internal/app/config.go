@@ -22,6 +22,7 @@ import (
 	"github.com/countersign/countersign/internal/telemetry"
 	"github.com/countersign/countersign/mcpserver"
 	"github.com/countersign/countersign/passkey"
+	"github.com/countersign/countersign/pdp"
 	"github.com/countersign/countersign/tasks"
 	"github.com/countersign/countersign/workflows"
 )
@@ -116,6 +117,10 @@ type Config struct {
 
 	// PolicyDir loads a custom policy instead of the embedded default.
 	PolicyDir string
+	// PolicyTimeout bounds one policy evaluation (pdp.Options.EvalTimeout);
+	// zero means 5 s (pdp.DefaultEvalTimeout), from MinPolicyTimeout to
+	// MaxPolicyTimeout. An evaluation stopped by it denies the call.
+	PolicyTimeout time.Duration
 	// SQLiteSync is the embedded Temporal's SQLite synchronous mode: FULL
 	// (durable against power loss, the default) or NORMAL (durable against a
 	// process crash only; faster).
@@ -270,6 +275,14 @@ const (
 // their sum (deploy/ checks its manifests against this value).
 const ShutdownTimeout = 15 * time.Second
 
+// Bounds of Config.PolicyTimeout. The longest stays under the 30 s that
+// the approval workflow gives one re-evaluation, so that a slow policy is
+// stopped by its own timeout, with its error, and retried.
+const (
+	MinPolicyTimeout = 10 * time.Millisecond
+	MaxPolicyTimeout = 20 * time.Second
+)
+
 // MaxShutdownDelay is the longest Config.ShutdownDelay.
 const MaxShutdownDelay = 5 * time.Minute
 
@@ -350,6 +363,9 @@ func (c *Config) Validate() error {
 	}
 	if c.OAuthJWKSMaxAge < config.MinOAuthJWKSMaxAge || c.OAuthJWKSMaxAge > config.MaxOAuthJWKSMaxAge {
 		errs = append(errs, fmt.Errorf("--oauth-jwks-max-age %s must be from %s to %s (0s: the default, %s)", c.OAuthJWKSMaxAge, config.MinOAuthJWKSMaxAge, config.MaxOAuthJWKSMaxAge, oauth.DefaultJWKSMaxAge))
+	}
+	if c.PolicyTimeout != 0 && (c.PolicyTimeout < MinPolicyTimeout || c.PolicyTimeout > MaxPolicyTimeout) {
+		errs = append(errs, fmt.Errorf("--policy-timeout %s must be 0 (the default, %s) or from %s to %s", c.PolicyTimeout, pdp.DefaultEvalTimeout, MinPolicyTimeout, MaxPolicyTimeout))
 	}
 	if c.ShutdownDelay < 0 || c.ShutdownDelay > MaxShutdownDelay {
 		errs = append(errs, fmt.Errorf("--shutdown-delay %s must be from 0s to %s", c.ShutdownDelay, MaxShutdownDelay))
