@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/internal/approverapi"
 	"github.com/countersign/countersign/internal/authn"
+	"github.com/countersign/countersign/internal/oauth"
 	"github.com/countersign/countersign/passkey"
 )
 
@@ -33,6 +35,7 @@ func (h *Handler) routesManage(m *http.ServeMux) {
 
 type agentView struct {
 	Name       string    `json:"name"`
+	Kind       string    `json:"kind"` // "agent" (a token of ours) or "oauth" (an OAuth principal)
 	Status     string    `json:"status"`
 	CreatedAt  time.Time `json:"createdAt"`
 	DisabledAt time.Time `json:"disabledAt,omitzero"`
@@ -41,7 +44,7 @@ type agentView struct {
 }
 
 func newAgentView(p authn.Principal) agentView {
-	return agentView{Name: p.Name, Status: p.Status(), CreatedAt: p.CreatedAt, DisabledAt: p.DisabledAt, RevokedAt: p.RevokedAt,
+	return agentView{Name: p.Name, Kind: p.Kind, Status: p.Status(), CreatedAt: p.CreatedAt, DisabledAt: p.DisabledAt, RevokedAt: p.RevokedAt,
 		AuditChain: audit.AdminChainID(audit.AdminTarget{Type: audit.TargetAgent, ID: p.Name})}
 }
 
@@ -120,7 +123,21 @@ func (h *Handler) agentAction(action string) apiFunc {
 			return err
 		}
 		name := r.PathValue("name")
-		p, ch, err := h.tokens.SetAgentStatus(r.Context(), name, action)
+		var (
+			p   authn.Principal
+			ch  authn.Change
+			err error
+		)
+		if strings.HasPrefix(name, authn.OAuthPrefix) {
+			// An OAuth principal: its tokens come from the identity
+			// provider, so its status is all Countersign holds.
+			if !oauth.ValidPrincipal(name) {
+				return notFound(fmt.Sprintf("no agent named %q: not a principal an OAuth access token can give", approverapi.Clip(name)))
+			}
+			p, ch, err = h.tokens.SetOAuthStatus(r.Context(), name, action)
+		} else {
+			p, ch, err = h.tokens.SetAgentStatus(r.Context(), name, action)
+		}
 		switch {
 		case errors.Is(err, authn.ErrNotFound):
 			return notFound(fmt.Sprintf("no agent named %q", approverapi.Clip(name)))

@@ -604,7 +604,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 		}); err != nil {
 			return fmt.Errorf("--oauth-issuer: %w", err)
 		}
-		oauthOpt = oauthAgents{a.oauth}
+		oauthOpt = oauthAgents{v: a.oauth, tokens: a.Tokens}
 	}
 	mcp, err := mcpserver.New(mcpserver.Options{
 		OAuth:        oauthOpt,
@@ -693,7 +693,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 		wctx, cancel := context.WithCancel(context.Background())
 		a.stopWatch = cancel
 		if err := a.Tokens.WatchInactive(wctx, func(p authn.Principal) {
-			if p.Kind == authn.KindAgent {
+			if p.Kind == authn.KindAgent || p.Kind == authn.KindOAuth {
 				mcp.EndStreams(p.Name)
 			}
 		}); err != nil {
@@ -1028,8 +1028,12 @@ func writeSecretFile(path, content string) error {
 // oauthAgents adapts the OAuth verifier to mcpserver.OAuth: the principal
 // is "oauth:" and the token's principal claim (oauth.Identity), which no
 // static agent name can be; the subject properties are what policy sees of
-// the token (oauth.Verifier.Properties).
-type oauthAgents struct{ v *oauth.Verifier }
+// the token (oauth.Verifier.Properties). A principal an admin disabled or
+// revoked here (authn.Tokens.SetOAuthStatus) is refused whatever its token.
+type oauthAgents struct {
+	v      *oauth.Verifier
+	tokens *authn.Tokens
+}
 
 func (o oauthAgents) Claims(token string) bool { return o.v.Claims(token) }
 
@@ -1042,6 +1046,12 @@ func (o oauthAgents) Authenticate(ctx context.Context, token string) (string, ma
 	}
 	if err != nil {
 		return "", nil, err
+	}
+	switch err := o.tokens.OAuthActive(ctx, id.Principal); {
+	case errors.Is(err, authn.ErrPrincipalInactive):
+		return "", nil, &oauth.Error{Code: oauth.CodeInvalidToken, Description: "this principal is disabled at Countersign"}
+	case err != nil:
+		return "", nil, fmt.Errorf("%w: %w", mcpserver.ErrAuthUnavailable, err)
 	}
 	return id.Principal, o.v.Properties(id), nil
 }

@@ -69,9 +69,10 @@ type Change struct {
 // revealing it: the first 16 hex characters of its SHA-256.
 func Fingerprint(token string) string { return digest(token)[:16] }
 
-// Agents returns every agent, active or not, ordered by name.
+// Agents returns every agent, active or not, and every OAuth principal an
+// admin disabled or revoked (or enabled again), ordered by name.
 func (t *Tokens) Agents(ctx context.Context) ([]Principal, error) {
-	return t.principals(ctx, KindAgent)
+	return t.principals(ctx, KindAgent, KindOAuth)
 }
 
 // Admins returns every admin token's principal (a rotated-out token
@@ -80,8 +81,12 @@ func (t *Tokens) Admins(ctx context.Context) ([]Principal, error) {
 	return t.principals(ctx, KindAdmin)
 }
 
-func (t *Tokens) principals(ctx context.Context, kind string) ([]Principal, error) {
-	l, err := t.kv.ListKeysFiltered(ctx, "t.>")
+func (t *Tokens) principals(ctx context.Context, kinds ...string) ([]Principal, error) {
+	filters := []string{"t.>"}
+	if slices.Contains(kinds, KindOAuth) {
+		filters = append(filters, "o.>")
+	}
+	l, err := t.kv.ListKeysFiltered(ctx, filters...)
 	if err != nil {
 		return nil, fmt.Errorf("authn: list: %w", err)
 	}
@@ -99,7 +104,7 @@ func (t *Tokens) principals(ctx context.Context, kind string) ([]Principal, erro
 		if err := json.Unmarshal(e.Value(), &p); err != nil {
 			return nil, fmt.Errorf("authn: decode %s: %w", key, err)
 		}
-		if p.Kind == kind {
+		if slices.Contains(kinds, p.Kind) {
 			out = append(out, p)
 		}
 	}
@@ -137,14 +142,16 @@ func (t *Tokens) AgentPrincipal(ctx context.Context, name string) (Principal, er
 	if err != nil {
 		return Principal{}, err
 	}
-	p, _, err := t.record(ctx, d)
+	p, _, err := t.record(ctx, "t."+d)
 	return p, err
 }
 
-func (t *Tokens) record(ctx context.Context, d string) (Principal, uint64, error) {
-	e, err := t.kv.Get(ctx, "t."+d)
+// record reads the status record under key: a token's ("t.<digest>") or
+// an OAuth principal's ("o.<digest>").
+func (t *Tokens) record(ctx context.Context, key string) (Principal, uint64, error) {
+	e, err := t.kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return Principal{}, 0, fmt.Errorf("%w: token record", ErrNotFound)
+		return Principal{}, 0, fmt.Errorf("%w: status record", ErrNotFound)
 	}
 	if err != nil {
 		return Principal{}, 0, fmt.Errorf("authn: get token: %w", err)
@@ -156,11 +163,11 @@ func (t *Tokens) record(ctx context.Context, d string) (Principal, uint64, error
 	return p, e.Revision(), nil
 }
 
-// setStatus applies action to the token record of digest d by
+// setStatus applies action to the status record under key by
 // compare-and-set.
-func (t *Tokens) setStatus(ctx context.Context, d, action string, now time.Time) (Principal, Change, error) {
+func (t *Tokens) setStatus(ctx context.Context, key, action string, now time.Time) (Principal, Change, error) {
 	for range 16 {
-		p, rev, err := t.record(ctx, d)
+		p, rev, err := t.record(ctx, key)
 		if err != nil {
 			return Principal{}, Change{}, err
 		}
@@ -193,7 +200,7 @@ func (t *Tokens) setStatus(ctx context.Context, d, action string, now time.Time)
 		if err != nil {
 			return Principal{}, Change{}, err
 		}
-		newRev, err := t.kv.Update(ctx, "t."+d, b, rev)
+		newRev, err := t.kv.Update(ctx, key, b, rev)
 		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			continue
 		}
@@ -217,7 +224,7 @@ func (t *Tokens) SetAgentStatus(ctx context.Context, name, action string) (Princ
 	if err != nil {
 		return Principal{}, Change{}, err
 	}
-	return t.setStatus(ctx, d, action, time.Now().UTC())
+	return t.setStatus(ctx, "t."+d, action, time.Now().UTC())
 }
 
 // AdminChange is what InitAdmin or RegisterAdmin did.
@@ -291,7 +298,7 @@ func (t *Tokens) setAdmin(ctx context.Context, token, name string) (AdminChange,
 	case err == nil:
 		ch.Changed, ch.Revision = true, rev
 	case errors.Is(err, jetstream.ErrKeyExists):
-		p, rev, err := t.record(ctx, d)
+		p, rev, err := t.record(ctx, "t."+d)
 		if err != nil {
 			return AdminChange{}, err
 		}
@@ -328,7 +335,7 @@ func (t *Tokens) setAdmin(ctx context.Context, token, name string) (AdminChange,
 		} else if err != nil {
 			return AdminChange{}, fmt.Errorf("authn: register admin: %w", err)
 		}
-		if _, _, err := t.setStatus(ctx, old, ActionRevoke, now); err != nil && !errors.Is(err, ErrNotFound) {
+		if _, _, err := t.setStatus(ctx, "t."+old, ActionRevoke, now); err != nil && !errors.Is(err, ErrNotFound) {
 			return AdminChange{}, fmt.Errorf("authn: revoke the replaced admin token: %w", err)
 		}
 		ch.Changed, ch.Replaced = true, old[:16]
@@ -338,11 +345,12 @@ func (t *Tokens) setAdmin(ctx context.Context, token, name string) (AdminChange,
 }
 
 // WatchInactive calls fn, from its own goroutine, with each principal whose
-// token is disabled or revoked from now on, until ctx ends: a process ends
-// what a token opened once and keeps open (notification streams) with it.
-// Lookups need no such watch: they read the store on every request.
+// token is disabled or revoked from now on (an OAuth principal's included,
+// Kind KindOAuth), until ctx ends: a process ends what a token opened once
+// and keeps open (notification streams) with it. Lookups need no such
+// watch: they read the store on every request.
 func (t *Tokens) WatchInactive(ctx context.Context, fn func(Principal)) error {
-	w, err := t.kv.WatchFiltered(ctx, []string{"t.>"}, jetstream.UpdatesOnly(), jetstream.IgnoreDeletes())
+	w, err := t.kv.WatchFiltered(ctx, []string{"t.>", "o.>"}, jetstream.UpdatesOnly(), jetstream.IgnoreDeletes())
 	if err != nil {
 		return fmt.Errorf("authn: watch: %w", err)
 	}

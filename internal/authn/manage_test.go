@@ -88,7 +88,7 @@ func TestAuthorizeAdminInactive(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := digest(admin)
-	if _, _, err := tok.setStatus(ctx, d, ActionDisable, ch.At); err != nil {
+	if _, _, err := tok.setStatus(ctx, "t."+d, ActionDisable, ch.At); err != nil {
 		t.Fatal(err)
 	}
 	if err := tok.AuthorizeAdmin(r); !errors.Is(err, ErrInvalidToken) {
@@ -202,5 +202,73 @@ func TestWatchInactive(t *testing.T) {
 	case p := <-got:
 		t.Fatalf("extra notice %+v", p)
 	default:
+	}
+}
+
+// TestOAuthStatus: an OAuth principal has no record until an admin
+// disables or revokes it; its status then follows the agents' rules, is
+// read on every check, is listed with the agents and is watched.
+func TestOAuthStatus(t *testing.T) {
+	tok := openTokens(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const who = "oauth:svc-billing@example.com"
+	got := make(chan Principal, 4)
+	if err := tok.WatchInactive(ctx, func(p Principal) { got <- p }); err != nil {
+		t.Fatal(err)
+	}
+	if err := tok.OAuthActive(ctx, who); err != nil {
+		t.Fatalf("a principal without a record: %v", err)
+	}
+	if p, ch, err := tok.SetOAuthStatus(ctx, who, ActionEnable); err != nil || ch.Changed || ch.Status != StatusActive || p.Name != who {
+		t.Fatalf("enable without a record: %+v %+v %v", p, ch, err)
+	}
+	step := func(action, wantStatus string, wantChanged bool) {
+		t.Helper()
+		p, ch, err := tok.SetOAuthStatus(ctx, who, action)
+		if err != nil || ch.Changed != wantChanged || ch.Status != wantStatus || p.Kind != KindOAuth || p.Name != who || ch.Revision == 0 {
+			t.Fatalf("%s: %+v %+v %v; want %s changed=%t", action, p, ch, err, wantStatus, wantChanged)
+		}
+		aerr := tok.OAuthActive(ctx, who)
+		if active := wantStatus == StatusActive; active != (aerr == nil) || (!active && !errors.Is(aerr, ErrInvalidToken)) {
+			t.Fatalf("after %s: OAuthActive %v", action, aerr)
+		}
+	}
+	step(ActionDisable, StatusDisabled, true)
+	select {
+	case p := <-got:
+		if p.Name != who || p.Kind != KindOAuth || p.Status() != StatusDisabled {
+			t.Fatalf("watch: %+v", p)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("watch: no notice of the disable")
+	}
+	step(ActionDisable, StatusDisabled, false)
+	step(ActionEnable, StatusActive, true)
+	if err := tok.OAuthActive(ctx, "oauth:someone-else"); err != nil {
+		t.Fatalf("another principal: %v", err)
+	}
+	step(ActionRevoke, StatusRevoked, true)
+	step(ActionRevoke, StatusRevoked, false)
+	for _, a := range []string{ActionEnable, ActionDisable} {
+		if _, _, err := tok.SetOAuthStatus(ctx, who, a); !errors.Is(err, ErrRevoked) {
+			t.Fatalf("%s revoked: %v", a, err)
+		}
+	}
+	if _, _, err := tok.SetOAuthStatus(ctx, "billing-bot", ActionDisable); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("not an OAuth principal: %v", err)
+	}
+	if _, _, err := tok.SetOAuthStatus(ctx, who, "delete"); err == nil {
+		t.Fatal("unknown action accepted")
+	}
+	if _, err := tok.Issue(ctx, "billing-bot", KindAgent); err != nil {
+		t.Fatal(err)
+	}
+	agents, err := tok.Agents(ctx)
+	if err != nil || len(agents) != 2 || agents[0].Name != "billing-bot" || agents[1].Name != who || agents[1].Status() != StatusRevoked {
+		t.Fatalf("Agents: %+v %v", agents, err)
+	}
+	if admins, err := tok.Admins(ctx); err != nil || len(admins) != 0 {
+		t.Fatalf("Admins: %+v %v", admins, err)
 	}
 }

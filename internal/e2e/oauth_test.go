@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -199,6 +200,45 @@ func TestOAuthAgentsWithARealProvider(t *testing.T) {
 	// agent's task.
 	if code, _ := s.MCPAuth(s.AgentToken); code != 200 {
 		t.Fatalf("static token: HTTP %d", code)
+	}
+
+	// An admin disables the OAuth principal: its valid token is refused at
+	// the next request (the identity provider would go on issuing and its
+	// tokens would live to their expiry), the listing shows it, the
+	// change is audited, and enabling it lets the same token in again.
+	type agentRow struct {
+		Name, Kind, Status, AuditChain string
+	}
+	var res struct {
+		Changed     bool
+		Status      string
+		AuditRecord string
+		Agent       agentRow
+	}
+	if code := s.HTTPJSON("POST", "/admin/v1/agents/"+url.PathEscape("oauth:agent-a")+"/disable", s.AdminToken, struct{}{}, &res); code != 200 ||
+		!res.Changed || res.Status != "disabled" || res.AuditRecord == "" || res.Agent.Kind != "oauth" {
+		t.Fatalf("disable oauth:agent-a: HTTP %d %+v", code, res)
+	}
+	if code, www := s.MCPAuth(tok); code != 401 || !strings.Contains(www, `error="invalid_token"`) ||
+		!strings.Contains(www, `error_description="this principal is disabled at Countersign"`) {
+		t.Fatalf("disabled principal: %d %q", code, www)
+	}
+	if code, _ := s.MCPAuth(s.AgentToken); code != 200 {
+		t.Fatalf("static token after disabling an OAuth principal: HTTP %d", code)
+	}
+	var rows []agentRow
+	if code := s.HTTPJSON("GET", "/admin/v1/agents", s.AdminToken, nil, &rows); code != 200 ||
+		!slices.ContainsFunc(rows, func(r agentRow) bool { return r.Name == "oauth:agent-a" && r.Kind == "oauth" && r.Status == "disabled" }) {
+		t.Fatalf("agents: HTTP %d %+v", code, rows)
+	}
+	if code := s.HTTPJSON("POST", "/admin/v1/agents/"+url.PathEscape("oauth:\x01")+"/disable", s.AdminToken, struct{}{}, nil); code != 404 {
+		t.Fatalf("disable an impossible principal: HTTP %d", code)
+	}
+	if code := s.HTTPJSON("POST", "/admin/v1/agents/"+url.PathEscape("oauth:agent-a")+"/enable", s.AdminToken, struct{}{}, &res); code != 200 || !res.Changed || res.Status != "active" {
+		t.Fatalf("enable oauth:agent-a: HTTP %d %+v", code, res)
+	}
+	if code, _ := s.MCPAuth(tok); code != 200 {
+		t.Fatalf("enabled principal: HTTP %d", code)
 	}
 
 	// A token for another resource: 401 invalid_token.
