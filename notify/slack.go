@@ -159,7 +159,7 @@ func (s *Slack) upsert(ctx context.Context, r tasks.Record, approveURL string) e
 	}
 	if msg != nil {
 		_, _, _, err := s.api.UpdateMessageContext(ctx, msg.Channel, msg.TS,
-			slack.MsgOptionText(text, false), slack.MsgOptionBlocks(blocks...))
+			slack.MsgOptionText(text, true), slack.MsgOptionBlocks(blocks...))
 		if err != nil {
 			return fmt.Errorf("notify: slack chat.update: %w", err)
 		}
@@ -174,7 +174,7 @@ func (s *Slack) upsert(ctx context.Context, r tasks.Record, approveURL string) e
 		return errors.New("notify: no Slack channel: the policy names none and no default channel is configured")
 	}
 	ch, ts, err := s.api.PostMessageContext(ctx, channel,
-		slack.MsgOptionText(text, false), slack.MsgOptionBlocks(blocks...))
+		slack.MsgOptionText(text, true), slack.MsgOptionBlocks(blocks...))
 	if err != nil {
 		return fmt.Errorf("notify: slack chat.postMessage: %w", err)
 	}
@@ -207,7 +207,11 @@ func (s *Slack) message(ctx context.Context, taskID string) (*slackMessage, erro
 	return &m, nil
 }
 
-// fallbackText is the notification text (push, screen readers).
+// fallbackText is the notification text (push, screen readers). Slack reads
+// it as mrkdwn, and it carries the display text, which comes from the call:
+// it is sent escaped (&, <, > as entities; slack.MsgOptionText with escape),
+// so it cannot mention users or channels or fake links, as the blocks'
+// plain_text cannot.
 func fallbackText(r tasks.Record) string {
 	return clip(stateLabel(r)+": "+r.DisplayText, 300)
 }

@@ -233,3 +233,33 @@ func TestNewSlackValidates(t *testing.T) {
 		t.Error("bad channel accepted")
 	}
 }
+
+// The fallback text, which Slack shows in mobile notifications and reads
+// to screen readers as mrkdwn, carries the display text, which comes from
+// the call: its markup stays text, so an agent cannot ping the channel or
+// show a link to one site under the name of another.
+func TestSlackFallbackTextIsEscaped(t *testing.T) {
+	f := newFakeSlack(t)
+	s := newSlack(t, f, true)
+	ctx := testCtx(t)
+	r := pendingRecord()
+	r.DisplayText = "Pay <!channel> & <@U0ADMIN> at <https://evil.example|https://bank.example>"
+	url := "https://approve.example.com/approve/" + r.ApprovalRef
+	if err := s.ApprovalRequested(ctx, r, url); err != nil {
+		t.Fatal(err)
+	}
+	r.Approvals = append(r.Approvals, tasks.ApprovalEntry{ApproverID: "a1", ApproverName: "alice", Decision: tasks.DecisionApprove, At: t0})
+	if err := s.ApprovalUpdated(ctx, r, url); err != nil {
+		t.Fatal(err)
+	}
+	calls := f.Calls()
+	if len(calls) != 2 {
+		t.Fatalf("calls = %+v, want a post and an update", calls)
+	}
+	want := "Approval requested: Pay &lt;!channel&gt; &amp; &lt;@U0ADMIN&gt; at &lt;https://evil.example|https://bank.example&gt;"
+	for _, c := range calls {
+		if got := c.Form.Get("text"); got != want {
+			t.Errorf("%s text = %q, want %q", c.Method, got, want)
+		}
+	}
+}
