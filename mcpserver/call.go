@@ -233,7 +233,7 @@ func (s *Server) approvalCall(c *gatedCall) approvals.Call {
 		Arguments:   c.args,
 		ActionHash:  c.hash.String(),
 		ServerID:    s.opts.ServerID,
-		DisplayText: s.opts.Tools.Describe(c.tool.Name, c.args),
+		DisplayText: displayText(s.opts.Tools, c.tool.Name, c.args),
 		Policy:      c.decision,
 		ToolPin:     &pin,
 		At:          c.now,

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -19,6 +20,7 @@ import (
 	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/internal/canon"
+	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -795,6 +797,45 @@ func TestHandlerOutsideServeRefuses(t *testing.T) {
 	h := newHarness(t, nil)
 	if _, err := h.srv.middleware(nil)(context.Background(), "tools/list", nil); err == nil {
 		t.Fatal("want an error without request facts")
+	}
+}
+
+// A gated call's display text is bounded as a verified call's is: an
+// upstream tool's display text is its arguments' JSON, and one past the
+// passkey service's 4096 bytes made every challenge of the approval an
+// internal error, so that no approver could approve or deny it with a
+// passkey.
+func TestGatedCallDisplayTextIsBounded(t *testing.T) {
+	plain := gateway.Tool{ // no Describe: the display text shows the arguments
+		Name:        "transfer_funds", // requestable above 1,000
+		InputSchema: json.RawMessage(`{"type":"object"}`),
+		Run:         func(context.Context, gateway.Call) (tasks.CallToolResult, error) { return tasks.CallToolResult{}, nil },
+	}
+	reg, err := gateway.NewRegistry(plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, func(o *Options) { o.Tools = reg }, func(o *approvals.Options) { o.Passkeys = sharedEnv(t).passkeys })
+	args := transferArgs("acct-long", 5000)
+	args["memo"] = strings.Repeat("€", 3000) // 9000 bytes
+	r := h.do(t, call{token: tok(principal(t, "a")), era: tasks.Era2026, tasks: true, method: "tools/call",
+		params: map[string]any{"name": "transfer_funds", "arguments": args}})
+	var res taskResult2026
+	r.ok(t, &res)
+	if res.TaskID == "" {
+		t.Fatalf("want a task, got %s", r.Result)
+	}
+	rec, err := h.env.store.Get(context.Background(), res.TaskID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(rec.DisplayText); n == 0 || n > 4096 || !utf8.ValidString(rec.DisplayText) || !strings.HasSuffix(rec.DisplayText, "…") {
+		t.Errorf("display text of %d bytes (valid UTF-8: %t), want 1-4096 ending in an ellipsis", n, utf8.ValidString(rec.DisplayText))
+	}
+	// The approval takes a challenge (or says no approver has a passkey),
+	// never an internal error.
+	if _, err := h.approvals.Challenge(context.Background(), rec.ApprovalRef, tasks.DecisionDeny); err != nil && passkey.ReasonOf(err) == "" {
+		t.Errorf("challenge: %v", err)
 	}
 }
 
