@@ -237,7 +237,9 @@ func runAdmin(ctx context.Context, args []string, stdout io.Writer) error {
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "TOOL\tSTATUS\tACTION\tAPPROVE")
 		for _, a := range out {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", a.Tool, a.Status, a.DisplayText, a.ApproveURL)
+			// The display text comes from the agent's call: quoted, it
+			// cannot send escape sequences to the terminal or add a row.
+			fmt.Fprintf(tw, "%s\t%s\t%q\t%s\n", a.Tool, a.Status, a.DisplayText, a.ApproveURL)
 		}
 		return tw.Flush()
 	default:
