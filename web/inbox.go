@@ -50,13 +50,27 @@ func inboxHash(approverID string) canon.ActionHash {
 
 var errApproverNotFound = notFound("no such approver")
 
-// inboxApprover resolves the approver in the path.
+// inboxGroup is the group an inbox's challenges name: the approver's first
+// group that decides tasks, "" when they have none. The in-band group
+// decides none (passkey.InBandGroup), and the passkey service refuses a
+// challenge for it.
+func inboxGroup(a passkey.Approver) string {
+	for _, g := range a.Groups {
+		if g != passkey.InBandGroup {
+			return g
+		}
+	}
+	return ""
+}
+
+// inboxApprover resolves the approver in the path. One in no group that
+// decides tasks (such as an agent's in-band approver) has no inbox.
 func (h *Handler) inboxApprover(r *http.Request) (passkey.Approver, error) {
 	a, err := h.passkeys.Approver(r.Context(), r.PathValue("approver"))
 	if errors.Is(err, passkey.ErrNotFound) {
 		return passkey.Approver{}, errApproverNotFound
 	}
-	if err == nil && len(a.Groups) == 0 {
+	if err == nil && inboxGroup(a) == "" {
 		return passkey.Approver{}, errApproverNotFound
 	}
 	if err == nil && !a.Active() {
@@ -89,7 +103,7 @@ func (h *Handler) inboxChallenge(w http.ResponseWriter, r *http.Request) error {
 		TaskID:             inboxTaskID(a.ID),
 		Tool:               inboxTool,
 		ActionHash:         inboxHash(a.ID),
-		Group:              a.Groups[0],
+		Group:              inboxGroup(a),
 		AuthenticatorClass: inboxClass,
 		DisplayText:        "Show the pending approvals of " + a.Name,
 	})
@@ -151,7 +165,7 @@ func (h *Handler) inboxList(w http.ResponseWriter, r *http.Request) error {
 		TaskID:             inboxTaskID(a.ID),
 		Tool:               inboxTool,
 		ActionHash:         inboxHash(a.ID),
-		Group:              a.Groups[0],
+		Group:              inboxGroup(a),
 		AuthenticatorClass: inboxClass,
 		Method:             passkey.MethodWebAuthn,
 		Response:           req.Response,

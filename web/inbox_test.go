@@ -182,3 +182,41 @@ func TestInbox(t *testing.T) {
 		}
 	})
 }
+
+// The in-band group decides no task, so it cannot carry an inbox: an
+// approver in it alone (the one in-band enrollment creates for an agent)
+// has no inbox, and one an admin also put in it lists by their other
+// group. Both used to be a 500: the inbox asked for a challenge in the
+// approver's first group, and the passkey service refuses one for it.
+func TestInboxSkipsTheInBandGroup(t *testing.T) {
+	e := newEnv(t)
+	if _, err := e.passkeys.BeginPrincipalEnrollment(t.Context(), "agent-9"); err != nil {
+		t.Fatal(err)
+	}
+	as, err := e.passkeys.Approvers(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inBand string
+	for _, a := range as {
+		if a.MappedTo("agent-9") {
+			inBand = a.ID
+		}
+	}
+	if inBand == "" {
+		t.Fatal("in-band enrollment made no approver")
+	}
+	wantStatus(t, e.do(t, "GET", "/inbox/"+inBand, nil), http.StatusNotFound)
+	wantError(t, e.do(t, "POST", "/approver/v1/inbox/"+inBand+"/challenge", nil, "Origin", testPublicURL), http.StatusNotFound, "not_found")
+
+	// "in-band" sorts before "ops": the approver's first group.
+	eve := e.enroll(t, "Eve", "ops", passkey.InBandGroup)
+	task := e.newTask(t, taskSpec{group: "ops", tool: "deploy_service", args: `{"service":"api"}`, display: "Deploy api"})
+	ch := e.inboxChallenge(t, eve.id)
+	body := `{"challengeId":"` + ch.ChallengeID + `","response":` + e.assert(t, eve, ch.RequestOptions) + `}`
+	r := e.do(t, "POST", "/approver/v1/inbox/"+eve.id+"/list", body, "Origin", testPublicURL)
+	wantStatus(t, r, http.StatusOK)
+	if out := decodeAs[inboxListResponse](t, r); len(out.Approvals) != 1 || out.Approvals[0].Ref != task.ApprovalRef {
+		t.Errorf("Eve's inbox = %+v, want the ops task %s", out.Approvals, task.ApprovalRef)
+	}
+}
