@@ -11,8 +11,9 @@
 //     ends. The message links to the approval page; approving never happens
 //     in Slack. Channel and ts are kept per task in NATS KV, so an activity
 //     retry updates instead of posting twice.
-//   - [Events] publishes JSON events (v:1, no arguments, no task ID, no
-//     secrets) to the JetStream stream COUNTERSIGN_APPROVALS on
+//   - [Events] publishes JSON events (v:1; no arguments field, though an
+//     upstream tool's display text holds their JSON; no task ID, tokens or
+//     assertions) to the JetStream stream COUNTERSIGN_APPROVALS on
 //     countersign.approvals.requested.<tool> and
 //     countersign.approvals.resolved.<tool>, with Nats-Msg-Id
 //     "<ref>.<type>" so retries are stored once.

@@ -29,8 +29,10 @@ const (
 const eventsDedupWindow = time.Hour
 
 // Event is the JSON payload of every approval event, version [EventVersion].
-// It carries no secrets: no arguments (the display text summarizes them),
-// no task ID (the agent's handle), no tokens or assertions.
+// It carries no arguments field, no task ID (the agent's handle), no tokens
+// or assertions. The display text stands for the arguments: an upstream
+// tool's holds their JSON (gateway/upstream), so a subscriber learns what
+// the call asks, as an approver does.
 type Event struct {
 	V           int                 `json:"v"`
 	Type        string              `json:"type"` // requested | resolved
