@@ -82,8 +82,11 @@ func (s *Service) Challenge(ctx context.Context, ref, decision string) (passkey.
 		ActionHash:         hash,
 		Group:              rec.Requirement.Group,
 		AuthenticatorClass: rec.Requirement.AuthenticatorClass,
-		DisplayText:        rec.DisplayText,
-		Decision:           decision,
+		// Cut as a new call's is (mcpserver): a record stored before
+		// calls' display texts were cut may hold more than a challenge
+		// takes, and its approvers must still be able to decide it.
+		DisplayText: passkey.ClipDisplayText(rec.DisplayText),
+		Decision:    decision,
 	})
 	if err != nil && passkey.ReasonOf(err) == "" {
 		// Invalid arguments here come from our own record: internal.

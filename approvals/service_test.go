@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/pdp"
@@ -270,6 +272,31 @@ func TestDecisionErrors(t *testing.T) {
 	}
 	if err := f.svc.DenyUnsigned(ctx, rec.ApprovalRef, ann.id, "slack:U1", time.Now()); !errors.Is(err, approvals.ErrNotPending) {
 		t.Errorf("DenyUnsigned on a cancelled task = %v, want ErrNotPending", err)
+	}
+}
+
+// TestLongDisplayTextIsDecidable: a record whose display text is longer
+// than a challenge takes (stored before new calls' texts were cut) can still
+// be decided: the challenge carries the text cut, and the approval counts.
+func TestLongDisplayTextIsDecidable(t *testing.T) {
+	f := newFixture(t, nil)
+	ann := f.enroll(t, "ann", "approvers")
+	c := f.call(t, "agent-long", "transfer_funds", transfer(5000, "long"), 0)
+	c.DisplayText = "Transfer " + strings.Repeat("€", 3000) // 9,009 bytes
+	rec := f.open(t, c)
+	ch, err := f.svc.Challenge(context.Background(), rec.ApprovalRef, tasks.DecisionApprove)
+	if err != nil {
+		t.Fatalf("challenge: %v", err)
+	}
+	if n := len(ch.DisplayText); n > 4096 || !utf8.ValidString(ch.DisplayText) || !strings.HasSuffix(ch.DisplayText, "…") {
+		t.Fatalf("the challenge's display text: %d bytes, valid UTF-8 %t", n, utf8.ValidString(ch.DisplayText))
+	}
+	v, err := f.svc.Decide(context.Background(), rec.ApprovalRef, f.sign(t, ann, rec.ApprovalRef, tasks.DecisionApprove))
+	if err != nil || !v.Accepted {
+		t.Fatalf("decide: %+v %v", v, err)
+	}
+	if final := f.await(t, rec); final.Disposition != tasks.ApprovedExecuted {
+		t.Fatalf("end: %s %s", final.Status, final.Disposition)
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/go-webauthn/webauthn/protocol"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -239,15 +238,7 @@ func displayText(r *gateway.Registry, tool string, args json.RawMessage) string 
 	if t == "" {
 		t = "Run " + tool
 	}
-	if len(t) > 4000 {
-		// Cut at a character boundary: a cut inside one would show as U+FFFD.
-		i := 4000
-		for i > 0 && !utf8.RuneStart(t[i]) {
-			i--
-		}
-		t = t[:i] + "…"
-	}
-	return t
+	return passkey.ClipDisplayText(t)
 }
 
 func isJSONObject(b json.RawMessage) bool {

@@ -130,6 +130,25 @@ const (
 	challengeIDSize   = 16
 )
 
+// MaxDisplayText is the longest display text, in bytes, that
+// [ClipDisplayText] leaves: with its ellipsis it fits a challenge.
+const MaxDisplayText = 4000
+
+// ClipDisplayText cuts s to MaxDisplayText bytes at a character boundary
+// (a cut inside one would show as U+FFFD) and marks the cut with "…"; a
+// shorter s is returned as is. The approval page shows a call's arguments
+// whole; the display text is its summary.
+func ClipDisplayText(s string) string {
+	if len(s) <= MaxDisplayText {
+		return s
+	}
+	i := MaxDisplayText
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + "…"
+}
+
 func validateChallengeRequest(req *ChallengeRequest) error {
 	inBand := req.Principal != ""
 	switch {
