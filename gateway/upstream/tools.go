@@ -116,26 +116,26 @@ func (u *Upstream) convertOne(t *mcp.Tool) (Tool, error) {
 		}
 	}
 	upName, toolName := u.opts.Name, t.Name
-	return Tool{
-		Tool: gateway.Tool{
-			Name:         name,
-			Title:        title,
-			Description:  t.Description,
-			InputSchema:  in,
-			OutputSchema: outSchema,
-			ReadOnly:     readOnly,
-			Describe: func(args json.RawMessage) string {
-				return fmt.Sprintf("%s: %s(%s)", upName, toolName, compact(args))
-			},
-			Run: func(ctx context.Context, call gateway.Call) (tasks.CallToolResult, error) {
-				return u.call(ctx, toolName, call)
-			},
-			Upstream:     upName,
-			UpstreamTool: toolName,
-			Endpoint:     gateway.Endpoint{URL: u.opts.URL, Command: u.opts.Command},
-			Annotations:  ann,
+	gt := gateway.Tool{
+		Name:         name,
+		Title:        title,
+		Description:  t.Description,
+		InputSchema:  in,
+		OutputSchema: outSchema,
+		ReadOnly:     readOnly,
+		Describe: func(args json.RawMessage) string {
+			return fmt.Sprintf("%s: %s(%s)", upName, toolName, compact(args))
 		},
-	}, nil
+		Upstream:     upName,
+		UpstreamTool: toolName,
+		Endpoint:     gateway.Endpoint{URL: u.opts.URL, Command: u.opts.Command},
+		Annotations:  ann,
+	}
+	pin := gt.Pin()
+	gt.Run = func(ctx context.Context, call gateway.Call) (tasks.CallToolResult, error) {
+		return u.call(ctx, toolName, pin, call)
+	}
+	return Tool{Tool: gt}, nil
 }
 
 // inputSchema encodes s and checks it the way gateway.NewRegistry does: a
@@ -175,8 +175,9 @@ func compact(args json.RawMessage) string {
 	return b.String()
 }
 
-// call runs one tool call; see the package doc for what it returns.
-func (u *Upstream) call(ctx context.Context, tool string, call gateway.Call) (out tasks.CallToolResult, err error) {
+// call runs one tool call; see the package doc for what it returns. pin is
+// the tool's as listed when the caller got it.
+func (u *Upstream) call(ctx context.Context, tool string, pin tasks.ToolPin, call gateway.Call) (out tasks.CallToolResult, err error) {
 	args := json.RawMessage(bytes.TrimSpace(call.Arguments))
 	if len(args) == 0 {
 		args = json.RawMessage("{}")
@@ -207,22 +208,10 @@ func (u *Upstream) call(ctx context.Context, tool string, call gateway.Call) (ou
 		span.End()
 	}()
 
-	sess := u.session()
-	if sess == nil {
-		st := u.State()
-		return tasks.CallToolResult{}, fmt.Errorf("%w: upstream %s is not connected: %s", ErrNotSent, u.opts.Name, st.Err)
-	}
-	res, notSent, lost, err := u.send(ctx, sess, tool, args)
-	if err != nil && lost {
-		u.log.Warn("upstream session lost; re-initializing before sending the call", "tool", tool, "error", err)
-		if sess, err = u.reconnectFrom(ctx, sess); err != nil {
-			return tasks.CallToolResult{}, fmt.Errorf("%w: upstream %s: session lost: %v", ErrNotSent, u.opts.Name, err)
-		}
-		res, notSent, _, err = u.send(ctx, sess, tool, args)
-	}
+	res, err := u.callOnce(ctx, tool, pin, args)
 	if err != nil {
-		if notSent {
-			return tasks.CallToolResult{}, fmt.Errorf("%w: upstream %s: %v", ErrNotSent, u.opts.Name, err)
+		if errors.Is(err, ErrNotSent) {
+			return tasks.CallToolResult{}, err
 		}
 		var werr *jsonrpc.Error
 		if errors.As(err, &werr) && !sdkCode(werr.Code) {
@@ -248,28 +237,94 @@ func sdkCode(code int64) bool {
 	return code == -32003 || code == -32004 || code == -32005
 }
 
-// send sends the call once. notSent reports that it certainly did not reach
-// the upstream; lost that this was because the HTTP session is gone.
+// callOnce sends the call and returns the upstream's answer; see the
+// package doc. It waits, until ctx is done, for a session to send it on: when
+// there is none, and when a send certainly did not reach the upstream
+// because the session is gone (HTTP 404, the connection closed) or the
+// upstream could not be reached (the connection was refused). A session that
+// is gone is replaced first. The call is sent on a new session only if that
+// session lists the tool with the same pin. An error of a call that
+// certainly never reached the upstream wraps [ErrNotSent] and names the
+// upstream; any other is the call's own.
+func (u *Upstream) callOnce(ctx context.Context, tool string, pin tasks.ToolPin, args json.RawMessage) (*mcp.CallToolResult, error) {
+	sess, _ := u.current()
+	wait := sess == nil
+	var retry time.Duration // after a refused connection: when to try sess again
+	for try := 1; ; try++ {
+		if wait {
+			old := sess
+			next, tools, err := u.awaitSession(ctx, old, retry)
+			if err != nil {
+				return nil, fmt.Errorf("%w: upstream %s is not connected: %v", ErrNotSent, u.opts.Name, err)
+			}
+			if next != old {
+				cur, listed := tools[tool]
+				switch {
+				case !listed:
+					return nil, fmt.Errorf("%w: upstream %s no longer lists %s after reconnecting", ErrNotSent, u.opts.Name, tool)
+				case cur.Pin() != pin:
+					return nil, fmt.Errorf("%w: upstream %s lists %s with another input schema after reconnecting", ErrNotSent, u.opts.Name, tool)
+				}
+			}
+			sess = next
+		}
+		res, out, err := u.send(ctx, sess, tool, args)
+		switch out {
+		case sent:
+			return res, err
+		case notSentFinal:
+			return nil, fmt.Errorf("%w: upstream %s: %v", ErrNotSent, u.opts.Name, err)
+		case sessionGone:
+			u.log.Warn("upstream session lost; waiting for a new one before sending the call", "tool", tool, "error", err)
+			u.kickSession(sess)
+			wait, retry = true, 0
+		case refused:
+			u.log.Warn("upstream unreachable; waiting for it before sending the call", "tool", tool, "error", err)
+			wait, retry = true, backoff(try)
+		}
+	}
+}
+
+// sendOutcome is what became of one send of a call.
+type sendOutcome int
+
+const (
+	// sent: the call may have reached the upstream; the error, if any, is
+	// the call's.
+	sent sendOutcome = iota
+	// notSentFinal: the call certainly did not reach the upstream, for a
+	// reason a new session would not change.
+	notSentFinal
+	// sessionGone: the call certainly did not reach the upstream because
+	// the session is gone (HTTP 404, the connection closed).
+	sessionGone
+	// refused: the call certainly did not reach the upstream because a
+	// connection to it was refused (an HTTP dial failed).
+	refused
+)
+
+// send sends the call once.
 //
 // Whether the call was sent is what the tracker saw leave, never what the
 // error says: the SDK reports an upstream's JSON-RPC error answer with code
 // -32003 or -32004 as [mcp.ErrConnectionClosed], exactly as it reports a
 // call it refused to write because the connection was closing.
-func (u *Upstream) send(ctx context.Context, sess *mcp.ClientSession, tool string, args json.RawMessage) (res *mcp.CallToolResult, notSent, lost bool, err error) {
+func (u *Upstream) send(ctx context.Context, sess *mcp.ClientSession, tool string, args json.RawMessage) (*mcp.CallToolResult, sendOutcome, error) {
 	tr := &tracker{}
-	res, err = sess.CallTool(withTracker(ctx, tr), &mcp.CallToolParams{Name: tool, Arguments: args})
+	res, err := sess.CallTool(withTracker(ctx, tr), &mcp.CallToolParams{Name: tool, Arguments: args})
 	if err == nil {
-		return res, false, false, nil
+		return res, sent, nil
 	}
-	delivered, notFound := tr.result()
-	if delivered {
-		return nil, false, false, err
+	delivered, notFound, dialFailed := tr.result()
+	switch {
+	case delivered:
+		return nil, sent, err
+	case notFound || errors.Is(err, mcp.ErrSessionMissing) || errors.Is(err, mcp.ErrConnectionClosed):
+		return nil, sessionGone, err
+	case dialFailed:
+		return nil, refused, err
 	}
-	if u.hc == nil {
-		// The request was never handed to the child's stdin.
-		return nil, true, false, err
-	}
-	return nil, true, notFound || errors.Is(err, mcp.ErrSessionMissing), err
+	return nil, notSentFinal, err
 }
 
 // result converts an upstream result, capping the encoded size of its

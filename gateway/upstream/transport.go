@@ -88,9 +88,10 @@ type trackerKey struct{}
 // over HTTP, what became of its POSTs (see roundTripper); over stdio,
 // whether it was written (see writeRecorder).
 type tracker struct {
-	mu        sync.Mutex
-	delivered bool // the request may have reached the server's MCP handling
-	notFound  bool // a POST was answered 404: the session is gone
+	mu         sync.Mutex
+	delivered  bool // the request may have reached the server's MCP handling
+	notFound   bool // a POST was answered 404: the session is gone
+	dialFailed bool // a POST failed to connect: it never left
 }
 
 // wrote records that the request was written to a child's stdin, or that
@@ -112,7 +113,9 @@ func (tr *tracker) record(resp *http.Response, err error) {
 	case err != nil:
 		// Only a failed dial certainly sent nothing.
 		var op *net.OpError
-		if !(errors.As(err, &op) && op.Op == "dial") {
+		if errors.As(err, &op) && op.Op == "dial" {
+			tr.dialFailed = true
+		} else {
 			tr.delivered = true
 		}
 	case resp.StatusCode == http.StatusNotFound:
@@ -124,10 +127,10 @@ func (tr *tracker) record(resp *http.Response, err error) {
 	}
 }
 
-func (tr *tracker) result() (delivered, notFound bool) {
+func (tr *tracker) result() (delivered, notFound, dialFailed bool) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	return tr.delivered, tr.notFound
+	return tr.delivered, tr.notFound, tr.dialFailed
 }
 
 // maxStderrLine caps a logged stderr line; longer lines are split.

@@ -28,12 +28,12 @@
 //     JSON-RPC error answer becomes a text block
 //     "upstream error <code>: <message>" (the call reached the upstream, which
 //     is an execution error, not a refusal).
-//   - The call was certainly not sent (no session, the connection was already
-//     closed, the HTTP session was gone and could not be re-established): an
-//     error wrapping [ErrNotSent]. Nothing happened upstream. Whether the
-//     request left is what the transport saw (an HTTP POST that reached the
-//     server, a write to the child's stdin begun), never what the error
-//     says.
+//   - The call was certainly not sent (the upstream stayed down, or its
+//     session gone, until the call's deadline; the upstream lists the tool
+//     with another input schema, or not at all, once it is back): an error
+//     wrapping [ErrNotSent]. Nothing happened upstream. Whether the request
+//     left is what the transport saw (an HTTP POST that reached the server,
+//     a write to the child's stdin begun), never what the error says.
 //   - Anything else (timeout, the process died or the connection broke while
 //     the call was in flight, an HTTP answer other than 2xx or 404): a plain
 //     error. The outcome is unknown. This includes a JSON-RPC error with code
@@ -48,9 +48,19 @@
 // target; for a call, the outcome is unknown (the upstream answered the
 // POST, and a 303 would say it processed it).
 //
-// A call is never sent twice, with one exception on HTTP: when the server
-// answers the call's POST with 404 (its session is gone, so it did not run
-// the call), the session is re-initialized once and the call sent once more.
+// A call is never sent twice, yet it rides out an upstream that is
+// reconnecting: it waits, before anything of it is sent, while there is no
+// session, and after a send that certainly did not reach the upstream
+// because the session is gone (an HTTP POST answered 404, the connection
+// closed; the supervisor is asked to replace the session) or the upstream
+// refused the connection (an HTTP POST that could not connect; tried again
+// with backoff, or on a new session). The wait ends with the call's context
+// or [Options.Timeout], whichever comes first: they bound the wait and the
+// call together. On a new session, the call is sent only if that session
+// lists the tool with the pin ([gateway.Tool.Pin]) the caller's tool has,
+// so an approved call still runs only against the tool that was approved.
+// Once bytes of the call may have left, nothing changes: the outcome is the
+// call's, or unknown.
 //
 // The conversion of results goes through the SDK's typed CallToolResult: JSON
 // numbers in structuredContent and _meta are decoded as float64 (integers
@@ -154,7 +164,8 @@ type Options struct {
 	URL     string
 	Headers map[string]string
 
-	// Timeout bounds each tool call. Default [DefaultTimeout].
+	// Timeout bounds each tool call, including its wait for an upstream
+	// that is reconnecting. Default [DefaultTimeout].
 	Timeout time.Duration
 	// ListTimeout bounds connecting (initialize) and listing the tools.
 	// Default [DefaultListTimeout].
@@ -210,8 +221,8 @@ type Upstream struct {
 
 	mu       sync.Mutex
 	sess     *mcp.ClientSession
-	changed  chan struct{} // closed and replaced on every state change
-	fails    int           // failed connection attempts, ever
+	tools    map[string]Tool // sess's, by name upstream
+	changed  chan struct{}   // closed and replaced on every state change
 	state    State
 	reported bool // OnChange last received a non-nil list
 }
@@ -299,9 +310,25 @@ func (u *Upstream) Close() error {
 }
 
 func (u *Upstream) session() *mcp.ClientSession {
+	sess, _ := u.current()
+	return sess
+}
+
+// current returns the session and the tools it lists, by upstream name;
+// nil when there is none.
+func (u *Upstream) current() (*mcp.ClientSession, map[string]Tool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	return u.sess
+	return u.sess, u.tools
+}
+
+// byName maps tools by their name upstream.
+func byName(tools []Tool) map[string]Tool {
+	m := make(map[string]Tool, len(tools))
+	for _, t := range tools {
+		m[t.UpstreamTool] = t
+	}
+	return m
 }
 
 // setState updates the state under u.mu and wakes waiters.
@@ -378,7 +405,6 @@ func (u *Upstream) supervise() {
 			attempt++
 			u.log.Warn("upstream unavailable", "error", err, "retry_in", backoff(attempt).String())
 			u.setState(func() {
-				u.fails++
 				u.state.Up = false
 				u.state.Err = err.Error()
 				u.state.Tools = 0
@@ -391,6 +417,7 @@ func (u *Upstream) supervise() {
 		u.log.Info("upstream connected", "tools", len(tools))
 		u.setState(func() {
 			u.sess = sess
+			u.tools = byName(tools)
 			u.state.Up = true
 			u.state.Err = ""
 			u.state.Tools = len(tools)
@@ -399,6 +426,7 @@ func (u *Upstream) supervise() {
 		err = u.serve(sess)
 		u.setState(func() {
 			u.sess = nil
+			u.tools = nil
 			u.state.Up = false
 			u.state.Err = err.Error()
 			u.state.Tools = 0
@@ -444,7 +472,10 @@ func (u *Upstream) serve(sess *mcp.ClientSession) error {
 				return fmt.Errorf("re-listing tools after list_changed: %w", err)
 			}
 			u.log.Info("upstream tools changed", "tools", len(tools))
-			u.setState(func() { u.state.Tools = len(tools) })
+			u.setState(func() {
+				u.tools = byName(tools)
+				u.state.Tools = len(tools)
+			})
 			u.report(tools)
 		}
 	}
@@ -498,42 +529,58 @@ func (u *Upstream) list(sess *mcp.ClientSession) ([]Tool, error) {
 	return u.convert(all), nil
 }
 
-// reconnectFrom asks the supervisor to replace old and waits, at most until
-// ctx is done or a connection attempt fails, for a new session.
-func (u *Upstream) reconnectFrom(ctx context.Context, old *mcp.ClientSession) (*mcp.ClientSession, error) {
-	u.mu.Lock()
-	fails, cur := u.fails, u.sess
-	u.mu.Unlock()
-	if cur == old {
-		// Replace any stale kick (for an earlier session) with this one.
-		for sent := false; !sent; {
+// kickSession asks the supervisor to replace sess, if it is still the
+// current session.
+func (u *Upstream) kickSession(sess *mcp.ClientSession) {
+	if cur, _ := u.current(); cur != sess {
+		return
+	}
+	// Replace any stale kick (for an earlier session) with this one.
+	for {
+		select {
+		case u.kick <- sess:
+			return
+		default:
 			select {
-			case u.kick <- old:
-				sent = true
+			case <-u.kick:
 			default:
-				select {
-				case <-u.kick:
-				default:
-				}
 			}
 		}
 	}
+}
+
+// awaitSession waits for a session other than old (nil for none) and
+// returns it with the tools it lists; with retry > 0, it returns old after
+// retry if old is still the current session. It gives up when ctx is done
+// or the upstream is closed, with an error saying why the upstream is down.
+func (u *Upstream) awaitSession(ctx context.Context, old *mcp.ClientSession, retry time.Duration) (*mcp.ClientSession, map[string]Tool, error) {
+	var again <-chan time.Time
+	if retry > 0 {
+		t := time.NewTimer(retry)
+		defer t.Stop()
+		again = t.C
+	}
 	for {
 		u.mu.Lock()
-		sess, ch, failed, lastErr := u.sess, u.changed, u.fails != fails, u.state.Err
+		sess, tools, ch, lastErr := u.sess, u.tools, u.changed, u.state.Err
 		u.mu.Unlock()
 		if sess != nil && sess != old {
-			return sess, nil
+			return sess, tools, nil
 		}
-		if failed {
-			return nil, fmt.Errorf("re-initializing: %s", lastErr)
+		if lastErr == "" {
+			lastErr = "not connected yet"
 		}
 		select {
 		case <-ch:
+		case <-again:
+			if sess == old {
+				return sess, tools, nil
+			}
+			again = nil
 		case <-ctx.Done():
-			return nil, fmt.Errorf("re-initializing: %w", ctx.Err())
+			return nil, nil, fmt.Errorf("%s (waited for it until %w)", lastErr, context.Cause(ctx))
 		case <-u.done:
-			return nil, errors.New("upstream closed")
+			return nil, nil, errors.New("upstream closed")
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -211,10 +212,23 @@ func has(name string) func([]Tool) bool {
 
 func run(t *testing.T, tool Tool, args string) (tasks.CallToolResult, error) {
 	t.Helper()
+	return runCtx(t, context.Background(), tool, args)
+}
+
+func runCtx(t *testing.T, ctx context.Context, tool Tool, args string) (tasks.CallToolResult, error) {
+	t.Helper()
 	if tool.Run == nil {
 		t.Fatal("tool missing")
 	}
-	return tool.Run(context.Background(), gateway.Call{IdempotencyKey: "k", Arguments: json.RawMessage(args)})
+	return tool.Run(ctx, gateway.Call{IdempotencyKey: "k", Arguments: json.RawMessage(args)})
+}
+
+// runFor runs tool with a deadline d away.
+func runFor(t *testing.T, d time.Duration, tool Tool, args string) (tasks.CallToolResult, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return runCtx(t, ctx, tool, args)
 }
 
 func firstText(t *testing.T, r tasks.CallToolResult) string {
@@ -514,9 +528,11 @@ func TestHTTP(t *testing.T) {
 		ch.drain()
 		h.broken()
 		before := h.writes.Load()
-		_, err := run(t, write, `{"path":"d"}`)
-		if !errors.Is(err, ErrNotSent) {
-			t.Fatalf("err %v", err)
+		// The call waits for the upstream until its deadline.
+		begin := time.Now()
+		_, err := runFor(t, 500*time.Millisecond, write, `{"path":"d"}`)
+		if !errors.Is(err, ErrNotSent) || time.Since(begin) < 500*time.Millisecond {
+			t.Fatalf("err %v after %v", err, time.Since(begin))
 		}
 		if h.writes.Load() != before {
 			t.Fatal("write ran")
@@ -525,8 +541,8 @@ func TestHTTP(t *testing.T) {
 		if st := u.State(); st.Up || st.Err == "" {
 			t.Fatalf("state %+v", st)
 		}
-		_, err = run(t, write, `{"path":"e"}`)
-		if !errors.Is(err, ErrNotSent) {
+		_, err = runFor(t, 200*time.Millisecond, write, `{"path":"e"}`)
+		if !errors.Is(err, ErrNotSent) || !strings.Contains(err.Error(), "is not connected") {
 			t.Fatalf("err %v", err)
 		}
 		h.fresh()
@@ -792,9 +808,9 @@ func TestStdioClosedSessionNotSent(t *testing.T) {
 		t.Fatal("no session")
 	}
 	sess.Close()
-	_, notSent, _, err := u.send(context.Background(), sess, "echo", json.RawMessage(`{}`))
-	if err == nil || !notSent || !errors.Is(err, mcp.ErrConnectionClosed) {
-		t.Fatalf("notSent %v, err %v", notSent, err)
+	_, out, err := u.send(context.Background(), sess, "echo", json.RawMessage(`{}`))
+	if err == nil || out != sessionGone || !errors.Is(err, mcp.ErrConnectionClosed) {
+		t.Fatalf("outcome %v, err %v", out, err)
 	}
 }
 
@@ -997,6 +1013,158 @@ func TestStdioProcessGroup(t *testing.T) {
 		r, err := run(t, find(tools, "helper__echo"), `{"text":"back"}`)
 		if err != nil || firstText(t, r) != "back" {
 			t.Fatalf("%+v %v", r, err)
+		}
+	})
+}
+
+// restartable is an HTTP MCP server at a fixed address that the test stops
+// and starts again.
+type restartable struct {
+	addr  string
+	srv   atomic.Pointer[http.Server]
+	runs  atomic.Int32 // the write tool's
+	mcp   *mcp.Server
+	fixed bool
+}
+
+// newRestartable serves a write tool with schema.
+func newRestartable(t *testing.T, schema json.RawMessage) *restartable {
+	r := &restartable{}
+	r.setTool(schema)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.addr = ln.Addr().String()
+	r.serve(ln)
+	t.Cleanup(r.stop)
+	return r
+}
+
+// setTool makes the next start serve write with schema.
+func (r *restartable) setTool(schema json.RawMessage) {
+	r.mcp = mcp.NewServer(&mcp.Implementation{Name: "restartable", Version: "1"}, nil)
+	r.mcp.AddTool(&mcp.Tool{Name: "write", InputSchema: schema}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		r.runs.Add(1)
+		return &mcp.CallToolResult{Content: text("written")}, nil
+	})
+}
+
+func (r *restartable) serve(ln net.Listener) {
+	s := r.mcp
+	hs := &http.Server{Handler: mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil), ReadHeaderTimeout: 5 * time.Second}
+	// A fresh connection per request: a POST on a kept-alive connection
+	// the server closed is outcome unknown (it was written), while a
+	// refused connection certainly sent nothing.
+	hs.SetKeepAlivesEnabled(false)
+	r.srv.Store(hs)
+	go hs.Serve(ln)
+}
+
+// stop closes the listener and every connection: the server is gone.
+func (r *restartable) stop() { r.srv.Load().Close() }
+
+// start serves again at the same address, with no session of before.
+func (r *restartable) start(t *testing.T) {
+	t.Helper()
+	var ln net.Listener
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if ln, err = net.Listen("tcp", r.addr); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.serve(ln)
+}
+
+// A call made while its HTTP upstream is stopped waits for it: once the
+// upstream is back, the call runs there, once. The wait is bounded by the
+// call's deadline and Timeout, and a call whose tool the upstream lists
+// differently once back is not sent.
+func TestHTTPCallWaitsForRestart(t *testing.T) {
+	start := func(t *testing.T, r *restartable, timeout time.Duration) (*logBuf, Tool) {
+		logs := &logBuf{}
+		ch := make(changes, 100)
+		u := Start(context.Background(), Options{Name: "web", URL: "http://" + r.addr, Timeout: timeout,
+			Logger: logs.logger(), OnChange: ch.onChange})
+		t.Cleanup(func() { u.Close() })
+		return logs, find(ch.wait(t, "tools", has("web__write")), "web__write")
+	}
+	waiting := func(t *testing.T, logs *logBuf, done <-chan error) {
+		t.Helper()
+		logs.wait(t, "the call waiting", func(r map[string]any) bool {
+			return strings.HasPrefix(fmt.Sprint(r["msg"]), "upstream unreachable; waiting") ||
+				strings.HasPrefix(fmt.Sprint(r["msg"]), "upstream session lost; waiting")
+		})
+		time.Sleep(300 * time.Millisecond)
+		select {
+		case err := <-done:
+			t.Fatalf("the call ended during the outage: %v", err)
+		default:
+		}
+	}
+
+	t.Run("runs after the restart", func(t *testing.T) {
+		r := newRestartable(t, objectSchema)
+		logs, write := start(t, r, 30*time.Second)
+		r.stop()
+		done := make(chan error, 1)
+		go func() {
+			res, err := run(t, write, `{"text":"x"}`)
+			if err == nil && (res.IsError || firstText(t, res) != "written") {
+				err = fmt.Errorf("result %+v", res)
+			}
+			done <- err
+		}()
+		waiting(t, logs, done)
+		r.start(t)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("the call did not complete after the restart")
+		}
+		if n := r.runs.Load(); n != 1 {
+			t.Fatalf("write ran %d times", n)
+		}
+	})
+	t.Run("bounded by Timeout", func(t *testing.T) {
+		r := newRestartable(t, objectSchema)
+		_, write := start(t, r, 700*time.Millisecond)
+		r.stop()
+		begin := time.Now()
+		_, err := run(t, write, `{}`)
+		if d := time.Since(begin); !errors.Is(err, ErrNotSent) || d < 700*time.Millisecond || d > 5*time.Second {
+			t.Fatalf("err %v after %v", err, d)
+		}
+	})
+	t.Run("tool changed meanwhile", func(t *testing.T) {
+		r := newRestartable(t, objectSchema)
+		logs, write := start(t, r, 30*time.Second)
+		r.stop()
+		done := make(chan error, 1)
+		go func() {
+			_, err := run(t, write, `{}`)
+			done <- err
+		}()
+		waiting(t, logs, done)
+		r.setTool(codeSchema)
+		r.start(t)
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrNotSent) || !strings.Contains(err.Error(), "another input schema") {
+				t.Fatalf("err %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("the call did not end after the restart")
+		}
+		if n := r.runs.Load(); n != 0 {
+			t.Fatalf("write ran %d times", n)
 		}
 	})
 }
