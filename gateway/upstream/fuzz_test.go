@@ -120,10 +120,17 @@ func FuzzUpstreamResult(f *testing.F) {
 		f.Add([]byte(s), true)
 	}
 	peer := newFuzzPeer(f)
-	ch := make(changes, 100)
+	// Every reconnection reports the tools again; OnChange must not block,
+	// so the lists after the first with the tool are dropped.
+	ch := make(changes, 1)
 	u := Start(context.Background(), Options{
 		Name: "fz", URL: peer.ts.URL, Timeout: 300 * time.Millisecond, MaxResultBytes: maxResult,
-		Logger: (&logBuf{}).logger(), OnChange: ch.onChange,
+		Logger: (&logBuf{}).logger(), OnChange: func(tools []Tool) {
+			select {
+			case ch <- tools:
+			default:
+			}
+		},
 	})
 	f.Cleanup(func() { u.Close() })
 	var tool Tool

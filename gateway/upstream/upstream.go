@@ -184,9 +184,11 @@ type Options struct {
 	// it is (re)listed: after connecting, after reconnecting, after
 	// notifications/tools/list_changed; and nil when the upstream goes down
 	// (a session that ends and is re-established at once is not reported as
-	// down). Calls are serialized, from the supervisor goroutine; OnChange
-	// must not block for long and must not call Close. It is not called
-	// after Close.
+	// down). Calls are serialized and in order, from a goroutine that
+	// does nothing else: a slow OnChange delays only the delivery of the
+	// lists, never the replacement of a session that ended. OnChange must
+	// not block for long and must not call Close. It is not called after
+	// Close.
 	OnChange func(tools []Tool)
 }
 
@@ -208,9 +210,10 @@ type Upstream struct {
 	client *mcp.Client
 	hc     *http.Client // nil for stdio
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
+	ctx       context.Context
+	cancel    context.CancelFunc
+	done      chan struct{} // the supervisor returned
+	delivered chan struct{} // the goroutine calling OnChange returned
 
 	relist chan struct{}           // list_changed received
 	kick   chan *mcp.ClientSession // a call found this session gone
@@ -219,12 +222,15 @@ type Upstream struct {
 	// not log them again. Supervisor goroutine only.
 	refusals map[string]bool
 
-	mu       sync.Mutex
-	sess     *mcp.ClientSession
-	tools    map[string]Tool // sess's, by name upstream
-	changed  chan struct{}   // closed and replaced on every state change
-	state    State
-	reported bool // OnChange last received a non-nil list
+	mu      sync.Mutex
+	sess    *mcp.ClientSession
+	tools   map[string]Tool // sess's, by name upstream
+	changed chan struct{}   // closed and replaced on every state change
+	state   State
+
+	reported bool      // OnChange last received a non-nil list
+	reports  [][]Tool  // lists not yet given to OnChange, in order
+	pending  chan bool // holds a value while reports is not empty
 }
 
 // Start starts the supervisor and returns at once. The upstream runs until
@@ -250,13 +256,15 @@ func Start(ctx context.Context, opts Options) *Upstream {
 		opts.Logger = slog.Default()
 	}
 	u := &Upstream{
-		opts:    opts,
-		log:     opts.Logger.With("upstream", opts.Name),
-		done:    make(chan struct{}),
-		relist:  make(chan struct{}, 1),
-		kick:    make(chan *mcp.ClientSession, 1),
-		changed: make(chan struct{}),
-		state:   State{Since: time.Now()},
+		opts:      opts,
+		log:       opts.Logger.With("upstream", opts.Name),
+		done:      make(chan struct{}),
+		delivered: make(chan struct{}),
+		relist:    make(chan struct{}, 1),
+		kick:      make(chan *mcp.ClientSession, 1),
+		changed:   make(chan struct{}),
+		pending:   make(chan bool, 1),
+		state:     State{Since: time.Now()},
 	}
 	u.ctx, u.cancel = context.WithCancel(ctx)
 	u.client = mcp.NewClient(&mcp.Implementation{Name: "countersign", Version: "1"}, &mcp.ClientOptions{
@@ -288,9 +296,11 @@ func Start(ctx context.Context, opts Options) *Upstream {
 		u.log.Error("upstream misconfigured", "error", cfgErr)
 		u.state.Err = cfgErr.Error()
 		close(u.done)
+		close(u.delivered)
 		return u
 	}
 	go u.supervise()
+	go u.deliver()
 	return u
 }
 
@@ -302,10 +312,12 @@ func (u *Upstream) State() State {
 }
 
 // Close stops the supervisor, ends the session (terminating a child process)
-// and waits for both. Calls in flight fail with a plain error.
+// and waits for both, and for a call of OnChange under way. Calls in flight
+// fail with a plain error.
 func (u *Upstream) Close() error {
 	u.cancel()
 	<-u.done
+	<-u.delivered
 	return nil
 }
 
@@ -344,17 +356,47 @@ func (u *Upstream) setState(f func()) {
 	u.changed = make(chan struct{})
 }
 
-// report calls OnChange; tools == nil reports the upstream as down, once.
+// report queues tools for OnChange and returns at once; tools == nil
+// reports the upstream as down, once.
 func (u *Upstream) report(tools []Tool) {
+	if u.opts.OnChange == nil {
+		return
+	}
 	u.mu.Lock()
 	if tools == nil && !u.reported {
 		u.mu.Unlock()
 		return
 	}
 	u.reported = tools != nil
+	u.reports = append(u.reports, tools)
 	u.mu.Unlock()
-	if u.opts.OnChange != nil && u.ctx.Err() == nil {
-		u.opts.OnChange(tools)
+	select {
+	case u.pending <- true:
+	default:
+	}
+}
+
+// deliver gives OnChange the queued lists, in order, until u.ctx is done.
+// It runs apart from the supervisor so that a slow OnChange never keeps the
+// supervisor from noticing that its session ended, or from replacing it.
+func (u *Upstream) deliver() {
+	defer close(u.delivered)
+	for {
+		select {
+		case <-u.ctx.Done():
+			return
+		case <-u.pending:
+		}
+		u.mu.Lock()
+		lists := u.reports
+		u.reports = nil
+		u.mu.Unlock()
+		for _, tools := range lists {
+			if u.ctx.Err() != nil {
+				return
+			}
+			u.opts.OnChange(tools)
+		}
 	}
 }
 

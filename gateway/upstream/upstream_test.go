@@ -1168,3 +1168,49 @@ func TestHTTPCallWaitsForRestart(t *testing.T) {
 		}
 	})
 }
+
+// A session that ends while OnChange is busy is replaced all the same: a
+// call that finds it gone gets a new session in time instead of waiting its
+// whole timeout for a supervisor stuck in OnChange. Each broken answer below
+// ends the session (the SDK fails the connection on a message it cannot
+// decode); by the second, the supervisor has reported at least once since
+// the first list, and OnChange blocks from then on.
+func TestSessionReplacedWhileOnChangeBlocks(t *testing.T) {
+	peer := newFuzzPeer(t)
+	ch := make(changes, 1)
+	release := make(chan struct{})
+	first := true
+	u := Start(context.Background(), Options{Name: "fz", URL: peer.ts.URL, Timeout: 5 * time.Second,
+		Logger: (&logBuf{}).logger(), OnChange: func(tools []Tool) {
+			if first {
+				first = false
+				ch <- tools
+				return
+			}
+			<-release
+		}})
+	t.Cleanup(func() { u.Close() })
+	t.Cleanup(func() { close(release) })
+	tool := find(ch.wait(t, "tools", has("fz__t")), "fz__t")
+
+	answer := func(s string) {
+		peer.mu.Lock()
+		peer.next = []byte(s)
+		peer.mu.Unlock()
+	}
+	for round := 1; round <= 3; round++ {
+		answer(`not json`)
+		if _, err := run(t, tool, `{}`); err == nil || errors.Is(err, ErrNotSent) {
+			t.Fatalf("round %d: a broken answer: err %v", round, err)
+		}
+		answer(`{"jsonrpc":"2.0","id":@ID@,"result":{"content":[{"type":"text","text":"ok"}]}}`)
+		before, begin := peer.delivered.Load(), time.Now()
+		res, err := run(t, tool, `{}`)
+		if err != nil || firstText(t, res) != "ok" {
+			t.Fatalf("round %d: after %v: result %+v, err %v", round, time.Since(begin), res, err)
+		}
+		if n := peer.delivered.Load() - before; n != 1 {
+			t.Fatalf("round %d: the call reached the upstream %d times", round, n)
+		}
+	}
+}
