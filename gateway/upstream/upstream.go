@@ -227,6 +227,10 @@ type Upstream struct {
 	tools   map[string]Tool // sess's, by name upstream
 	changed chan struct{}   // closed and replaced on every state change
 	state   State
+	// retryAt is when the supervisor's current or next attempt to connect
+	// starts, when sess is nil: no attempt starts before it. Zero before
+	// the first attempt.
+	retryAt time.Time
 
 	reported bool      // OnChange last received a non-nil list
 	reports  [][]Tool  // lists not yet given to OnChange, in order
@@ -414,10 +418,13 @@ func backoff(attempt int) time.Duration {
 // supervise connects, serves and reconnects until u.ctx is done.
 func (u *Upstream) supervise() {
 	defer close(u.done)
-	attempt := 0 // consecutive failures; 0 reconnects at once
+	attempt := 0          // consecutive failures; 0 reconnects at once
+	var retryAt time.Time // published as u.retryAt
 	for {
-		if d := backoff(attempt); d > 0 {
+		if attempt > 0 {
 			u.report(nil)
+		}
+		if d := time.Until(retryAt); d > 0 {
 			t := time.NewTimer(d)
 			select {
 			case <-u.ctx.Done():
@@ -445,11 +452,13 @@ func (u *Upstream) supervise() {
 		}
 		if err != nil {
 			attempt++
+			retryAt = time.Now().Add(backoff(attempt))
 			u.log.Warn("upstream unavailable", "error", err, "retry_in", backoff(attempt).String())
 			u.setState(func() {
 				u.state.Up = false
 				u.state.Err = err.Error()
 				u.state.Tools = 0
+				u.retryAt = retryAt
 			})
 			u.report(nil)
 			continue
@@ -466,12 +475,22 @@ func (u *Upstream) supervise() {
 		})
 		u.report(tools)
 		err = u.serve(sess)
+		// A session the server forgot (HTTP 404), or that a call found
+		// gone, is re-initialized at once, without reporting the tools as
+		// gone.
+		if errors.Is(err, errKicked) || errors.Is(err, mcp.ErrSessionMissing) || time.Since(upAt) >= stableAfter {
+			attempt = 0
+		} else {
+			attempt++
+		}
+		retryAt = time.Now().Add(backoff(attempt))
 		u.setState(func() {
 			u.sess = nil
 			u.tools = nil
 			u.state.Up = false
 			u.state.Err = err.Error()
 			u.state.Tools = 0
+			u.retryAt = retryAt
 		})
 		sess.Close()
 		flush()
@@ -479,13 +498,6 @@ func (u *Upstream) supervise() {
 			return
 		}
 		u.log.Warn("upstream session ended", "error", err)
-		// A session the server forgot (HTTP 404) is re-initialized at once,
-		// without reporting the tools as gone.
-		if errors.Is(err, errKicked) || errors.Is(err, mcp.ErrSessionMissing) || time.Since(upAt) >= stableAfter {
-			attempt = 0
-		} else {
-			attempt++
-		}
 	}
 }
 
@@ -593,8 +605,11 @@ func (u *Upstream) kickSession(sess *mcp.ClientSession) {
 
 // awaitSession waits for a session other than old (nil for none) and
 // returns it with the tools it lists; with retry > 0, it returns old after
-// retry if old is still the current session. It gives up when ctx is done
-// or the upstream is closed, with an error saying why the upstream is down.
+// retry if old is still the current session. It gives up, with an error
+// saying why the upstream is down, when ctx is done, when the upstream is
+// closed, and at once when there is no session and the supervisor's next
+// attempt to connect starts after ctx's deadline: no session can come in
+// time.
 func (u *Upstream) awaitSession(ctx context.Context, old *mcp.ClientSession, retry time.Duration) (*mcp.ClientSession, map[string]Tool, error) {
 	var again <-chan time.Time
 	if retry > 0 {
@@ -604,13 +619,17 @@ func (u *Upstream) awaitSession(ctx context.Context, old *mcp.ClientSession, ret
 	}
 	for {
 		u.mu.Lock()
-		sess, tools, ch, lastErr := u.sess, u.tools, u.changed, u.state.Err
+		sess, tools, ch, lastErr, retryAt := u.sess, u.tools, u.changed, u.state.Err, u.retryAt
 		u.mu.Unlock()
 		if sess != nil && sess != old {
 			return sess, tools, nil
 		}
 		if lastErr == "" {
 			lastErr = "not connected yet"
+		}
+		if deadline, ok := ctx.Deadline(); ok && sess == nil && retryAt.After(deadline) {
+			return nil, nil, fmt.Errorf("%s (not waiting: the next attempt to reconnect, in %v, comes after the call's deadline)",
+				lastErr, time.Until(retryAt).Round(time.Millisecond))
 		}
 		select {
 		case <-ch:

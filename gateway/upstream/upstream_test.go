@@ -528,11 +528,17 @@ func TestHTTP(t *testing.T) {
 		ch.drain()
 		h.broken()
 		before := h.writes.Load()
-		// The call waits for the upstream until its deadline.
+		// The call waits for the upstream while an attempt to reconnect is
+		// due before its deadline, and sees them fail (503); it gives up at
+		// its deadline, or as soon as the next attempt comes after it.
 		begin := time.Now()
 		_, err := runFor(t, 500*time.Millisecond, write, `{"path":"d"}`)
-		if !errors.Is(err, ErrNotSent) || time.Since(begin) < 500*time.Millisecond {
-			t.Fatalf("err %v after %v", err, time.Since(begin))
+		d := time.Since(begin)
+		if !errors.Is(err, ErrNotSent) || !strings.Contains(err.Error(), "Service Unavailable") {
+			t.Fatalf("err %v after %v", err, d)
+		}
+		if d < 500*time.Millisecond && !strings.Contains(err.Error(), "comes after the call's deadline") {
+			t.Fatalf("err %v after %v", err, d)
 		}
 		if h.writes.Load() != before {
 			t.Fatal("write ran")
@@ -1213,4 +1219,38 @@ func TestSessionReplacedWhileOnChangeBlocks(t *testing.T) {
 			t.Fatalf("round %d: the call reached the upstream %d times", round, n)
 		}
 	}
+}
+
+// A call that finds no session does not wait when the supervisor's next
+// attempt to connect starts after the call's deadline: no session can come
+// in time. It waits when the attempt starts before.
+func TestAwaitSessionOnlyForAnAttemptInTime(t *testing.T) {
+	down := func(retryIn time.Duration) *Upstream {
+		return &Upstream{done: make(chan struct{}), changed: make(chan struct{}),
+			state: State{Err: "connecting: connection refused"}, retryAt: time.Now().Add(retryIn)}
+	}
+	t.Run("after the deadline", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		begin := time.Now()
+		_, _, err := down(time.Hour).awaitSession(ctx, nil, 0)
+		if err == nil || !strings.Contains(err.Error(), "connection refused (not waiting: the next attempt to reconnect, in ") || !strings.Contains(err.Error(), ", comes after the call's deadline)") {
+			t.Fatalf("err %v", err)
+		}
+		if d := time.Since(begin); d > time.Second {
+			t.Fatalf("gave up after %v", d)
+		}
+	})
+	t.Run("before the deadline", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		begin := time.Now()
+		_, _, err := down(100*time.Millisecond).awaitSession(ctx, nil, 0)
+		if err == nil || !strings.Contains(err.Error(), "waited for it until context deadline exceeded") {
+			t.Fatalf("err %v", err)
+		}
+		if d := time.Since(begin); d < 200*time.Millisecond {
+			t.Fatalf("gave up after %v", d)
+		}
+	})
 }
