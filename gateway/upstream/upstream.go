@@ -501,7 +501,7 @@ func (u *Upstream) supervise() {
 	}
 }
 
-var errKicked = errors.New("session lost (HTTP 404), re-initializing")
+var errKicked = errors.New("session lost (a call found it gone), re-initializing")
 
 // serve blocks until the session ends, re-listing on list_changed.
 func (u *Upstream) serve(sess *mcp.ClientSession) error {
