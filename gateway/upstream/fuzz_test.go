@@ -119,6 +119,13 @@ func FuzzUpstreamResult(f *testing.F) {
 		f.Add([]byte(s), false)
 		f.Add([]byte(s), true)
 	}
+	// Many answers break the session (the SDK fails the connection on a
+	// message it cannot decode). Reconnect at once, so that the next call
+	// finds a session in time and reaches the peer instead of giving up as
+	// not sent.
+	oldMin, oldMax := backoffMin, backoffMax
+	backoffMin, backoffMax = time.Millisecond, 10*time.Millisecond
+	f.Cleanup(func() { backoffMin, backoffMax = oldMin, oldMax })
 	peer := newFuzzPeer(f)
 	// Every reconnection reports the tools again; OnChange must not block,
 	// so the lists after the first with the tool are dropped.
