@@ -1026,11 +1026,10 @@ func TestStdioProcessGroup(t *testing.T) {
 // restartable is an HTTP MCP server at a fixed address that the test stops
 // and starts again.
 type restartable struct {
-	addr  string
-	srv   atomic.Pointer[http.Server]
-	runs  atomic.Int32 // the write tool's
-	mcp   *mcp.Server
-	fixed bool
+	addr string
+	srv  atomic.Pointer[http.Server]
+	runs atomic.Int32 // the write tool's
+	mcp  *mcp.Server
 }
 
 // newRestartable serves a write tool with schema.
