@@ -29,7 +29,8 @@
 //     "upstream error <code>: <message>" (the call reached the upstream, which
 //     is an execution error, not a refusal).
 //   - The call was certainly not sent (the upstream stayed down, or its
-//     session gone, until the call's deadline; the upstream lists the tool
+//     session gone, until the call's deadline, or its next attempt to
+//     reconnect comes after that deadline; the upstream lists the tool
 //     with another input schema, or not at all, once it is back): an error
 //     wrapping [ErrNotSent]. Nothing happened upstream. Whether the request
 //     left is what the transport saw (an HTTP POST that reached the server,
@@ -56,11 +57,14 @@
 // refused the connection (an HTTP POST that could not connect; tried again
 // with backoff, or on a new session). The wait ends with the call's context
 // or [Options.Timeout], whichever comes first: they bound the wait and the
-// call together. On a new session, the call is sent only if that session
-// lists the tool with the pin ([gateway.Tool.Pin]) the caller's tool has,
-// so an approved call still runs only against the tool that was approved.
-// Once bytes of the call may have left, nothing changes: the outcome is the
-// call's, or unknown.
+// call together. A call that finds no session does not wait at all when the
+// supervisor's next attempt to reconnect (after its backoff) starts after
+// that deadline: no session can come in time. A session that ends is
+// replaced whatever [Options.OnChange] is doing. On a new session, the call
+// is sent only if that session lists the tool with the pin
+// ([gateway.Tool.Pin]) the caller's tool has, so an approved call still runs
+// only against the tool that was approved. Once bytes of the call may have
+// left, nothing changes: the outcome is the call's, or unknown.
 //
 // The conversion of results goes through the SDK's typed CallToolResult: JSON
 // numbers in structuredContent and _meta are decoded as float64 (integers
