@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -32,7 +34,7 @@ type adminClient struct {
 
 func newAdminFlags(name string) (*flag.FlagSet, *string, *string) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	server := fs.String("server", envOr("COUNTERSIGN_SERVER", ""), "server URL (default: the URL saved in the data dir, else http://127.0.0.1:8080)")
+	server := fs.String("server", envOr("COUNTERSIGN_SERVER", ""), "server URL: https, or plain http only to localhost or a loopback address (default: the URL saved in the data dir, else http://127.0.0.1:8080)")
 	dataDir := fs.String("data-dir", envOr("COUNTERSIGN_DATA_DIR", "./countersign-data"), "data directory holding admin-token and url")
 	return fs, server, dataDir
 }
@@ -64,11 +66,13 @@ func newAdminClient(server, dataDir string) (*adminClient, error) {
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	return &adminClient{server: base, token: token, http: &http.Client{Timeout: 30 * time.Second}}, nil
+	return &adminClient{server: base, token: token, http: &http.Client{Timeout: 30 * time.Second, CheckRedirect: refuseCleartextRedirect}}, nil
 }
 
 // serverURL checks --server: an absolute http(s) URL, such as
-// http://127.0.0.1:8080. It returns it without a trailing slash.
+// http://127.0.0.1:8080. The admin commands and the bench send bearer
+// tokens to it, so plain http is refused unless the host is this machine
+// (safeForToken). It returns the URL without a trailing slash.
 func serverURL(s string) (string, error) {
 	u, err := url.Parse(s)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -77,7 +81,40 @@ func serverURL(s string) (string, error) {
 	if u.RawQuery != "" || u.Fragment != "" {
 		return "", usageError{fmt.Sprintf("--server %q: give the server's base URL, without a query or fragment", s)}
 	}
+	if !safeForToken(u) {
+		return "", usageError{fmt.Sprintf("--server %q: plain http would send the bearer token in clear text to %s; use https (plain http is accepted only for localhost and loopback addresses)", s, u.Host)}
+	}
 	return strings.TrimRight(s, "/"), nil
+}
+
+// safeForToken reports whether a bearer token may be sent to u: an https
+// URL, or an http URL whose host is localhost or a loopback address
+// (127.0.0.0/8, ::1), so that the token never leaves the machine in clear
+// text.
+func safeForToken(u *url.URL) bool {
+	if u.Scheme != "http" {
+		return true
+	}
+	h := u.Hostname()
+	if strings.EqualFold(h, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(h)
+	return err == nil && ip.Unmap().IsLoopback()
+}
+
+// refuseCleartextRedirect is the admin client's CheckRedirect: Go forwards
+// the Authorization header on a redirect to the same host whatever the
+// scheme, so a redirect from https to plain http would send the token in
+// clear text.
+func refuseCleartextRedirect(req *http.Request, via []*http.Request) error {
+	if !safeForToken(req.URL) {
+		return fmt.Errorf("refusing the redirect to %s: plain http would send the admin token in clear text", req.URL.Redacted())
+	}
+	if len(via) >= 10 {
+		return errors.New("stopped after 10 redirects")
+	}
+	return nil
 }
 
 func (c *adminClient) do(ctx context.Context, method, path string, body, out any) error {
