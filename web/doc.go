@@ -105,5 +105,6 @@
 // (or Sec-Fetch-Site cross-site/same-site without Origin) is refused before
 // routing. Pages show arguments as JSON with invisible and bidirectional
 // control characters made visible, so a crafted argument cannot disguise
-// itself.
+// itself; so are they in the display text, tool and requester, on the
+// approval page and in the inbox's list alike.
 package web

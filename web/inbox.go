@@ -32,6 +32,10 @@ import (
 // approval: a decision verifies against its real task ID, which never
 // starts with "inbox-", and an approval challenge fails here with
 // challenge_wrong_task.
+//
+// The list's text (the approver's name and each approval's tool, display
+// text, requester and reason) has its invisible and bidirectional control
+// characters made visible, by the reveal the approval page applies.
 
 // inboxTool is the tool name of inbox challenges. What keeps them apart from
 // approval challenges is the task ID: real ones are tasks.NewID("tsk_")
@@ -188,7 +192,10 @@ func (h *Handler) inboxList(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return fmt.Errorf("web: inbox: %w", err)
 	}
-	out := inboxListResponse{Approver: signer.Name, Approvals: []inboxItem{}}
+	// The page shows these strings as they come, so they are revealed here
+	// as the approval page reveals them: an agent's display text cannot
+	// show the approver one thing in the list and another on the page.
+	out := inboxListResponse{Approver: reveal(signer.Name), Approvals: []inboxItem{}}
 	for _, rec := range recs {
 		if !h.eligible(signer, rec) {
 			continue
@@ -196,10 +203,10 @@ func (h *Handler) inboxList(w http.ResponseWriter, r *http.Request) error {
 		out.Approvals = append(out.Approvals, inboxItem{
 			Ref:         rec.ApprovalRef,
 			URL:         "/approve/" + rec.ApprovalRef,
-			Tool:        rec.Tool,
-			DisplayText: rec.DisplayText,
-			Requester:   rec.Owner,
-			Reason:      rec.Requirement.Reason,
+			Tool:        reveal(rec.Tool),
+			DisplayText: reveal(rec.DisplayText),
+			Requester:   reveal(rec.Owner),
+			Reason:      reveal(rec.Requirement.Reason),
 			ExpiresAt:   rec.ExpiresAt,
 			Approved:    rec.Approved(),
 			Needed:      rec.Requirement.Quorum,

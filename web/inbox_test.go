@@ -2,7 +2,9 @@ package web
 
 import (
 	"encoding/json"
+	"html"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -218,5 +220,40 @@ func TestInboxSkipsTheInBandGroup(t *testing.T) {
 	wantStatus(t, r, http.StatusOK)
 	if out := decodeAs[inboxListResponse](t, r); len(out.Approvals) != 1 || out.Approvals[0].Ref != task.ApprovalRef {
 		t.Errorf("Eve's inbox = %+v, want the ops task %s", out.Approvals, task.ApprovalRef)
+	}
+}
+
+// An agent's display text may carry a right-to-left override or zero-width
+// characters. The approval page makes them visible; the inbox's list shows
+// them the same way, so the list cannot read differently from the page.
+func TestInboxRevealsHiddenCharacters(t *testing.T) {
+	e := newEnv(t)
+	ann := e.enroll(t, "Ann", "finance")
+	const display = "Transfer 5 EUR to acct\u200b-42 \u202e0009 RUE refsnarT\u202c\u2066!\u2069"
+	rec := e.newTask(t, taskSpec{display: display})
+
+	ch := e.inboxChallenge(t, ann.id)
+	body := `{"challengeId":"` + ch.ChallengeID + `","response":` + e.assert(t, ann, ch.RequestOptions) + `}`
+	r := e.do(t, "POST", "/approver/v1/inbox/"+ann.id+"/list", body, "Origin", testPublicURL)
+	wantStatus(t, r, http.StatusOK)
+	out := decodeAs[inboxListResponse](t, r)
+	if len(out.Approvals) != 1 {
+		t.Fatalf("listed %d approvals, want 1", len(out.Approvals))
+	}
+	got := out.Approvals[0].DisplayText
+	const want = "Transfer 5 EUR to acct<U+200B>-42 <U+202E>0009 RUE refsnarT<U+202C><U+2066>!<U+2069>"
+	if got != want {
+		t.Errorf("inbox display text = %q, want %q", got, want)
+	}
+
+	// The approval page's heading says the same.
+	r = e.do(t, "GET", "/approve/"+rec.ApprovalRef, nil)
+	wantStatus(t, r, http.StatusOK)
+	m := regexp.MustCompile(`<h1 id="display"[^>]*>([^<]*)</h1>`).FindStringSubmatch(checkPage(t, r))
+	if m == nil {
+		t.Fatal("the approval page has no display heading")
+	}
+	if page := html.UnescapeString(m[1]); page != got {
+		t.Errorf("approval page shows %q, the inbox %q", page, got)
 	}
 }
