@@ -11,11 +11,12 @@ import (
 
 // Admin chains. An admin's action on an identity (the bootstrap or rotation
 // of an admin token; disabling, enabling or revoking an agent, an approver
-// or one of an approver's passkeys; the rotation of the transaction-token
-// signing key) is an "admin" record in the chain of that identity, named
-// by [AdminChainID]: "admin-agent-…", "admin-admin-…", "admin-txtoken-key-…"
-// (a hash of the name or key ID) or "admin-approver-<approver id>" (the
-// approver's passkeys share their approver's chain). Every record of an admin chain is
+// or one of an approver's passkeys; linking a Slack user to an approver or
+// unlinking it; the rotation of the transaction-token signing key) is an
+// "admin" record in the chain of that identity, named by [AdminChainID]:
+// "admin-agent-…", "admin-admin-…", "admin-txtoken-key-…" (a hash of the
+// name or key ID) or "admin-approver-<approver id>" (the approver's
+// passkeys and Slack links share their approver's chain). Every record of an admin chain is
 // an "admin" record; after a target's revocation no record acts on that
 // target again ([RuleAdmin]). Admin chains have no outcome record: each
 // record is final when written. At most [MaxChainLen] actions per identity.
@@ -34,12 +35,18 @@ const (
 	// TargetTokenKey is a transaction-token signing key (package
 	// txtoken); its ID is the key ID.
 	TargetTokenKey = "txtoken-key"
+	// TargetSlackUser is a Slack user's link to an approver (package
+	// notify); its ID is the Slack user ID, its Approver the approver's.
+	TargetSlackUser = "slack-user"
 )
 
 // Admin actions: disable, enable and revoke an agent, an approver or a
 // passkey; create or rotate an admin token (admin init, the admin token
 // file); make a transaction-token signing key current in place of another,
-// which is retired (AdminKeyRotate, the target the new key).
+// which is retired (AdminKeyRotate, the target the new key); link a Slack
+// user to an approver, so that the user may deny that approver's tasks in
+// Slack, or unlink it (AdminSlackLink and AdminSlackUnlink, the only
+// actions on a TargetSlackUser).
 const (
 	AdminDisable     = "disable"
 	AdminEnable      = "enable"
@@ -47,15 +54,19 @@ const (
 	AdminTokenCreate = "token-create"
 	AdminTokenRotate = "token-rotate"
 	AdminKeyRotate   = "key-rotate"
+	AdminSlackLink   = "slack-link"
+	AdminSlackUnlink = "slack-unlink"
 )
 
 // AdminTarget names what an admin acted on.
 type AdminTarget struct {
 	Type string `json:"type"`
-	// ID is the agent's or admin's name, the approver's id, or the
-	// passkey's credential id (base64url).
+	// ID is the agent's or admin's name, the approver's id, the
+	// passkey's credential id (base64url), the signing key's id or the
+	// Slack user's id.
 	ID string `json:"id"`
-	// Approver is a passkey's approver.
+	// Approver is a passkey's approver, or the approver a Slack user is
+	// linked to or unlinked from.
 	Approver string `json:"approver,omitempty"`
 }
 
@@ -64,7 +75,7 @@ type AdminAction struct {
 	Action string      `json:"action"`
 	Target AdminTarget `json:"target"`
 	// Status is the target's status after the action: active, disabled
-	// or revoked.
+	// or revoked; for a Slack user, linked or unlinked.
 	Status string `json:"status"`
 	// By is who acted: "admin:<name>" (the admin API), "cli:admin-init" or
 	// "server:admin-token-file".
@@ -72,7 +83,8 @@ type AdminAction struct {
 	// Token is the fingerprint (first 16 hex of its SHA-256) of an admin
 	// token created; Replaced, of the token it replaced and revoked, or,
 	// for AdminKeyRotate, the ID of the signing key it replaced and
-	// retired.
+	// retired, or, for AdminSlackLink, the ID of the approver the Slack
+	// user was linked to before (whose chain has the AdminSlackUnlink).
 	Token    string    `json:"token,omitempty"`
 	Replaced string    `json:"replaced,omitempty"`
 	At       time.Time `json:"at"`
@@ -83,7 +95,7 @@ func AdminChainID(t AdminTarget) string {
 	switch t.Type {
 	case TargetApprover:
 		return "admin-approver-" + t.ID
-	case TargetPasskey:
+	case TargetPasskey, TargetSlackUser:
 		return "admin-approver-" + t.Approver
 	}
 	sum := sha256.Sum256([]byte(t.ID))
@@ -94,8 +106,9 @@ func AdminChainID(t AdminTarget) string {
 // idempotent: the revision of the stored status the action wrote, so a
 // retry after a lost answer writes nothing new. A target is revoked once,
 // so a revoke's step ignores key: recording it again, whatever the
-// record's revision by then, returns the first record. It returns the
-// chain ID and the receipt.
+// record's revision by then, returns the first record. For a Slack link
+// key is the revision of the link. It returns the chain ID and the
+// receipt.
 func (l *Log) RecordAdmin(ctx context.Context, a AdminAction, key uint64) (string, Receipt, error) {
 	if err := checkAdminTarget(a.Target); err != nil {
 		return "", Receipt{}, err
@@ -105,9 +118,13 @@ func (l *Log) RecordAdmin(ctx context.Context, a AdminAction, key uint64) (strin
 	if a.Action == AdminRevoke {
 		step = a.Action
 	}
-	if a.Target.Type == TargetPasskey {
+	switch a.Target.Type {
+	case TargetPasskey:
 		sum := sha256.Sum256([]byte(a.Target.ID))
 		step = "passkey-" + hex.EncodeToString(sum[:8]) + "-" + step
+	case TargetSlackUser:
+		sum := sha256.Sum256([]byte(a.Target.ID))
+		step = "slack-" + hex.EncodeToString(sum[:8]) + "-" + step
 	}
 	r, err := l.Append(ctx, id, Step{ID: step, Kind: KindAdmin, At: a.At, Body: a})
 	return id, r, err
@@ -121,7 +138,9 @@ func checkAdminTarget(t AdminTarget) error {
 		return fmt.Errorf("audit: approver id %q", t.ID)
 	case t.Type == TargetPasskey && (t.Approver == "" || !ValidTaskID("a"+t.Approver)):
 		return fmt.Errorf("audit: passkey %q without a valid approver", t.ID)
-	case t.Type != TargetAgent && t.Type != TargetApprover && t.Type != TargetPasskey && t.Type != TargetAdmin && t.Type != TargetTokenKey:
+	case t.Type == TargetSlackUser && (t.Approver == "" || !ValidTaskID("a"+t.Approver)):
+		return fmt.Errorf("audit: slack user %q without a valid approver", t.ID)
+	case t.Type != TargetAgent && t.Type != TargetApprover && t.Type != TargetPasskey && t.Type != TargetAdmin && t.Type != TargetTokenKey && t.Type != TargetSlackUser:
 		return fmt.Errorf("audit: unknown admin target type %q", t.Type)
 	}
 	return nil
@@ -135,6 +154,14 @@ var adminStatus = map[string]string{
 	AdminTokenCreate: "active",
 	AdminTokenRotate: "active",
 	AdminKeyRotate:   "active",
+	AdminSlackLink:   "linked",
+	AdminSlackUnlink: "unlinked",
+}
+
+// slackAction reports whether action is one of a Slack link's: only they
+// act on a TargetSlackUser, and only on it.
+func slackAction(action string) bool {
+	return action == AdminSlackLink || action == AdminSlackUnlink
 }
 
 // verifyAdminChain checks an admin chain by RuleAdmin. Links and step
@@ -163,6 +190,8 @@ func verifyAdminChain(chainID string, recs []Record, fail func(rule string, at i
 		switch {
 		case !ok:
 			fail(RuleAdmin, i, "unknown admin action %q", a.Action)
+		case slackAction(a.Action) != (a.Target.Type == TargetSlackUser):
+			fail(RuleAdmin, i, "%s of %s %q: not an action on it", a.Action, a.Target.Type, a.Target.ID)
 		case a.Status != want:
 			fail(RuleAdmin, i, "%s leaves the status %q, not %q", a.Action, want, a.Status)
 		}
@@ -172,7 +201,7 @@ func verifyAdminChain(chainID string, recs []Record, fail func(rule string, at i
 		if a.Action == AdminRevoke {
 			revoked[a.Target] = i
 		}
-		if a.Target.Type != TargetPasskey {
+		if a.Target.Type != TargetPasskey && a.Target.Type != TargetSlackUser {
 			v.Status = a.Status
 		}
 	}

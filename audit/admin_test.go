@@ -112,3 +112,91 @@ func TestAdminChainRules(t *testing.T) {
 		})
 	}
 }
+
+// A Slack user's link to an approver, and its unlinking, are admin records
+// in the approver's chain: they verify, leave the approver's status as it
+// is, and are the only actions on a Slack user.
+func TestAdminChainSlackLinks(t *testing.T) {
+	keys := testKeys(t)
+	const approver = "0123456789abcdef0123456789abcdef"
+	chain := AdminChainID(AdminTarget{Type: TargetApprover, ID: approver})
+	slack := AdminTarget{Type: TargetSlackUser, ID: "U012AB3CD", Approver: approver}
+	if got := AdminChainID(slack); got != chain {
+		t.Fatalf("slack link chain %q, want the approver's %q", got, chain)
+	}
+	act := func(action string, target AdminTarget, status string) AdminAction {
+		return AdminAction{Action: action, Target: target, Status: status, By: "admin:ops", At: time.Now().UTC()}
+	}
+	honest := func(c *memChain) {
+		c.add("disable-1", KindAdmin, act(AdminDisable, AdminTarget{Type: TargetApprover, ID: approver}, "disabled"))
+		c.add("slack-a-slack-link-2", KindAdmin, act(AdminSlackLink, slack, "linked"))
+		c.add("slack-a-slack-unlink-3", KindAdmin, act(AdminSlackUnlink, slack, "unlinked"))
+		c.add("slack-a-slack-link-4", KindAdmin, act(AdminSlackLink, slack, "linked"))
+	}
+	c := &memChain{t: t, keys: keys, taskID: chain, at: time.Now().UTC()}
+	honest(c)
+	if v := verdict(t, keys, c); !v.OK || v.Status != "disabled" {
+		t.Fatalf("honest chain: %+v; want it to verify, the approver disabled", v)
+	}
+
+	other := slack
+	other.Approver = "fedcba9876543210fedcba9876543210"
+	for _, tc := range []struct {
+		name string
+		a    AdminAction
+	}{
+		{"link of an approver", act(AdminSlackLink, AdminTarget{Type: TargetApprover, ID: approver}, "linked")},
+		{"disable of a slack user", act(AdminDisable, slack, "disabled")},
+		{"revoke of a slack user", act(AdminRevoke, slack, "revoked")},
+		{"wrong status", act(AdminSlackUnlink, slack, "linked")},
+		{"another approver's link", act(AdminSlackLink, other, "linked")},
+		{"slack user without an approver", act(AdminSlackLink, AdminTarget{Type: TargetSlackUser, ID: "U012AB3CD"}, "linked")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &memChain{t: t, keys: keys, taskID: chain, at: time.Now().UTC()}
+			honest(c)
+			c.add("x-5", KindAdmin, tc.a)
+			if v := verdict(t, keys, c); v.OK || !slices.Contains(v.Rules(), RuleAdmin) {
+				t.Fatalf("%+v", v)
+			}
+		})
+	}
+}
+
+// RecordAdmin keys a Slack link's record by the link's revision, apart
+// from the approver's own actions and from another Slack user's.
+func TestRecordAdminSlackLink(t *testing.T) {
+	l, keys := openLog(t)
+	ctx := context.Background()
+	const approver = "0123456789abcdef0123456789abcdef"
+	at := time.Date(2026, 11, 25, 7, 0, 0, 0, time.UTC)
+	link := func(user string) AdminAction {
+		return AdminAction{Action: AdminSlackLink, Target: AdminTarget{Type: TargetSlackUser, ID: user, Approver: approver}, Status: "linked", By: "admin:ops", At: at}
+	}
+	var refs []string
+	for _, a := range []struct {
+		a   AdminAction
+		key uint64
+	}{
+		{AdminAction{Action: AdminDisable, Target: AdminTarget{Type: TargetApprover, ID: approver}, Status: "disabled", By: "admin:ops", At: at}, 1},
+		{link("U0ALICE"), 1},
+		{link("U0BOB"), 1},
+		{link("U0ALICE"), 1}, // a retry: the same record
+	} {
+		id, r, err := l.RecordAdmin(ctx, a.a, a.key)
+		if err != nil || id != "admin-approver-"+approver {
+			t.Fatalf("%+v: %s %v", a.a, id, err)
+		}
+		refs = append(refs, r.RecordRef)
+	}
+	if want := []string{refs[0], refs[1], refs[2], refs[1]}; !slices.Equal(refs, want) || refs[0] == refs[1] || refs[1] == refs[2] {
+		t.Fatalf("records %q; want three, the retry the first link's", refs)
+	}
+	var export [][]byte
+	if err := l.Export(ctx, time.Time{}, func(line []byte) error { export = append(export, bytes.Clone(line)); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if rep := Verify(export, keys.PublicKeys(), VerifyOptions{}); !rep.OK || len(rep.Tasks) != 1 || rep.Tasks[0].Status != "disabled" {
+		t.Fatalf("verify: %+v", rep)
+	}
+}

@@ -54,10 +54,14 @@
 // # Admin chains
 //
 // An admin's action on an identity (an admin token created or rotated; an
-// agent, an approver or a passkey disabled, enabled or revoked) is an
-// "admin" record in that identity's own chain ([AdminChainID]), written by
-// the process that acted. The verifier checks that a chain holds only its
-// identity's actions and nothing acts on a revoked target ([RuleAdmin]).
+// agent, an approver or a passkey disabled, enabled or revoked; a Slack
+// user linked to an approver or unlinked from it; the transaction-token
+// signing key rotated) is an "admin" record in that identity's own chain
+// ([AdminChainID]; an approver's passkeys and Slack links share its chain),
+// written by the process that acted. The verifier checks that a chain
+// holds only its identity's actions, that each action leaves its status,
+// that a Slack user is only linked and unlinked, and that nothing acts on
+// a revoked target ([RuleAdmin]).
 // See admin.go.
 //
 // # Verification

@@ -35,6 +35,11 @@
 //     internal/approverapi, so parsing, limits and passkey verification are
 //     the same code as over HTTP; the reply is the HTTP body with the
 //     status in a header.
+//   - [SlackUsers.LinkHandler] is the admin endpoint that links a Slack user
+//     to an approver. A link lets the user deny for the approver, so it is
+//     an admin record in the approver's audit chain (and the link it
+//     replaces, an unlinking in the previous approver's); a server that
+//     cannot sign audit records refuses it (503) and changes nothing.
 //
 // Nothing here blocks or fails a task: Slack and NATS failures are returned
 // to the activity, which retries with backoff and then gives up, while the

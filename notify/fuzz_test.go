@@ -142,7 +142,7 @@ func FuzzDecisionMessage(f *testing.F) {
 func FuzzSlackInteraction(f *testing.F) {
 	d := &fakeDenier{}
 	e := newInteractEnvWith(f, d, nil)
-	if err := e.users.Link(testCtx(f), e.alice.ID, "U0ALICE"); err != nil {
+	if _, err := e.users.Link(testCtx(f), e.alice.ID, "U0ALICE"); err != nil {
 		f.Fatal(err)
 	}
 	payload := func(v any) []byte {

@@ -18,11 +18,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/countersign/countersign/activities"
 	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/approvals/approvalstest"
+	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/notify"
 	"github.com/countersign/countersign/passkey"
@@ -249,7 +251,7 @@ func (e *interactEnv) ephemerals() []string {
 
 func TestSlackDenyFromLinkedApprover(t *testing.T) {
 	e := newInteractEnv(t)
-	if err := e.users.Link(testCtx(t), e.alice.ID, "U0ALICE"); err != nil {
+	if _, err := e.users.Link(testCtx(t), e.alice.ID, "U0ALICE"); err != nil {
 		t.Fatal(err)
 	}
 	body := denyPayload("U0ALICE", e.rec.ApprovalRef)
@@ -282,7 +284,7 @@ func TestSlackDenyFromLinkedApprover(t *testing.T) {
 
 func TestSlackInteractionsRejected(t *testing.T) {
 	e := newInteractEnv(t)
-	if err := e.users.Link(testCtx(t), e.alice.ID, "U0ALICE"); err != nil {
+	if _, err := e.users.Link(testCtx(t), e.alice.ID, "U0ALICE"); err != nil {
 		t.Fatal(err)
 	}
 	body := denyPayload("U0ALICE", e.rec.ApprovalRef)
@@ -317,10 +319,10 @@ func TestSlackDenyRefusedWithEphemeralError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.users.Link(ctx, bob.ID, "U0BOB"); err != nil {
+	if _, err := e.users.Link(ctx, bob.ID, "U0BOB"); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.users.Link(ctx, e.alice.ID, "U0ALICE"); err != nil {
+	if _, err := e.users.Link(ctx, e.alice.ID, "U0ALICE"); err != nil {
 		t.Fatal(err)
 	}
 	// A link to an approver that no longer exists (links are only made to
@@ -369,7 +371,7 @@ func TestSlackDenyRefusedWithEphemeralError(t *testing.T) {
 func TestSlackDenyOnFinishedTask(t *testing.T) {
 	t.Run("refused by the workflow", func(t *testing.T) {
 		e := newInteractEnv(t)
-		if err := e.users.Link(testCtx(t), e.alice.ID, "U0ALICE"); err != nil {
+		if _, err := e.users.Link(testCtx(t), e.alice.ID, "U0ALICE"); err != nil {
 			t.Fatal(err)
 		}
 		e.engine.fail(&tasks.UpdateRejected{Reason: "task_not_pending", Message: "task is no longer pending"})
@@ -384,7 +386,7 @@ func TestSlackDenyOnFinishedTask(t *testing.T) {
 	})
 	t.Run("already denied", func(t *testing.T) {
 		e := newInteractEnv(t)
-		if err := e.users.Link(testCtx(t), e.alice.ID, "U0ALICE"); err != nil {
+		if _, err := e.users.Link(testCtx(t), e.alice.ID, "U0ALICE"); err != nil {
 			t.Fatal(err)
 		}
 		body := denyPayload("U0ALICE", e.rec.ApprovalRef)
@@ -412,7 +414,7 @@ func TestSlackDenyErrorMapping(t *testing.T) {
 	at := time.Date(2026, 11, 2, 9, 30, 0, 0, time.UTC)
 	f := &fakeDenier{}
 	e := newInteractEnvWith(t, f, func() time.Time { return at })
-	if err := e.users.Link(testCtx(t), e.alice.ID, "U0ALICE"); err != nil {
+	if _, err := e.users.Link(testCtx(t), e.alice.ID, "U0ALICE"); err != nil {
 		t.Fatal(err)
 	}
 	ref := e.rec.ApprovalRef
@@ -516,46 +518,69 @@ func TestSlackUserLinkHandler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	keys, err := audit.OpenKeyring(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	auditLog, err := audit.Open(ctx, e.js, audit.Options{Keys: keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	readOnly, err := audit.Open(ctx, e.js, audit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	storeDown := "Bearer " + authn.NewToken(authn.KindAdmin)
-	mux := http.NewServeMux()
-	mux.Handle("POST /admin/v1/approvers/{id}/slack", e.users.LinkHandler(func(r *http.Request) error {
-		if r.Header.Get("Authorization") == storeDown {
-			// The token store failing, as (*authn.Tokens).AuthorizeAdmin
-			// reports it.
-			return fmt.Errorf("authn: lookup: %w", jetstream.ErrNoHeartbeat)
+	handler := func(l *audit.Log) http.Handler {
+		users, err := notify.NewSlackUsers(ctx, e.js, notify.SlackUsersOptions{Passkeys: e.passkeys, Audit: l})
+		if err != nil {
+			t.Fatal(err)
 		}
-		return tokens.AuthorizeAdmin(r)
-	}))
-	do := func(id, auth, body string) (int, map[string]string) {
+		mux := http.NewServeMux()
+		mux.Handle("POST /admin/v1/approvers/{id}/slack", users.LinkHandler(func(r *http.Request) (authn.Principal, error) {
+			if r.Header.Get("Authorization") == storeDown {
+				// The token store failing, as (*authn.Tokens).Admin
+				// reports it.
+				return authn.Principal{}, fmt.Errorf("authn: lookup: %w", jetstream.ErrNoHeartbeat)
+			}
+			return tokens.Admin(r)
+		}))
+		return mux
+	}
+	audited := handler(auditLog)
+	do := func(h http.Handler, id, auth, body string) (int, map[string]any) {
 		req := httptest.NewRequest(http.MethodPost, "/admin/v1/approvers/"+id+"/slack", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		if auth != "" {
 			req.Header.Set("Authorization", auth)
 		}
 		w := httptest.NewRecorder()
-		mux.ServeHTTP(w, req)
-		var out map[string]string
+		h.ServeHTTP(w, req)
+		var out map[string]any
 		_ = json.Unmarshal(w.Body.Bytes(), &out)
 		return w.Code, out
 	}
 	bearer := "Bearer " + admin
 	for _, tc := range []struct {
 		name, id, auth, body string
+		h                    http.Handler
 		status               int
 		code                 string
 	}{
-		{"no token", e.alice.ID, "", `{"slackUserId":"U0ALICE"}`, 401, "unauthorized"},
-		{"unknown token", e.alice.ID, bearer + "x", `{"slackUserId":"U0ALICE"}`, 401, "unauthorized"},
-		{"agent token", e.alice.ID, "Bearer " + agent, `{"slackUserId":"U0ALICE"}`, 401, "unauthorized"},
-		{"token store down", e.alice.ID, storeDown, `{"slackUserId":"U0ALICE"}`, 500, "internal"},
-		{"bad user id", e.alice.ID, bearer, `{"slackUserId":"alice"}`, 400, "invalid_request"},
-		{"unknown field", e.alice.ID, bearer, `{"slackUserId":"U0ALICE","admin":true}`, 400, "invalid_request"},
-		{"not JSON", e.alice.ID, bearer, `{`, 400, "invalid_request"},
-		{"unknown approver", "0123456789abcdef0123456789abcdef", bearer, `{"slackUserId":"U0ALICE"}`, 404, "not_found"},
-		{"malformed approver", "nope", bearer, `{"slackUserId":"U0ALICE"}`, 404, "not_found"},
+		{"no token", e.alice.ID, "", `{"slackUserId":"U0ALICE"}`, audited, 401, "unauthorized"},
+		{"unknown token", e.alice.ID, bearer + "x", `{"slackUserId":"U0ALICE"}`, audited, 401, "unauthorized"},
+		{"agent token", e.alice.ID, "Bearer " + agent, `{"slackUserId":"U0ALICE"}`, audited, 401, "unauthorized"},
+		{"token store down", e.alice.ID, storeDown, `{"slackUserId":"U0ALICE"}`, audited, 500, "internal"},
+		{"bad user id", e.alice.ID, bearer, `{"slackUserId":"alice"}`, audited, 400, "invalid_request"},
+		{"unknown field", e.alice.ID, bearer, `{"slackUserId":"U0ALICE","admin":true}`, audited, 400, "invalid_request"},
+		{"not JSON", e.alice.ID, bearer, `{`, audited, 400, "invalid_request"},
+		{"unknown approver", "0123456789abcdef0123456789abcdef", bearer, `{"slackUserId":"U0ALICE"}`, audited, 404, "not_found"},
+		{"malformed approver", "nope", bearer, `{"slackUserId":"U0ALICE"}`, audited, 404, "not_found"},
+		{"no audit log", e.alice.ID, bearer, `{"slackUserId":"U0ALICE"}`, handler(nil), 503, "audit_unavailable"},
+		{"no audit signing keys", e.alice.ID, bearer, `{"slackUserId":"U0ALICE"}`, handler(readOnly), 503, "audit_unavailable"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			status, out := do(tc.id, tc.auth, tc.body)
+			status, out := do(tc.h, tc.id, tc.auth, tc.body)
 			if status != tc.status || out["error"] != tc.code || out["message"] == "" {
 				t.Errorf("got %d %v, want %d %s", status, out, tc.status, tc.code)
 			}
@@ -567,11 +592,70 @@ func TestSlackUserLinkHandler(t *testing.T) {
 	if _, err := e.users.Approver(testCtx(t), "U0ALICE"); err != notify.ErrUnknownSlackUser {
 		t.Fatalf("a refused link was stored: %v", err)
 	}
-	status, out := do(e.alice.ID, bearer, `{"slackUserId":"U0ALICE"}`)
-	if status != 200 || out["approverId"] != e.alice.ID || out["slackUserId"] != "U0ALICE" {
+	aliceChain := audit.AdminChainID(audit.AdminTarget{Type: audit.TargetApprover, ID: e.alice.ID})
+	if _, err := auditLog.Chain(ctx, aliceChain); !errors.Is(err, audit.ErrNotFound) {
+		t.Fatalf("a refused link was recorded: %v", err)
+	}
+
+	status, out := do(audited, e.alice.ID, bearer, `{"slackUserId":"U0ALICE"}`)
+	if status != 200 || out["approverId"] != e.alice.ID || out["slackUserId"] != "U0ALICE" || out["changed"] != true ||
+		out["auditChain"] != aliceChain || out["auditRecord"] != aliceChain+"/0" {
 		t.Fatalf("link: %d %v", status, out)
 	}
 	if got, err := e.users.Approver(testCtx(t), "U0ALICE"); err != nil || got != e.alice.ID {
 		t.Errorf("lookup after link = %q, %v", got, err)
+	}
+	// The same link again changes nothing and records nothing new.
+	if status, again := do(audited, e.alice.ID, bearer, `{"slackUserId":"U0ALICE"}`); status != 200 || again["changed"] != false || again["auditRecord"] != out["auditRecord"] {
+		t.Fatalf("link again: %d %v", status, again)
+	}
+	// Linking the Slack user to another approver unlinks it from Alice,
+	// in Alice's chain, and links it in Bob's.
+	bob, _, err := e.passkeys.AddApprover(ctx, "bob", []string{"approvers"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bobChain := audit.AdminChainID(audit.AdminTarget{Type: audit.TargetApprover, ID: bob.ID})
+	if status, out := do(audited, bob.ID, bearer, `{"slackUserId":"U0ALICE"}`); status != 200 || out["changed"] != true || out["replaced"] != e.alice.ID || out["auditRecord"] != bobChain+"/0" {
+		t.Fatalf("relink: %d %v", status, out)
+	}
+
+	actions := func(chain string) []audit.AdminAction {
+		lines, err := auditLog.Chain(ctx, chain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []audit.AdminAction
+		for _, line := range lines {
+			var rec audit.Record
+			var a audit.AdminAction
+			if err := json.Unmarshal(line, &rec); err != nil || rec.Kind != audit.KindAdmin || json.Unmarshal(rec.Body, &a) != nil {
+				t.Fatalf("record %s: %v", line, err)
+			}
+			a.At = time.Time{}
+			out = append(out, a)
+		}
+		return out
+	}
+	by := "admin:ops@example.com"
+	want := []audit.AdminAction{
+		{Action: audit.AdminSlackLink, Target: audit.AdminTarget{Type: audit.TargetSlackUser, ID: "U0ALICE", Approver: e.alice.ID}, Status: "linked", By: by},
+		{Action: audit.AdminSlackUnlink, Target: audit.AdminTarget{Type: audit.TargetSlackUser, ID: "U0ALICE", Approver: e.alice.ID}, Status: "unlinked", By: by},
+	}
+	if diff := cmp.Diff(want, actions(aliceChain)); diff != "" {
+		t.Errorf("Alice's admin chain (-want +got):\n%s", diff)
+	}
+	want = []audit.AdminAction{
+		{Action: audit.AdminSlackLink, Target: audit.AdminTarget{Type: audit.TargetSlackUser, ID: "U0ALICE", Approver: bob.ID}, Status: "linked", By: by, Replaced: e.alice.ID},
+	}
+	if diff := cmp.Diff(want, actions(bobChain)); diff != "" {
+		t.Errorf("Bob's admin chain (-want +got):\n%s", diff)
+	}
+	var export [][]byte
+	if err := auditLog.Export(ctx, time.Time{}, func(line []byte) error { export = append(export, bytes.Clone(line)); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if rep := audit.Verify(export, keys.PublicKeys(), audit.VerifyOptions{}); !rep.OK || len(rep.Tasks) != 2 {
+		t.Errorf("audit verify: %+v", rep)
 	}
 }

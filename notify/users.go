@@ -10,9 +10,11 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/passkey"
 )
@@ -25,21 +27,31 @@ var ErrInvalidSlackUser = errors.New("notify: slackUserId must be a Slack user I
 
 // SlackUsers maps Slack user IDs to approver IDs, in the NATS KV bucket
 // [SlackUsersBucket] (key: Slack user ID). One Slack user is one approver;
-// linking again replaces the link.
+// linking again replaces the link. A link lets the Slack user deny tasks
+// for the approver, so [SlackUsers.LinkHandler] records every link, and
+// the unlinking of a link it replaces, in the approvers' admin chains of
+// the audit log.
 type SlackUsers struct {
 	kv       jetstream.KeyValue
 	passkeys *passkey.Service
+	audit    *audit.Log
 	log      *slog.Logger
 }
 
 type slackUserRecord struct {
 	ApproverID string `json:"approverId"`
+	// Replaced is the approver the Slack user was linked to before this
+	// link, so that a retried link can record the unlinking too.
+	Replaced string `json:"replaced,omitempty"`
 }
 
 // SlackUsersOptions configures [NewSlackUsers].
 type SlackUsersOptions struct {
 	// Passkeys resolves the approvers linked to. Required.
 	Passkeys *passkey.Service
+	// Audit records the links. Without it, or without its signing keys,
+	// LinkHandler refuses every link (503 audit_unavailable).
+	Audit *audit.Log
 	// Replicas of the mapping bucket in a clustered NATS; 0 means 1.
 	Replicas int
 	// Logger; nil discards.
@@ -64,7 +76,7 @@ func NewSlackUsers(ctx context.Context, js jetstream.JetStream, opts SlackUsersO
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &SlackUsers{kv: kv, passkeys: opts.Passkeys, log: log}, nil
+	return &SlackUsers{kv: kv, passkeys: opts.Passkeys, audit: opts.Audit, log: log}, nil
 }
 
 // ValidSlackUserID reports whether s looks like a Slack user ID (U… or W…,
@@ -81,19 +93,81 @@ func ValidSlackUserID(s string) bool {
 	return true
 }
 
-// Link links a Slack user to an existing approver.
-func (u *SlackUsers) Link(ctx context.Context, approverID, slackUserID string) error {
+// LinkChange is what [SlackUsers.Link] did.
+type LinkChange struct {
+	// Changed is false when the Slack user was linked to the approver
+	// already.
+	Changed bool
+	// Replaced is the approver the link replaced, if another.
+	Replaced string
+	// Revision is the link's revision in the bucket, the key of its audit
+	// records.
+	Revision uint64
+	// At is when the link was made.
+	At time.Time
+}
+
+// Link links a Slack user to an existing approver, in place of any link
+// the user had. It records nothing: the admin endpoint, LinkHandler, does.
+func (u *SlackUsers) Link(ctx context.Context, approverID, slackUserID string) (LinkChange, error) {
 	if !ValidSlackUserID(slackUserID) {
-		return ErrInvalidSlackUser
+		return LinkChange{}, ErrInvalidSlackUser
 	}
 	if _, err := u.passkeys.Approver(ctx, approverID); err != nil {
-		return err // passkey.ErrNotFound for an unknown approver
+		return LinkChange{}, err // passkey.ErrNotFound for an unknown approver
 	}
-	b, _ := json.Marshal(slackUserRecord{ApproverID: approverID})
-	if _, err := u.kv.Put(ctx, slackUserID, b); err != nil {
-		return fmt.Errorf("notify: link slack user: %w", err)
+	for attempt := 0; ; attempt++ {
+		var prev slackUserRecord
+		var rev uint64
+		e, err := u.kv.Get(ctx, slackUserID)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return LinkChange{}, fmt.Errorf("notify: link slack user: %w", err)
+		default:
+			if err := json.Unmarshal(e.Value(), &prev); err != nil {
+				return LinkChange{}, fmt.Errorf("notify: slack user record of %s is malformed", slackUserID)
+			}
+			rev = e.Revision()
+		}
+		if prev.ApproverID == approverID {
+			return LinkChange{Replaced: prev.Replaced, Revision: rev, At: e.Created().UTC()}, nil
+		}
+		at := time.Now().UTC()
+		b, _ := json.Marshal(slackUserRecord{ApproverID: approverID, Replaced: prev.ApproverID})
+		// Guarded by the revision read, so that the link replaced is the
+		// one recorded as unlinked.
+		if rev == 0 {
+			rev, err = u.kv.Create(ctx, slackUserID, b)
+		} else {
+			rev, err = u.kv.Update(ctx, slackUserID, b, rev)
+		}
+		switch {
+		case err == nil:
+			return LinkChange{Changed: true, Replaced: prev.ApproverID, Revision: rev, At: at}, nil
+		case attempt < 5 && (errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)):
+			// Linked meanwhile by another request: read it again.
+		default:
+			return LinkChange{}, fmt.Errorf("notify: link slack user: %w", err)
+		}
 	}
-	return nil
+}
+
+// record writes the admin records of a link: the unlinking from the
+// approver it replaced, if any, then the link. Both are keyed by the
+// link's revision, so a retried link (unchanged by then) writes them only
+// if the first attempt lost them.
+func (u *SlackUsers) record(ctx context.Context, approverID, slackUserID string, ch LinkChange, by string) (string, audit.Receipt, error) {
+	if ch.Replaced != "" {
+		if _, _, err := u.audit.RecordAdmin(ctx, audit.AdminAction{Action: audit.AdminSlackUnlink,
+			Target: audit.AdminTarget{Type: audit.TargetSlackUser, ID: slackUserID, Approver: ch.Replaced},
+			Status: "unlinked", By: by, At: ch.At}, ch.Revision); err != nil {
+			return "", audit.Receipt{}, err
+		}
+	}
+	return u.audit.RecordAdmin(ctx, audit.AdminAction{Action: audit.AdminSlackLink,
+		Target: audit.AdminTarget{Type: audit.TargetSlackUser, ID: slackUserID, Approver: approverID},
+		Status: "linked", By: by, Replaced: ch.Replaced, At: ch.At}, ch.Revision)
 }
 
 // Approver returns the approver ID linked to a Slack user, or
@@ -117,15 +191,22 @@ func (u *SlackUsers) Approver(ctx context.Context, slackUserID string) (string, 
 }
 
 // LinkHandler serves POST /admin/v1/approvers/{id}/slack {slackUserId} →
-// 200 {approverId, slackUserId}. authorize checks the admin bearer token
-// ((*authn.Tokens).AuthorizeAdmin): authn.ErrInvalidToken is a 401; any
-// other error is the token store failing, a 500, so an outage is not
-// mistaken for a revoked token. Errors answer in the API's {error, message}
-// shape.
-func (u *SlackUsers) LinkHandler(authorize func(*http.Request) error) http.Handler {
+// 200 {approverId, slackUserId, changed, replaced?, auditChain,
+// auditRecord}. authorize checks the admin bearer token and returns the
+// admin ((*authn.Tokens).Admin): authn.ErrInvalidToken is a 401; any other
+// error is the token store failing, a 500, so an outage is not mistaken
+// for a revoked token. The link is an admin record (audit.AdminSlackLink)
+// in the approver's admin chain, naming the admin, and the link it
+// replaces, if to another approver, an audit.AdminSlackUnlink in that
+// approver's; without audit signing keys the link is refused (503
+// audit_unavailable) and nothing changes. Linking again to the same
+// approver is 200 with changed false and writes no second record. Errors
+// answer in the API's {error, message} shape.
+func (u *SlackUsers) LinkHandler(authorize func(*http.Request) (authn.Principal, error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
-		switch err := authorize(r); {
+		admin, err := authorize(r)
+		switch {
 		case errors.Is(err, authn.ErrInvalidToken):
 			w.Header().Set("WWW-Authenticate", `Bearer realm="countersign-admin"`)
 			msg := "the admin bearer token is invalid: unknown, revoked, or not an admin token"
@@ -137,6 +218,11 @@ func (u *SlackUsers) LinkHandler(authorize func(*http.Request) error) http.Handl
 		case err != nil:
 			u.log.ErrorContext(r.Context(), "notify: check admin token", "error", err)
 			writeJSONError(w, http.StatusInternalServerError, "internal", "internal error")
+			return
+		}
+		if u.audit == nil || !u.audit.CanSign() {
+			writeJSONError(w, http.StatusServiceUnavailable, "audit_unavailable",
+				"admin changes are recorded in the signed audit log, and this server has no audit signing keys (--audit-key-dir); nothing was changed")
 			return
 		}
 		if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
@@ -158,20 +244,42 @@ func (u *SlackUsers) LinkHandler(authorize func(*http.Request) error) http.Handl
 			return
 		}
 		id := r.PathValue("id")
-		err = u.Link(r.Context(), id, req.SlackUserID)
+		ch, err := u.Link(r.Context(), id, req.SlackUserID)
 		switch {
 		case errors.Is(err, ErrInvalidSlackUser):
 			writeJSONError(w, http.StatusBadRequest, "invalid_request", "slackUserId must be a Slack user ID such as U012AB3CD")
+			return
 		case errors.Is(err, passkey.ErrNotFound), errors.Is(err, passkey.ErrInvalidArgument):
 			writeJSONError(w, http.StatusNotFound, "not_found", "no such approver")
+			return
 		case err != nil:
 			u.log.ErrorContext(r.Context(), "notify: link slack user", "approver_id", id, "error", err)
 			writeJSONError(w, http.StatusInternalServerError, "internal", "internal error")
-		default:
-			w.Header().Set("Content-Type", "application/json; charset=utf-8")
-			_ = json.NewEncoder(w).Encode(map[string]string{"approverId": id, "slackUserId": req.SlackUserID})
+			return
 		}
+		chain, rec, err := u.record(r.Context(), id, req.SlackUserID, ch, "admin:"+admin.Name)
+		if err != nil {
+			u.log.ErrorContext(r.Context(), "notify: record slack user link", "approver_id", id, "error", err)
+			writeJSONError(w, http.StatusInternalServerError, "internal", "internal error")
+			return
+		}
+		u.log.InfoContext(r.Context(), "notify: slack user linked", "approver_id", id, "replaced_approver_id", ch.Replaced, "changed", ch.Changed)
+		res := linkResponse{ApproverID: id, SlackUserID: req.SlackUserID, Changed: ch.Changed, AuditChain: chain, AuditRecord: rec.RecordRef}
+		if ch.Changed {
+			res.Replaced = ch.Replaced
+		}
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		_ = json.NewEncoder(w).Encode(res)
 	})
+}
+
+type linkResponse struct {
+	ApproverID  string `json:"approverId"`
+	SlackUserID string `json:"slackUserId"`
+	Changed     bool   `json:"changed"`
+	Replaced    string `json:"replaced,omitempty"`
+	AuditChain  string `json:"auditChain"`
+	AuditRecord string `json:"auditRecord"`
 }
 
 func writeJSONError(w http.ResponseWriter, status int, code, message string) {

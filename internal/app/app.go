@@ -968,11 +968,11 @@ func (a *App) mountNotify(ctx context.Context, mux *http.ServeMux) error {
 	if a.slack == nil {
 		return nil
 	}
-	users, err := notify.NewSlackUsers(ctx, a.js, notify.SlackUsersOptions{Passkeys: a.Passkeys, Replicas: a.cfg.NATSReplicas})
+	users, err := notify.NewSlackUsers(ctx, a.js, notify.SlackUsersOptions{Passkeys: a.Passkeys, Audit: a.Audit, Replicas: a.cfg.NATSReplicas, Logger: a.log})
 	if err != nil {
 		return err
 	}
-	mux.Handle("POST /admin/v1/approvers/{id}/slack", users.LinkHandler(a.Tokens.AuthorizeAdmin))
+	mux.Handle("POST /admin/v1/approvers/{id}/slack", users.LinkHandler(a.Tokens.Admin))
 	if a.cfg.SlackSigningSecret == "" {
 		return nil
 	}

@@ -189,18 +189,25 @@ func (t *Tokens) IsAdmin(ctx context.Context, token string) bool {
 // an outage is not mistaken for a revoked token). It fits the
 // func(*http.Request) error authorizers of the admin endpoints.
 func (t *Tokens) AuthorizeAdmin(r *http.Request) error {
+	_, err := t.Admin(r)
+	return err
+}
+
+// Admin is [Tokens.AuthorizeAdmin] that also returns the admin, for an
+// endpoint whose audit record names who acted.
+func (t *Tokens) Admin(r *http.Request) (Principal, error) {
 	tok := BearerToken(r.Header.Get("Authorization"))
 	if tok == "" {
-		return ErrMissingToken
+		return Principal{}, ErrMissingToken
 	}
 	p, err := t.Lookup(r.Context(), tok)
 	if err != nil {
-		return err // ErrInvalidToken, or the store's failure, wrapped
+		return Principal{}, err // ErrInvalidToken, or the store's failure, wrapped
 	}
 	if p.Kind != KindAdmin {
-		return ErrInvalidToken
+		return Principal{}, ErrInvalidToken
 	}
-	return nil
+	return p, nil
 }
 
 // BearerToken extracts the token of an "Authorization: Bearer X" header.

@@ -192,9 +192,10 @@ func TestSlackAndNATS(t *testing.T) {
 	task2 := s.CreateTask(s.AgentToken, "transfer_funds", map[string]any{"to": "acct-992", "amount": 60000, "currency": "USD"})
 	ref2 := s.RefOf(task2.TaskID)
 	calls.waitFor(t, "chat.postMessage", ref2)
-	var linked map[string]string
-	if code := s.HTTPJSON("POST", "/admin/v1/approvers/"+alice.ID+"/slack", s.AdminToken, map[string]string{"slackUserId": "U0ALICE"}, &linked); code != 200 {
-		t.Fatalf("link slack user: %d %v", code, linked)
+	var linked map[string]any
+	if code := s.HTTPJSON("POST", "/admin/v1/approvers/"+alice.ID+"/slack", s.AdminToken, map[string]string{"slackUserId": "U0ALICE"}, &linked); code != 200 ||
+		linked["auditChain"] != "admin-approver-"+alice.ID || linked["auditRecord"] == nil {
+		t.Fatalf("link slack user: %d %v; want it recorded in alice's admin chain", code, linked)
 	}
 	payload, _ := json.Marshal(map[string]any{
 		"type": "block_actions", "user": map[string]string{"id": "U0ALICE"}, "channel": map[string]string{"id": "CAPPROVALS"},
