@@ -40,6 +40,7 @@
 //     an admin record in the approver's audit chain (and the link it
 //     replaces, an unlinking in the previous approver's); a server that
 //     cannot sign audit records refuses it (503) and changes nothing.
+//     [SlackUsers.UnlinkHandler] removes a link, likewise recorded.
 //
 // Nothing here blocks or fails a task: Slack and NATS failures are returned
 // to the activity, which retries with backoff and then gives up, while the

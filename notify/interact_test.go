@@ -536,15 +536,17 @@ func TestSlackUserLinkHandler(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mux := http.NewServeMux()
-		mux.Handle("POST /admin/v1/approvers/{id}/slack", users.LinkHandler(func(r *http.Request) (authn.Principal, error) {
+		authorize := func(r *http.Request) (authn.Principal, error) {
 			if r.Header.Get("Authorization") == storeDown {
 				// The token store failing, as (*authn.Tokens).Admin
 				// reports it.
 				return authn.Principal{}, fmt.Errorf("authn: lookup: %w", jetstream.ErrNoHeartbeat)
 			}
 			return tokens.Admin(r)
-		}))
+		}
+		mux := http.NewServeMux()
+		mux.Handle("POST /admin/v1/approvers/{id}/slack", users.LinkHandler(authorize))
+		mux.Handle("DELETE /admin/v1/approvers/{id}/slack/{slackUserId}", users.UnlinkHandler(authorize))
 		return mux
 	}
 	audited := handler(auditLog)
@@ -637,16 +639,73 @@ func TestSlackUserLinkHandler(t *testing.T) {
 		}
 		return out
 	}
+	// Unlinking: the Slack user can no longer deny for Bob; only Bob's
+	// link can be removed from Bob; a second unlink changes nothing and
+	// records nothing new; refused requests change nothing.
+	unlink := func(h http.Handler, id, user, auth string) (int, map[string]any) {
+		req := httptest.NewRequest(http.MethodDelete, "/admin/v1/approvers/"+id+"/slack/"+user, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		var out map[string]any
+		_ = json.Unmarshal(w.Body.Bytes(), &out)
+		return w.Code, out
+	}
+	for _, tc := range []struct {
+		name, id, user, auth string
+		h                    http.Handler
+		status               int
+		code                 string
+	}{
+		{"no token", bob.ID, "U0ALICE", "", audited, 401, "unauthorized"},
+		{"agent token", bob.ID, "U0ALICE", "Bearer " + agent, audited, 401, "unauthorized"},
+		{"no audit signing keys", bob.ID, "U0ALICE", bearer, handler(readOnly), 503, "audit_unavailable"},
+		{"bad user id", bob.ID, "alice", bearer, audited, 400, "invalid_request"},
+		{"linked to another approver", e.alice.ID, "U0ALICE", bearer, audited, 404, "not_linked"},
+		{"never linked", bob.ID, "U0NOBODY", bearer, audited, 404, "not_linked"},
+	} {
+		if status, out := unlink(tc.h, tc.id, tc.user, tc.auth); status != tc.status || out["error"] != tc.code {
+			t.Errorf("unlink, %s: got %d %v, want %d %s", tc.name, status, out, tc.status, tc.code)
+		}
+	}
+	if got, err := e.users.Approver(ctx, "U0ALICE"); err != nil || got != bob.ID {
+		t.Fatalf("after refused unlinks: %q, %v", got, err)
+	}
+	status, out = unlink(audited, bob.ID, "U0ALICE", bearer)
+	if status != 200 || out["changed"] != true || out["auditRecord"] != bobChain+"/1" {
+		t.Fatalf("unlink: %d %v", status, out)
+	}
+	if _, err := e.users.Approver(ctx, "U0ALICE"); err != notify.ErrUnknownSlackUser {
+		t.Fatalf("an unlinked Slack user still maps to an approver: %v", err)
+	}
+	if status, again := unlink(audited, bob.ID, "U0ALICE", bearer); status != 200 || again["changed"] != false || again["auditRecord"] != out["auditRecord"] {
+		t.Fatalf("unlink again: %d %v", status, again)
+	}
+	if status, out := unlink(audited, e.alice.ID, "U0ALICE", bearer); status != 404 || out["error"] != "not_linked" {
+		t.Fatalf("unlink from an approver it was not unlinked from: %d %v", status, out)
+	}
+	// Linked again after the unlinking: to Alice, replacing no one.
+	if status, out := do(audited, e.alice.ID, bearer, `{"slackUserId":"U0ALICE"}`); status != 200 || out["changed"] != true || out["replaced"] != nil {
+		t.Fatalf("link after unlink: %d %v", status, out)
+	}
+	if got, err := e.users.Approver(ctx, "U0ALICE"); err != nil || got != e.alice.ID {
+		t.Fatalf("after linking again: %q, %v", got, err)
+	}
+
 	by := "admin:ops@example.com"
 	want := []audit.AdminAction{
 		{Action: audit.AdminSlackLink, Target: audit.AdminTarget{Type: audit.TargetSlackUser, ID: "U0ALICE", Approver: e.alice.ID}, Status: "linked", By: by},
 		{Action: audit.AdminSlackUnlink, Target: audit.AdminTarget{Type: audit.TargetSlackUser, ID: "U0ALICE", Approver: e.alice.ID}, Status: "unlinked", By: by},
+		{Action: audit.AdminSlackLink, Target: audit.AdminTarget{Type: audit.TargetSlackUser, ID: "U0ALICE", Approver: e.alice.ID}, Status: "linked", By: by},
 	}
 	if diff := cmp.Diff(want, actions(aliceChain)); diff != "" {
 		t.Errorf("Alice's admin chain (-want +got):\n%s", diff)
 	}
 	want = []audit.AdminAction{
 		{Action: audit.AdminSlackLink, Target: audit.AdminTarget{Type: audit.TargetSlackUser, ID: "U0ALICE", Approver: bob.ID}, Status: "linked", By: by, Replaced: e.alice.ID},
+		{Action: audit.AdminSlackUnlink, Target: audit.AdminTarget{Type: audit.TargetSlackUser, ID: "U0ALICE", Approver: bob.ID}, Status: "unlinked", By: by},
 	}
 	if diff := cmp.Diff(want, actions(bobChain)); diff != "" {
 		t.Errorf("Bob's admin chain (-want +got):\n%s", diff)

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/countersign/countersign/audit"
+	"github.com/countersign/countersign/internal/approverapi"
 	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/passkey"
 )
@@ -39,7 +40,12 @@ type SlackUsers struct {
 }
 
 type slackUserRecord struct {
+	// ApproverID is the approver the Slack user is linked to; empty once
+	// unlinked.
 	ApproverID string `json:"approverId"`
+	// Unlinked is the approver the Slack user was unlinked from, when
+	// ApproverID is empty (see Unlink).
+	Unlinked string `json:"unlinked,omitempty"`
 	// Replaced is the approver the Slack user was linked to before this
 	// link, so that a retried link can record the unlinking too.
 	Replaced string `json:"replaced,omitempty"`
@@ -184,8 +190,11 @@ func (u *SlackUsers) Approver(ctx context.Context, slackUserID string) (string, 
 		return "", fmt.Errorf("notify: slack user: %w", err)
 	}
 	var rec slackUserRecord
-	if err := json.Unmarshal(e.Value(), &rec); err != nil || rec.ApproverID == "" {
+	if err := json.Unmarshal(e.Value(), &rec); err != nil || (rec.ApproverID == "" && rec.Unlinked == "") {
 		return "", fmt.Errorf("notify: slack user record of %s is malformed", slackUserID)
+	}
+	if rec.ApproverID == "" {
+		return "", ErrUnknownSlackUser // unlinked
 	}
 	return rec.ApproverID, nil
 }
@@ -204,25 +213,8 @@ func (u *SlackUsers) Approver(ctx context.Context, slackUserID string) (string, 
 // answer in the API's {error, message} shape.
 func (u *SlackUsers) LinkHandler(authorize func(*http.Request) (authn.Principal, error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Cache-Control", "no-store")
-		admin, err := authorize(r)
-		switch {
-		case errors.Is(err, authn.ErrInvalidToken):
-			w.Header().Set("WWW-Authenticate", `Bearer realm="countersign-admin"`)
-			msg := "the admin bearer token is invalid: unknown, revoked, or not an admin token"
-			if errors.Is(err, authn.ErrMissingToken) {
-				msg = "an admin bearer token is required"
-			}
-			writeJSONError(w, http.StatusUnauthorized, "unauthorized", msg)
-			return
-		case err != nil:
-			u.log.ErrorContext(r.Context(), "notify: check admin token", "error", err)
-			writeJSONError(w, http.StatusInternalServerError, "internal", "internal error")
-			return
-		}
-		if u.audit == nil || !u.audit.CanSign() {
-			writeJSONError(w, http.StatusServiceUnavailable, "audit_unavailable",
-				"admin changes are recorded in the signed audit log, and this server has no audit signing keys (--audit-key-dir); nothing was changed")
+		admin, ok := u.admitAdmin(w, r, authorize)
+		if !ok {
 			return
 		}
 		if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
@@ -270,6 +262,124 @@ func (u *SlackUsers) LinkHandler(authorize func(*http.Request) (authn.Principal,
 		}
 		w.Header().Set("Content-Type", "application/json; charset=utf-8")
 		_ = json.NewEncoder(w).Encode(res)
+	})
+}
+
+// admitAdmin answers a request to change a link that cannot go on: a
+// missing or invalid admin token (401), a token store that fails (500), a
+// server that cannot sign the audit record (503 audit_unavailable). It
+// returns the admin and true when the request may go on.
+func (u *SlackUsers) admitAdmin(w http.ResponseWriter, r *http.Request, authorize func(*http.Request) (authn.Principal, error)) (authn.Principal, bool) {
+	w.Header().Set("Cache-Control", "no-store")
+	admin, err := authorize(r)
+	switch {
+	case errors.Is(err, authn.ErrInvalidToken):
+		w.Header().Set("WWW-Authenticate", `Bearer realm="countersign-admin"`)
+		msg := "the admin bearer token is invalid: unknown, revoked, or not an admin token"
+		if errors.Is(err, authn.ErrMissingToken) {
+			msg = "an admin bearer token is required"
+		}
+		writeJSONError(w, http.StatusUnauthorized, "unauthorized", msg)
+		return authn.Principal{}, false
+	case err != nil:
+		u.log.ErrorContext(r.Context(), "notify: check admin token", "error", err)
+		writeJSONError(w, http.StatusInternalServerError, "internal", "internal error")
+		return authn.Principal{}, false
+	}
+	if u.audit == nil || !u.audit.CanSign() {
+		writeJSONError(w, http.StatusServiceUnavailable, "audit_unavailable",
+			"admin changes are recorded in the signed audit log, and this server has no audit signing keys (--audit-key-dir); nothing was changed")
+		return authn.Principal{}, false
+	}
+	return admin, true
+}
+
+// ErrNotLinked is Unlink's answer for a Slack user not linked to the
+// approver.
+var ErrNotLinked = errors.New("notify: the slack user is not linked to this approver")
+
+// Unlink removes a Slack user's link to approverID: the user can no longer
+// deny that approver's tasks. The record stays, as a tombstone naming the
+// approver, so that a retried unlink is seen as done (Changed false) and
+// can still have its audit record written, keyed by the tombstone's
+// revision. A Slack user not linked to approverID (never linked, linked to
+// another approver, unlinked from another) is ErrNotLinked. It records
+// nothing: the admin endpoint, UnlinkHandler, does.
+func (u *SlackUsers) Unlink(ctx context.Context, approverID, slackUserID string) (LinkChange, error) {
+	if !ValidSlackUserID(slackUserID) {
+		return LinkChange{}, ErrInvalidSlackUser
+	}
+	for attempt := 0; ; attempt++ {
+		e, err := u.kv.Get(ctx, slackUserID)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return LinkChange{}, ErrNotLinked
+		}
+		if err != nil {
+			return LinkChange{}, fmt.Errorf("notify: unlink slack user: %w", err)
+		}
+		var rec slackUserRecord
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			return LinkChange{}, fmt.Errorf("notify: slack user record of %s is malformed", slackUserID)
+		}
+		switch {
+		case rec.ApproverID == "" && rec.Unlinked == approverID:
+			return LinkChange{Revision: e.Revision(), At: e.Created().UTC()}, nil
+		case rec.ApproverID != approverID:
+			return LinkChange{}, ErrNotLinked
+		}
+		at := time.Now().UTC()
+		b, _ := json.Marshal(slackUserRecord{Unlinked: approverID})
+		rev, err := u.kv.Update(ctx, slackUserID, b, e.Revision())
+		switch {
+		case err == nil:
+			return LinkChange{Changed: true, Revision: rev, At: at}, nil
+		case attempt < 5 && (errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)):
+			// Linked or unlinked meanwhile by another request: read it again.
+		default:
+			return LinkChange{}, fmt.Errorf("notify: unlink slack user: %w", err)
+		}
+	}
+}
+
+// UnlinkHandler serves DELETE /admin/v1/approvers/{id}/slack/{slackUserId}
+// → 200 {approverId, slackUserId, changed, auditChain, auditRecord}: the
+// Slack user can no longer deny for the approver. It admits requests as
+// LinkHandler does (401, 500, 503 audit_unavailable, nothing changed). The
+// unlinking is an admin record (audit.AdminSlackUnlink) in the approver's
+// admin chain, naming the admin. Unlinking again is 200 with changed false
+// and writes no second record (or the first, if the first attempt lost
+// it). A Slack user not linked to the approver is 404 not_linked.
+func (u *SlackUsers) UnlinkHandler(authorize func(*http.Request) (authn.Principal, error)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		admin, ok := u.admitAdmin(w, r, authorize)
+		if !ok {
+			return
+		}
+		id, slackUserID := r.PathValue("id"), r.PathValue("slackUserId")
+		ch, err := u.Unlink(r.Context(), id, slackUserID)
+		switch {
+		case errors.Is(err, ErrInvalidSlackUser):
+			writeJSONError(w, http.StatusBadRequest, "invalid_request", "the Slack user ID must be one such as U012AB3CD")
+			return
+		case errors.Is(err, ErrNotLinked):
+			writeJSONError(w, http.StatusNotFound, "not_linked", fmt.Sprintf("Slack user %s is not linked to approver %q", slackUserID, approverapi.Clip(id)))
+			return
+		case err != nil:
+			u.log.ErrorContext(r.Context(), "notify: unlink slack user", "approver_id", id, "error", err)
+			writeJSONError(w, http.StatusInternalServerError, "internal", "internal error")
+			return
+		}
+		chain, rec, err := u.audit.RecordAdmin(r.Context(), audit.AdminAction{Action: audit.AdminSlackUnlink,
+			Target: audit.AdminTarget{Type: audit.TargetSlackUser, ID: slackUserID, Approver: id},
+			Status: "unlinked", By: "admin:" + admin.Name, At: ch.At}, ch.Revision)
+		if err != nil {
+			u.log.ErrorContext(r.Context(), "notify: record slack user unlink", "approver_id", id, "error", err)
+			writeJSONError(w, http.StatusInternalServerError, "internal", "internal error")
+			return
+		}
+		u.log.InfoContext(r.Context(), "notify: slack user unlinked", "approver_id", id, "changed", ch.Changed)
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		_ = json.NewEncoder(w).Encode(linkResponse{ApproverID: id, SlackUserID: slackUserID, Changed: ch.Changed, AuditChain: chain, AuditRecord: rec.RecordRef})
 	})
 }
 

@@ -973,6 +973,7 @@ func (a *App) mountNotify(ctx context.Context, mux *http.ServeMux) error {
 		return err
 	}
 	mux.Handle("POST /admin/v1/approvers/{id}/slack", users.LinkHandler(a.Tokens.Admin))
+	mux.Handle("DELETE /admin/v1/approvers/{id}/slack/{slackUserId}", users.UnlinkHandler(a.Tokens.Admin))
 	if a.cfg.SlackSigningSecret == "" {
 		return nil
 	}
