@@ -239,4 +239,30 @@ func TestSlackAndNATS(t *testing.T) {
 	if code := send("v0=" + hex.EncodeToString(mac.Sum(nil))); code != http.StatusConflict {
 		t.Errorf("replayed deny: %d, want 409", code)
 	}
+
+	// 5. The link removed, the same Slack user's Deny changes nothing.
+	var unlinked map[string]any
+	if code := s.HTTPJSON("DELETE", "/admin/v1/approvers/"+alice.ID+"/slack/U0ALICE", s.AdminToken, nil, &unlinked); code != 200 ||
+		unlinked["changed"] != true || unlinked["auditChain"] != "admin-approver-"+alice.ID {
+		t.Fatalf("unlink slack user: %d %v", code, unlinked)
+	}
+	task3 := s.CreateTask(s.AgentToken, "transfer_funds", map[string]any{"to": "acct-993", "amount": 60000, "currency": "USD"})
+	ref3 := s.RefOf(task3.TaskID)
+	calls.waitFor(t, "chat.postMessage", ref3)
+	payload, _ = json.Marshal(map[string]any{
+		"type": "block_actions", "user": map[string]string{"id": "U0ALICE"}, "channel": map[string]string{"id": "CAPPROVALS"},
+		"actions": []map[string]string{{"action_id": notify.ActionDeny, "block_id": "actions", "type": "button", "value": ref3}},
+	})
+	body = []byte("payload=" + url.QueryEscape(string(payload)))
+	ts = strconv.FormatInt(time.Now().Unix(), 10)
+	mac = hmac.New(sha256.New, []byte(e2eSigningSecret))
+	mac.Write([]byte("v0:" + ts + ":"))
+	mac.Write(body)
+	if code := send("v0=" + hex.EncodeToString(mac.Sum(nil))); code != http.StatusOK {
+		t.Fatalf("signed deny of an unlinked user: %d", code)
+	}
+	calls.waitFor(t, "chat.postEphemeral", "does not know your Slack account")
+	if d, _ := s.GetTask(s.AgentToken, task3.TaskID); d.Status.Terminal() {
+		t.Fatalf("an unlinked Slack user's Deny ended the task")
+	}
 }
