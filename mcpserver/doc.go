@@ -337,7 +337,10 @@
 // reads the body once under MaxBodyBytes (413 and a JSON-RPC -32600 when
 // larger; nothing runs), answers framing errors itself (-32700 for invalid
 // JSON, -32600 for batches and non-request values; the SDK would answer
-// those in plain text), reads members by their exact names as the SDK does
+// those in plain text), refuses with HTTP 400 and -32600, echoing it, a
+// numeric id the SDK would answer as another (one with a fraction or
+// beyond ±(2^53-1): the SDK reads ids as float64 and answers with the
+// int64 conversion), reads members by their exact names as the SDK does
 // (of duplicate keys the last) and answers HTTP 400 and -32600 to a key
 // that differs only in letter case from a name it reads (jsonrpc, id,
 // method, params; _meta, task and name in tools/call params; _meta and

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -671,6 +672,9 @@ func inspect(body []byte, h http.Header, facts *requestFacts) (json.RawMessage, 
 	if msg.Method == "" {
 		return nil, nil, 0 // a response to a server request; the SDK handles it
 	}
+	if echo, rerr := checkID(msg.ID); rerr != nil {
+		return echo, rerr, http.StatusBadRequest
+	}
 	facts.method, facts.id = msg.Method, validID(msg.ID)
 	var names []string
 	switch msg.Method {
@@ -725,6 +729,33 @@ const metaLogLevel = mcp.MetaKeyLogLevel
 func present(v json.RawMessage) bool {
 	v = bytes.TrimSpace(v)
 	return len(v) > 0 && !bytes.Equal(v, []byte("null"))
+}
+
+// maxSafeID is the largest integer id every side reads exactly: the SDK
+// decodes a numeric id as a float64 and answers with its int64 conversion,
+// and JavaScript clients hold ids as doubles.
+const maxSafeID = 1<<53 - 1
+
+// checkID refuses a numeric id that the SDK would answer with another id.
+// MCP ids are strings or integers. The SDK decodes a numeric id as a
+// float64 and answers with its int64 conversion, so a number beyond
+// ±(2^53-1) or with a fraction was answered with the id rounded (2^53+1 as
+// 2^53, 1.5 as 1, 10^22 as -2^63), after the request had run: the client
+// could not match the answer to its request, and a tools/call it then
+// retried ran twice. The refusal echoes the number as sent.
+func checkID(id json.RawMessage) (json.RawMessage, *rpcError) {
+	id = bytes.TrimSpace(id)
+	if len(id) == 0 {
+		return nil, nil
+	}
+	switch id[0] {
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		var f float64
+		if json.Unmarshal(id, &f) != nil || f != math.Trunc(f) || math.Abs(f) > maxSafeID {
+			return id, &rpcError{code: codeInvalidRequest, msg: "Invalid Request: a numeric id must be an integer from -(2^53-1) to 2^53-1; use a string for larger ids"}
+		}
+	}
+	return nil, nil
 }
 
 // validID returns id if it is a JSON-RPC id (string or number), else nil.

@@ -155,7 +155,7 @@ func TestLeanTaskGetMatchesSDK(t *testing.T) {
 	ids := []struct {
 		raw  string
 		lean bool
-	}{{`1`, true}, {`"a<b>&\u0041"`, true}, {`7.9`, true}, {`-3`, true}, {`null`, false}, {`{}`, false}}
+	}{{`1`, true}, {`"a<b>&\u0041"`, true}, {`7.9`, false}, {`-3`, true}, {`null`, false}, {`{}`, false}} // 7.9: refused before either path (checkID)
 	for _, q := range reqs {
 		for _, id := range ids {
 			q := q

@@ -444,6 +444,68 @@ func TestMalformedJSONRPC(t *testing.T) {
 	}
 }
 
+// An id is answered exactly as sent, or refused before anything runs. The
+// SDK reads a numeric id as a float64 and answers with its int64
+// conversion, so an id it cannot hold exactly came back as another id,
+// after the call had run.
+func TestRequestIDs(t *testing.T) {
+	h := newHarness(t, nil)
+	p := principal(t, "a")
+	for _, era := range eras {
+		for _, id := range []string{`0`, `-1`, `9007199254740991`, `-9007199254740991`, `""`, `"9007199254740993"`, `"é\u0000"`} {
+			t.Run("echoed/"+string(era)+"/"+id, func(t *testing.T) {
+				for _, method := range []string{"tools/list", "tasks/get"} {
+					r := h.do(t, call{token: tok(p), era: era, tasks: true, method: method, params: map[string]any{"taskId": "tsk_unknown"},
+						edit: func(b []byte) []byte { return setID(t, b, id) }})
+					if r.Status == http.StatusBadRequest && r.Error != nil && r.Error.Code == codeInvalidRequest {
+						t.Fatalf("%s: refused: %s", method, r.Body)
+					}
+					if string(r.ID) != id {
+						t.Errorf("%s: id %s, want %s: %s", method, r.ID, id, r.Body)
+					}
+				}
+			})
+		}
+		for _, tc := range []struct{ name, id, echo string }{
+			{"2^53", `9007199254740992`, `9007199254740992`},
+			{"2^53+1", `9007199254740993`, `9007199254740993`},
+			{"beyond int64", `12345678901234567890123`, `12345678901234567890123`},
+			{"negative", `-9007199254740993`, `-9007199254740993`},
+			{"fraction", `1.5`, `1.5`},
+			{"out of range", `1e400`, `1e400`},
+		} {
+			t.Run("refused/"+string(era)+"/"+tc.name, func(t *testing.T) {
+				to := acct(t, "id")
+				r := h.do(t, call{token: tok(p), era: era, tasks: true, method: "tools/call",
+					params: map[string]any{"name": "transfer_funds", "arguments": transferArgs(to, 5)},
+					edit:   func(b []byte) []byte { return setID(t, b, tc.id) }})
+				r.fails(t, http.StatusBadRequest, codeInvalidRequest)
+				if string(r.ID) != tc.echo {
+					t.Errorf("id %s, want %s", r.ID, tc.echo)
+				}
+				if n := h.transfersTo(t, to); n != 0 {
+					t.Errorf("%d transfers", n)
+				}
+			})
+		}
+	}
+}
+
+// setID replaces the id of a request body with raw.
+func setID(tb testing.TB, body []byte, raw string) []byte {
+	tb.Helper()
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		tb.Fatal(err)
+	}
+	m["id"] = json.RawMessage(raw)
+	b, err := json.Marshal(m)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
+
 func TestUnknownToolAndInvalidArguments(t *testing.T) {
 	h := newHarness(t, nil)
 	p := principal(t, "a")
