@@ -340,7 +340,9 @@
 // those in plain text), refuses with HTTP 400 and -32600, echoing it, a
 // numeric id the SDK would answer as another (one with a fraction or
 // beyond ±(2^53-1): the SDK reads ids as float64 and answers with the
-// int64 conversion), reads members by their exact names as the SDK does
+// int64 conversion) and a notifications/ method that carries an id, and
+// with id null an id that is null or neither a string nor a number (the
+// SDK would answer those in plain text), reads members by their exact names as the SDK does
 // (of duplicate keys the last) and answers HTTP 400 and -32600 to a key
 // that differs only in letter case from a name it reads (jsonrpc, id,
 // method, params; _meta, task and name in tools/call params; _meta and

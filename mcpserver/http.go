@@ -672,7 +672,7 @@ func inspect(body []byte, h http.Header, facts *requestFacts) (json.RawMessage, 
 	if msg.Method == "" {
 		return nil, nil, 0 // a response to a server request; the SDK handles it
 	}
-	if echo, rerr := checkID(msg.ID); rerr != nil {
+	if echo, rerr := checkID(msg.Method, msg.ID); rerr != nil {
 		return echo, rerr, http.StatusBadRequest
 	}
 	facts.method, facts.id = msg.Method, validID(msg.ID)
@@ -736,24 +736,36 @@ func present(v json.RawMessage) bool {
 // and JavaScript clients hold ids as doubles.
 const maxSafeID = 1<<53 - 1
 
-// checkID refuses a numeric id that the SDK would answer with another id.
-// MCP ids are strings or integers. The SDK decodes a numeric id as a
-// float64 and answers with its int64 conversion, so a number beyond
-// ±(2^53-1) or with a fraction was answered with the id rounded (2^53+1 as
-// 2^53, 1.5 as 1, 10^22 as -2^63), after the request had run: the client
-// could not match the answer to its request, and a tools/call it then
-// retried ran twice. The refusal echoes the number as sent.
-func checkID(id json.RawMessage) (json.RawMessage, *rpcError) {
+// checkID refuses an id that the SDK would answer with another id or in
+// plain text. MCP ids are strings or integers, never null. The SDK decodes
+// a numeric id as a float64 and answers with its int64 conversion, so a
+// number beyond ±(2^53-1) or with a fraction was answered with the id
+// rounded (2^53+1 as 2^53, 1.5 as 1, 10^22 as -2^63), after the request
+// had run: the client could not match the answer to its request, and a
+// tools/call it then retried ran twice. The refusal echoes such a number
+// as sent. A null id, or one of another type, the SDK answered with a
+// plain-text HTTP 400 that no JSON-RPC client reads as an error; it gets
+// -32600 with id null, as JSON-RPC answers an id it cannot read. So does a
+// notification (a notifications/ method) that carries an id, echoing it.
+func checkID(method string, id json.RawMessage) (json.RawMessage, *rpcError) {
 	id = bytes.TrimSpace(id)
 	if len(id) == 0 {
 		return nil, nil
 	}
 	switch id[0] {
+	case '"':
+	case 'n':
+		return nil, &rpcError{code: codeInvalidRequest, msg: "Invalid Request: id must not be null; use a string or an integer"}
 	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
 		var f float64
 		if json.Unmarshal(id, &f) != nil || f != math.Trunc(f) || math.Abs(f) > maxSafeID {
 			return id, &rpcError{code: codeInvalidRequest, msg: "Invalid Request: a numeric id must be an integer from -(2^53-1) to 2^53-1; use a string for larger ids"}
 		}
+	default:
+		return nil, &rpcError{code: codeInvalidRequest, msg: "Invalid Request: id must be a string or an integer"}
+	}
+	if strings.HasPrefix(method, "notifications/") {
+		return id, &rpcError{code: codeInvalidRequest, msg: "Invalid Request: " + method + " is a notification and must not carry an id"}
 	}
 	return nil, nil
 }

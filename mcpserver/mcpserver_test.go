@@ -473,6 +473,10 @@ func TestRequestIDs(t *testing.T) {
 			{"negative", `-9007199254740993`, `-9007199254740993`},
 			{"fraction", `1.5`, `1.5`},
 			{"out of range", `1e400`, `1e400`},
+			{"null", `null`, `null`},
+			{"bool", `true`, `null`},
+			{"object", `{"n":1}`, `null`},
+			{"array", `[1]`, `null`},
 		} {
 			t.Run("refused/"+string(era)+"/"+tc.name, func(t *testing.T) {
 				to := acct(t, "id")
@@ -488,6 +492,22 @@ func TestRequestIDs(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A notification with an id is refused as JSON-RPC, with the id, not in
+// the SDK's plain text.
+func TestNotificationWithID(t *testing.T) {
+	h := newHarness(t, nil)
+	p := principal(t, "a")
+	for _, era := range eras {
+		t.Run(string(era), func(t *testing.T) {
+			r := h.do(t, call{token: tok(p), era: era, method: "notifications/cancelled", params: map[string]any{"requestId": 1}})
+			r.fails(t, http.StatusBadRequest, codeInvalidRequest)
+			if string(r.ID) == "null" {
+				t.Errorf("id null, want the request's: %s", r.Body)
+			}
+		})
 	}
 }
 
