@@ -359,6 +359,16 @@
 // relies on it, and the middleware fails closed (-32603) if the values are
 // missing.
 //
+// Unknown methods. From 2026-07-28 the SDK answers a request for a method
+// the server does not serve with HTTP 404 and -32601. Before, it answered
+// a plain-text HTTP 400, which the 2025-11-25 transport does not allow for
+// a request (the answer is a JSON object or an SSE stream) and after which
+// a Go SDK client's connection is broken (it stays up after a non-2xx
+// answer only if the body is a JSON-RPC error). The HTTP wrapper answers
+// that one with HTTP 200 and -32601 "Method not found: <method>"
+// (unknownMethodWriter); every other answer passes through, and a
+// notification of an unknown method keeps the SDK's 400.
+//
 // The lean tasks/get path. A tasks/get that the SDK would hand to the
 // handler unchanged, and whose answer is a result, is answered by the HTTP
 // wrapper itself (leanget.go): the same handler and caller facts, the same

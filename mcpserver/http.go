@@ -173,7 +173,76 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, sdk, sse http
 		sse.ServeHTTP(w, r)
 		return
 	}
-	sdk.ServeHTTP(w, r)
+	if id == nil {
+		sdk.ServeHTTP(w, r)
+		return
+	}
+	uw := &unknownMethodWriter{ResponseWriter: w, id: id, method: facts.method}
+	sdk.ServeHTTP(uw, r)
+	uw.finish()
+}
+
+// unknownMethodWriter answers a request for a method the server does not
+// serve with JSON-RPC -32601. Before 2026-07-28 the SDK answers one with a
+// plain-text HTTP 400 ("JSON RPC not handled: …"; from 2026-07-28 it sends
+// 404 and -32601 itself), which the 2025-11-25 transport does not allow
+// for a request (the answer is a JSON object or an SSE stream) and which
+// breaks a Go SDK client's connection: that client keeps a connection
+// alive after a non-2xx answer only if the body is a JSON-RPC error. The
+// writer holds back a plain-text 400 and, if it is that one, answers HTTP
+// 200 with -32601, as the server's other 2025-11-25 errors are answered;
+// any other answer passes through unchanged.
+type unknownMethodWriter struct {
+	http.ResponseWriter
+	id     json.RawMessage
+	method string
+	held   bool // a plain-text 400 is held back
+	body   bytes.Buffer
+}
+
+// notHandled is how the SDK's plain-text answer to an unknown method
+// starts (its internal jsonrpc2.ErrNotHandled).
+const notHandled = "JSON RPC not handled"
+
+func (w *unknownMethodWriter) WriteHeader(code int) {
+	if code == http.StatusBadRequest && strings.HasPrefix(w.Header().Get("Content-Type"), "text/plain") {
+		w.held = true
+		return
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *unknownMethodWriter) Write(b []byte) (int, error) {
+	if w.held {
+		return w.body.Write(b)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *unknownMethodWriter) Flush() {
+	if w.held {
+		return
+	}
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *unknownMethodWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// finish writes what was held back.
+func (w *unknownMethodWriter) finish() {
+	if !w.held {
+		return
+	}
+	if strings.HasPrefix(w.body.String(), notHandled) {
+		w.Header().Del("X-Content-Type-Options")
+		writeRPCError(w.ResponseWriter, http.StatusOK, w.id, &rpcError{code: codeMethodNotFound, msg: "Method not found: " + w.method})
+		return
+	}
+	w.ResponseWriter.WriteHeader(http.StatusBadRequest)
+	_, _ = w.ResponseWriter.Write(w.body.Bytes())
 }
 
 // maxWorking bounds the requests that do store work at once, across

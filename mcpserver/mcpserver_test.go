@@ -511,6 +511,32 @@ func TestNotificationWithID(t *testing.T) {
 	}
 }
 
+// A request for a method the server does not serve is JSON-RPC -32601 in
+// both eras. Before 2026-07-28 the SDK answered it with a plain-text HTTP
+// 400, which breaks a Go SDK client's connection (it keeps one only after
+// a JSON-RPC error body); other plain-text answers are left as they are.
+func TestUnknownMethod(t *testing.T) {
+	h := newHarness(t, nil)
+	p := tok(principal(t, "a"))
+	for _, method := range []string{"foo/bar", "countersign/transactionToken"} {
+		for _, era := range eras {
+			t.Run(method+"/"+string(era), func(t *testing.T) {
+				r := h.do(t, call{token: p, era: era, method: method, params: map[string]any{}, edit: func(b []byte) []byte { return setID(t, b, `"q-7"`) }})
+				r.fails(t, map[tasks.Era]int{tasks.Era2026: http.StatusNotFound, tasks.Era2025: http.StatusOK}[era], codeMethodNotFound)
+				if string(r.ID) != `"q-7"` || !strings.Contains(r.Error.Message, method) {
+					t.Errorf("id %s, message %q", r.ID, r.Error.Message)
+				}
+			})
+		}
+	}
+	t.Run("plain-text answers pass through", func(t *testing.T) {
+		r := h.do(t, call{token: p, era: tasks.Era2025, method: "tools/list", headers: map[string]string{"Accept": "application/json"}})
+		if r.Status != http.StatusBadRequest || !strings.HasPrefix(r.Header.Get("Content-Type"), "text/plain") || !strings.Contains(string(r.Body), "Accept") {
+			t.Errorf("HTTP %d %q: %s", r.Status, r.Header.Get("Content-Type"), r.Body)
+		}
+	})
+}
+
 // setID replaces the id of a request body with raw.
 func setID(tb testing.TB, body []byte, raw string) []byte {
 	tb.Helper()
