@@ -33,6 +33,13 @@ const reasonEvalFailed = "the policy could not be evaluated."
 // create (dedup, limits, record, workflow); this package maps the protocol
 // to it and its answer back.
 func (s *Server) callTool(ctx context.Context, info *callInfo, p *mcp.CallToolParamsRaw) (mcp.Result, error) {
+	if info.era == tasks.Era2025 && info.legacyTask && s.taskForbidden(p.Name) {
+		// 2025-11-25 tools: a tool whose execution.taskSupport is
+		// "forbidden" must not be invoked as a task, and the server
+		// SHOULD answer -32601. Answering it at once instead ran the tool
+		// and then failed a client that waits for a CreateTaskResult.
+		return nil, &rpcError{code: codeMethodNotFound, msg: fmt.Sprintf("Tool %s cannot be called as a task (execution.taskSupport is \"forbidden\"); call it without params.task", p.Name)}
+	}
 	if isFollowUp(p.Name) {
 		// Countersign's own tools: never gated, never policy's.
 		return s.callFollowUp(ctx, info, p.Name, p.Arguments)
@@ -364,6 +371,18 @@ func inputCapability(req json.RawMessage) string {
 func clientHoldsTask(info *callInfo, tool gateway.Tool) bool {
 	c := &gatedCall{info: info, tool: tool}
 	return c.canHoldTask()
+}
+
+// taskForbidden reports whether the 2025-11-25 tools/list shows the tool
+// with execution.taskSupport "forbidden" whatever the caller: Countersign's
+// own tools and read-only tools (see legacyToolList). An unknown tool is
+// not: it is -32602, as in any call.
+func (s *Server) taskForbidden(name string) bool {
+	if isFollowUp(name) {
+		return true
+	}
+	tool, ok := s.opts.Tools.Lookup(name)
+	return ok && tool.ReadOnly
 }
 
 // legacyTaskAugmented reports a 2025-11-25 call that asked for a task on a

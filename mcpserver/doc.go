@@ -75,7 +75,11 @@
 // (approvals.Service.Charge, before the call runs), which bounds the
 // storage a caller can cause. (Their CreateTaskResult shows status completed at once;
 // SEP-2663 allows a non-working seed status, the 2025-11-25 text says tasks
-// begin working, and no client we know checks.)
+// begin working, and no client we know checks.) A 2025-11-25 tools/call
+// with params.task on a tool that tools/list shows with taskSupport
+// "forbidden" whatever the caller (Countersign's own tools, read-only
+// tools) is -32601 before anything runs, as the 2025-11-25 tools text says
+// a server should answer; in 2026-07-28 params.task is ignored (SEP-2663).
 //
 // # Clients without tasks
 //

@@ -814,6 +814,43 @@ func TestLegacyTaskAugmentedDecidedCalls(t *testing.T) {
 	}
 }
 
+// A 2025-11-25 tools/call with params.task on a tool listed with
+// execution.taskSupport "forbidden" is -32601 and does not run; without
+// params.task, and in 2026-07-28 (where params.task is ignored), the tool
+// answers as usual.
+func TestLegacyTaskOnForbiddenTool(t *testing.T) {
+	h := newHarness(t, nil)
+	p := principal(t, "a")
+	for _, name := range []string{"list_transfers", ToolPending, ToolAwait} {
+		t.Run(name, func(t *testing.T) {
+			args := map[string]any{}
+			if name == ToolAwait {
+				args["taskId"] = "tsk_unknown"
+			}
+			r := h.do(t, call{token: tok(p), era: tasks.Era2025, method: "tools/call", params: map[string]any{"name": name, "arguments": args, "task": map[string]any{"ttl": 60000}}})
+			// The SDK sends every -32601 a handler returns as
+			// `method not found: "tools/call"`, whatever its message.
+			r.fails(t, http.StatusOK, codeMethodNotFound)
+			if name == ToolAwait {
+				return // it answers an unknown task as such, without params.task too
+			}
+			var res toolCallResult
+			h.do(t, call{token: tok(p), era: tasks.Era2025, method: "tools/call", params: map[string]any{"name": name, "arguments": args}}).ok(t, &res)
+			if res.IsError {
+				t.Errorf("without params.task: %+v", res)
+			}
+			h.do(t, call{token: tok(p), era: tasks.Era2026, tasks: true, method: "tools/call", params: map[string]any{"name": name, "arguments": args, "task": map[string]any{"ttl": 60000}}}).ok(t, &res)
+			if res.IsError || res.ResultType != "complete" {
+				t.Errorf("2026-07-28 with params.task: %+v", res)
+			}
+		})
+	}
+	t.Run("unknown tool", func(t *testing.T) {
+		r := h.do(t, call{token: tok(p), era: tasks.Era2025, method: "tools/call", params: map[string]any{"name": "launch_missiles", "arguments": map[string]any{}, "task": map[string]any{}}})
+		r.fails(t, http.StatusOK, codeInvalidParams)
+	})
+}
+
 func TestLegacyTasksResultBlocksUntilTerminal(t *testing.T) {
 	h := newHarness(t, nil)
 	p := principal(t, "a")
