@@ -447,7 +447,12 @@
 //     cancels. The HTTP wrapper adds what the SDK lacks: an SSE comment
 //     every KeepAlive (15 s) while quiet, serialized with the SDK's writes
 //     (it writes each event in one Write, so a comment never splits one),
-//     X-Accel-Buffering: no, and an end at shutdown.
+//     X-Accel-Buffering: no, and an end at shutdown. No task status
+//     notifications are sent (SEP-2663 makes them optional): a listen
+//     that asks for them (notifications.taskIds) is acknowledged without
+//     taskIds, so the client polls tasks/get, and one that asks without
+//     declaring the tasks extension is HTTP 400 and -32021 naming it
+//     (checkListen), as SEP-2663 requires.
 //   - 2025-11-25: the stateless SDK answers GET with 405, so the wrapper
 //     serves GET itself: after the same authentication and budget as a
 //     POST, a standalone SSE stream that carries only

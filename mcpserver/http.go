@@ -745,6 +745,12 @@ func inspect(body []byte, h http.Header, facts *requestFacts) (json.RawMessage, 
 		return echo, rerr, http.StatusBadRequest
 	}
 	facts.method, facts.id = msg.Method, validID(msg.ID)
+	if msg.Method == methodListen {
+		if rerr := checkListen(msg.Params); rerr != nil {
+			return validID(msg.ID), rerr, http.StatusBadRequest
+		}
+		return nil, nil, 0
+	}
 	var names []string
 	switch msg.Method {
 	case "tools/call":
@@ -787,6 +793,31 @@ func inspect(body []byte, h http.Header, facts *requestFacts) (json.RawMessage, 
 		}
 	}
 	return nil, nil, 0
+}
+
+// checkListen refuses a 2026-07-28 subscriptions/listen that asks for task
+// status notifications (params.notifications.taskIds) without declaring
+// the tasks extension in its _meta client capabilities: SEP-2663 requires
+// -32021 naming the extension. The SDK, which does not know taskIds,
+// would acknowledge the rest and drop them silently. Members are read by
+// their exact names, as the SDK reads them; params it cannot read are the
+// SDK's to answer.
+func checkListen(raw json.RawMessage) *rpcError {
+	var params, notes, meta, caps, exts map[string]json.RawMessage
+	var taskIDs []json.RawMessage
+	var version string
+	if json.Unmarshal(raw, &params) != nil || json.Unmarshal(params["notifications"], &notes) != nil ||
+		json.Unmarshal(notes["taskIds"], &taskIDs) != nil || len(taskIDs) == 0 ||
+		json.Unmarshal(params["_meta"], &meta) != nil ||
+		json.Unmarshal(meta["io.modelcontextprotocol/protocolVersion"], &version) != nil || version < modernVersion {
+		return nil
+	}
+	_ = json.Unmarshal(meta[metaClientCapabilities], &caps)
+	_ = json.Unmarshal(caps["extensions"], &exts)
+	if _, ok := exts[tasks.ExtTasks]; ok {
+		return nil
+	}
+	return missingTasksCapability()
 }
 
 // metaLogLevel is the _meta key of a 2026-07-28 request's log level.

@@ -520,3 +520,62 @@ func TestStreamRevokedAsItOpens(t *testing.T) {
 		t.Errorf("%d streams left open", n)
 	}
 }
+
+// SEP-2663, Task Status Notifications: a client that asks for task status
+// notifications on subscriptions/listen without declaring the tasks
+// extension gets -32021 naming it. A declaring client is acknowledged
+// without taskIds: this server agrees to send none, and the client polls.
+func TestListenTaskIDsNeedTasksExtension(t *testing.T) {
+	h := newHarness(t, nil)
+	p := tok(principal(t, "a"))
+	params := map[string]any{"notifications": map[string]any{"taskIds": []string{"tsk_x"}, "toolsListChanged": true}}
+	r := h.do(t, call{token: p, era: tasks.Era2026, method: methodListen, params: params})
+	r.fails(t, http.StatusBadRequest, codeMissingCapability)
+	if want := string(missingTasksData); string(r.Error.Data) != want {
+		t.Errorf("data %s, want %s", r.Error.Data, want)
+	}
+	resp := openListen(t, h, p, params, true)
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.Contains(line, "notifications/subscriptions/acknowledged") {
+			if strings.Contains(line, "taskIds") || !strings.Contains(line, "toolsListChanged") {
+				t.Errorf("acknowledgement: %s", line)
+			}
+			return
+		}
+	}
+	t.Fatalf("no acknowledgement (HTTP %d)", resp.StatusCode)
+}
+
+// openListen opens a 2026-07-28 subscriptions/listen with params, for at
+// most two seconds.
+func openListen(t *testing.T, h *harness, token string, params map[string]any, declare bool) *http.Response {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	t.Cleanup(cancel)
+	caps := map[string]any{}
+	if declare {
+		caps["extensions"] = map[string]any{tasks.ExtTasks: map[string]any{}}
+	}
+	p := map[string]any{"_meta": map[string]any{
+		"io.modelcontextprotocol/protocolVersion":    string(tasks.Era2026),
+		"io.modelcontextprotocol/clientCapabilities": caps,
+	}}
+	for k, v := range params {
+		p[k] = v
+	}
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": methodListen, "params": p})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.ts.URL, bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", string(tasks.Era2026))
+	req.Header.Set("Mcp-Method", methodListen)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
