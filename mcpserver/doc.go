@@ -243,7 +243,8 @@
 // _meta["io.modelcontextprotocol/verified-approval"] = {required:
 // "verified", authenticatorClass} when its decision for the caller and empty
 // arguments is "verify" (2025-11-25 lists it taskSupport "forbidden": the
-// call answers at once); approval/challenge/create evaluates the exact
+// call answers at once; 2026-07-28 gives the list, which now depends on
+// the caller, cacheScope "private"); approval/challenge/create evaluates the exact
 // arguments and answers tool_not_approved_required unless the decision is
 // "verify".
 //

@@ -458,16 +458,25 @@ func verifiedConsumerKey(ev evidence) string {
 	return "inband-" + hex.EncodeToString(h.Sum(nil))
 }
 
+// cacheScopePrivate is the 2026-07-28 cacheScope of an answer that depends
+// on the caller: only the caller's own client may cache it.
+const cacheScopePrivate = "private"
+
 // annotateVerified adds the SEP-2672 annotation to the tools that policy
 // puts under verified approval for this caller: those whose decision, for
 // the caller and empty arguments, is "verify". (Policy decides per call;
 // a call whose decision is "verify" needs evidence whatever tools/list
 // said.) Tools are copied, never changed in place: the SDK shares them.
+//
+// The list then depends on who asks, so its 2026-07-28 cacheScope is
+// "private" (SEP-2549: "public" lets a shared intermediary serve one
+// caller's answer to another); the SDK's default is "public".
 func (s *Server) annotateVerified(ctx context.Context, info *callInfo, list *mcp.ListToolsResult) *mcp.ListToolsResult {
 	if s.opts.Passkeys == nil {
 		return list
 	}
 	out := *list
+	out.CacheScope = cacheScopePrivate
 	out.Tools = make([]*mcp.Tool, 0, len(list.Tools))
 	for _, t := range list.Tools {
 		gt, ok := s.opts.Tools.Lookup(t.Name)

@@ -339,6 +339,28 @@ func TestVerifiedToolAnnotation(t *testing.T) {
 	}
 }
 
+// A tools/list that policy annotates per caller is not for shared caches:
+// cacheScope "private" (2026-07-28, SEP-2549); without verified approval
+// the list is the same for everyone and stays "public".
+func TestVerifiedToolListIsPrivate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		h    *harness
+		want string
+	}{
+		{"verified approval", newVerifiedHarness(t).harness, "private"},
+		{"none", newHarness(t, nil), "public"},
+	} {
+		var list struct {
+			CacheScope string `json:"cacheScope"`
+		}
+		tc.h.do(t, call{token: tok(freshPrincipal(t, "a")), era: tasks.Era2026, method: "tools/list"}).ok(t, &list)
+		if list.CacheScope != tc.want {
+			t.Errorf("%s: cacheScope %q, want %q", tc.name, list.CacheScope, tc.want)
+		}
+	}
+}
+
 // Reference: enrollment stores a credential; the options require user
 // verification and list excludeCredentials (empty at first, then the
 // enrolled passkey).
