@@ -34,7 +34,8 @@ func newClient(o Options) *benchClient {
 	hc := o.HTTP
 	if hc == nil {
 		hc = &http.Client{
-			Timeout: 2 * time.Minute,
+			Timeout:       2 * time.Minute,
+			CheckRedirect: refuseRedirect,
 			Transport: &http.Transport{
 				Proxy:               nil,
 				DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -45,6 +46,15 @@ func newClient(o Options) *benchClient {
 		}
 	}
 	return &benchClient{base: o.Server, agent: o.AgentToken, admin: o.AdminToken, http: hc}
+}
+
+// refuseRedirect is the bench client's CheckRedirect: it follows no
+// redirect. Go forwards the Authorization header on a redirect to the same
+// host whatever the scheme, so an https server redirecting to plain http
+// would get the agent's and the admin's tokens in clear text; and a bench
+// whose requests are redirected measures the redirect.
+func refuseRedirect(req *http.Request, _ []*http.Request) error {
+	return fmt.Errorf("bench: the server redirected to %s; give --server the URL it redirects to", req.URL.Redacted())
 }
 
 // check makes sure the server answers, the agent token is accepted and the
