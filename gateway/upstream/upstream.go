@@ -329,11 +329,6 @@ func (u *Upstream) Close() error {
 	return nil
 }
 
-func (u *Upstream) session() *mcp.ClientSession {
-	sess, _ := u.current()
-	return sess
-}
-
 // current returns the session and the tools it lists, by upstream name;
 // nil when there is none.
 func (u *Upstream) current() (*mcp.ClientSession, map[string]Tool) {

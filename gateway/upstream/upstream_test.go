@@ -809,7 +809,7 @@ func TestStdioClosedSessionNotSent(t *testing.T) {
 		Env: map[string]string{helperEnv: "server"}, Logger: slog.New(slog.DiscardHandler), OnChange: ch.onChange})
 	t.Cleanup(func() { u.Close() })
 	ch.wait(t, "tools", has("helper__echo"))
-	sess := u.session()
+	sess, _ := u.current()
 	if sess == nil {
 		t.Fatal("no session")
 	}
