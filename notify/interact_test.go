@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -550,9 +551,16 @@ func TestSlackUserLinkHandler(t *testing.T) {
 		return mux
 	}
 	audited := handler(auditLog)
-	do := func(h http.Handler, id, auth, body string) (int, map[string]any) {
-		req := httptest.NewRequest(http.MethodPost, "/admin/v1/approvers/"+id+"/slack", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
+	// send makes one admin request; a body is sent as JSON.
+	send := func(h http.Handler, method, path, auth, body string) (int, map[string]any) {
+		var rd io.Reader
+		if body != "" {
+			rd = strings.NewReader(body)
+		}
+		req := httptest.NewRequest(method, path, rd)
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
 		if auth != "" {
 			req.Header.Set("Authorization", auth)
 		}
@@ -561,6 +569,9 @@ func TestSlackUserLinkHandler(t *testing.T) {
 		var out map[string]any
 		_ = json.Unmarshal(w.Body.Bytes(), &out)
 		return w.Code, out
+	}
+	do := func(h http.Handler, id, auth, body string) (int, map[string]any) {
+		return send(h, http.MethodPost, "/admin/v1/approvers/"+id+"/slack", auth, body)
 	}
 	bearer := "Bearer " + admin
 	for _, tc := range []struct {
@@ -643,15 +654,7 @@ func TestSlackUserLinkHandler(t *testing.T) {
 	// link can be removed from Bob; a second unlink changes nothing and
 	// records nothing new; refused requests change nothing.
 	unlink := func(h http.Handler, id, user, auth string) (int, map[string]any) {
-		req := httptest.NewRequest(http.MethodDelete, "/admin/v1/approvers/"+id+"/slack/"+user, nil)
-		if auth != "" {
-			req.Header.Set("Authorization", auth)
-		}
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, req)
-		var out map[string]any
-		_ = json.Unmarshal(w.Body.Bytes(), &out)
-		return w.Code, out
+		return send(h, http.MethodDelete, "/admin/v1/approvers/"+id+"/slack/"+user, auth, "")
 	}
 	for _, tc := range []struct {
 		name, id, user, auth string
