@@ -580,6 +580,29 @@ func TestVerifiedAuthenticatorClassAtVerification(t *testing.T) {
 	}
 }
 
+// §4.7 defines the cross-platform class by what it admits: a passkey whose
+// transports include hybrid, usb, nfc or ble. One enrolled without
+// transports (a client that does not report getTransports()) is not
+// admitted, as in the reference: no_eligible_credential at issuance, and
+// authenticator_class_mismatch when it answers a challenge issued to an
+// eligible passkey; the challenge stays usable.
+func TestVerifiedCrossPlatformNeedsARoamingTransport(t *testing.T) {
+	h := newVerifiedHarness(t)
+	p := freshPrincipal(t, "a")
+	bare := h.enroll(t, p)
+	wantReason(t, h.challengeRPC(t, p, "place_trade", trade(1)), passkey.ReasonNoEligibleCredential)
+	k := h.enroll(t, p, "nfc")
+	env := h.challenge(t, p, trade(1))
+	if len(env.RequestOptions.AllowCredentials) != 1 || env.RequestOptions.AllowCredentials[0].ID != k.credID {
+		t.Errorf("allowCredentials = %+v, want only %s", env.RequestOptions.AllowCredentials, k.credID)
+	}
+	wantReason(t, h.callWith(t, p, trade(1), evidenceOf(env, bare.sign(t, env))), passkey.ReasonAuthenticatorClassMismatch)
+	h.callWith(t, p, trade(1), evidenceOf(env, k.sign(t, env))).ok(t, nil)
+	if n := h.trades(t, p); n != 1 {
+		t.Errorf("trades = %d, want 1", n)
+	}
+}
+
 // Reference: a rewound signature counter is signature_counter_regression.
 func TestVerifiedCounterRegression(t *testing.T) {
 	h := newVerifiedHarness(t)

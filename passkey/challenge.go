@@ -19,9 +19,11 @@ import (
 
 // Authenticator classes (SEP-2672 §4.7).
 const (
-	// ClassCrossPlatform excludes credentials whose stored transports are
-	// exclusively "internal" (same-device-only). It is the SEP default: an
-	// empty class means cross-platform.
+	// ClassCrossPlatform admits only credentials whose stored transports
+	// include a roaming one (hybrid, usb, nfc or ble): it excludes those
+	// that are exclusively "internal" (same-device-only) and those that
+	// reported no transports. It is the SEP default: an empty class means
+	// cross-platform.
 	ClassCrossPlatform = "cross-platform"
 	// ClassPlatform accepts every enrolled credential.
 	ClassPlatform = "platform"
@@ -39,14 +41,19 @@ func normalizeClass(c string) (string, error) {
 }
 
 // classAllows applies the §4.7 capability filter to a credential's stored
-// transports. A credential that reported no transports is not "exclusively
-// internal" and stays eligible.
+// transports. Cross-platform admits a credential whose transports include
+// at least one of hybrid, usb, nfc or ble, as §4.7 defines the class (and
+// the reference implementation checks it): one that is exclusively
+// "internal" is excluded, and so is one that reported no transports (or
+// only others, such as "smart-card"), since nothing says it can leave the
+// device. Platform admits every credential.
 func classAllows(class string, transports []protocol.AuthenticatorTransport) bool {
-	if class == ClassPlatform || len(transports) == 0 {
+	if class == ClassPlatform {
 		return true
 	}
 	for _, t := range transports {
-		if t != protocol.Internal {
+		switch t {
+		case protocol.Hybrid, protocol.USB, protocol.NFC, protocol.BLE:
 			return true
 		}
 	}

@@ -128,9 +128,10 @@
 // retried; ErrInvalidArgument and ErrNotFound are caller errors.
 //
 // Authenticator class (§4.7): "cross-platform" (also the meaning of an empty
-// class) excludes credentials whose stored transports are exclusively
-// "internal"; "platform" accepts every credential. Verify applies the
-// stricter of the caller's class and the challenge's.
+// class) admits only credentials whose stored transports include hybrid,
+// usb, nfc or ble, so it excludes those that are exclusively "internal" and
+// those enrolled without transports; "platform" accepts every credential.
+// Verify applies the stricter of the caller's class and the challenge's.
 //
 // Tokens, assertions and tool arguments are never logged.
 package passkey

@@ -39,7 +39,11 @@ func TestClassAllows(t *testing.T) {
 		{ClassCrossPlatform, []string{"internal", "internal"}, false},
 		{ClassCrossPlatform, []string{"hybrid", "internal"}, true},
 		{ClassCrossPlatform, []string{"usb"}, true},
-		{ClassCrossPlatform, nil, true}, // no transports reported: not exclusively internal
+		{ClassCrossPlatform, []string{"nfc"}, true},
+		{ClassCrossPlatform, []string{"ble", "internal"}, true},
+		{ClassCrossPlatform, nil, false},                    // no transports reported: none of §4.7's four
+		{ClassCrossPlatform, []string{"smart-card"}, false}, // not one of §4.7's four either
+		{ClassPlatform, nil, true},
 		{ClassPlatform, []string{"internal"}, true},
 	}
 	for _, tt := range tests {
