@@ -235,10 +235,15 @@ func TestRejections(t *testing.T) {
 		},
 			func() Expect { return expect(t) }, TypePermissionDenied, ReasonUnsupportedAlg, true},
 		{"alg none", func() string {
+			// An unsecured JWT as RFC 7519 §6.1 writes it: an empty signature.
 			h := base64.RawURLEncoding.EncodeToString([]byte(`{"alg":"none","kid":"` + f.svc.CurrentKeyID() + `"}`))
 			b, _ := json.Marshal(valid())
 			return h + "." + base64.RawURLEncoding.EncodeToString(b) + "."
-		}, func() Expect { return expect(t) }, TypePermissionDenied, ReasonMalformed, true},
+		}, func() Expect { return expect(t) }, TypePermissionDenied, ReasonUnsupportedAlg, true},
+		{"EdDSA without a signature", func() string {
+			tok := own(valid())
+			return tok[:strings.LastIndex(tok, ".")+1]
+		}, func() Expect { return expect(t) }, TypePermissionDenied, ReasonBadSignature, true},
 		{"garbage", func() string { return "not-a-token" }, func() Expect { return expect(t) }, TypePermissionDenied, ReasonMalformed, true},
 		{"too long", func() string { return strings.Repeat("a", MaxTokenBytes+1) }, func() Expect { return expect(t) }, TypePermissionDenied, ReasonMalformed, true},
 		{"extra claim", func() string {

@@ -120,8 +120,11 @@ func Parse(raw string, key func(kid string) (ed25519.PublicKey, error)) (Claims,
 	if raw == "" || len(raw) > MaxTokenBytes {
 		return Claims{}, reject(ReasonMalformed, fmt.Sprintf("the token must be a compact JWS of at most %d bytes", MaxTokenBytes))
 	}
+	// An empty signature part is still the form: an unsecured JWT ("alg":
+	// "none", RFC 7519 §6.1) has one, and is refused for its algorithm; an
+	// EdDSA token without a signature does not verify.
 	parts := strings.Split(raw, ".")
-	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+	if len(parts) != 3 || parts[0] == "" || parts[1] == "" {
 		return Claims{}, reject(ReasonMalformed, "the token is not a compact JWS (three base64url parts)")
 	}
 	hb, err := base64.RawURLEncoding.DecodeString(parts[0])
