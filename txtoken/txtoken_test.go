@@ -254,6 +254,8 @@ func TestRejections(t *testing.T) {
 		{"missing jti", func() string { c := valid(); c.ID = ""; return own(c) }, func() Expect { return expect(t) }, TypePermissionDenied, ReasonBadClaims, true},
 		{"negative iat", func() string { c := valid(); c.IssuedAt = -1 << 62; c.Expiry = 1 << 62; return own(c) }, func() Expect { return expect(t) }, TypePermissionDenied, ReasonBadClaims, true},
 		{"another audience", func() string { return other.issue(t).Token }, func() Expect { return expect(t) }, TypePermissionDenied, ReasonWrongAudience, false},
+		{"aud alone another server", func() string { c := valid(); c.Audience = "https://other.test"; return own(c) }, func() Expect { return expect(t) }, TypePermissionDenied, ReasonWrongAudience, false},
+		{"iss alone another server", func() string { c := valid(); c.Issuer = "https://other.test"; return own(c) }, func() Expect { return expect(t) }, TypePermissionDenied, ReasonWrongAudience, false},
 		{"lifetime over 60s", func() string { c := valid(); c.Expiry = c.IssuedAt + 61; return own(c) }, func() Expect { return expect(t) }, TypePermissionDenied, ReasonLifetimeTooLong, false},
 		{"lifetime overflowing a Duration", func() string { c := valid(); c.Expiry = c.IssuedAt + 1<<62; return own(c) }, func() Expect { return expect(t) }, TypePermissionDenied, ReasonLifetimeTooLong, false},
 		{"issued in the future", func() string { c := valid(); c.IssuedAt += 30; c.Expiry += 30; return own(c) }, func() Expect { return expect(t) }, TypePermissionDenied, ReasonNotYetValid, false},
@@ -319,6 +321,40 @@ func TestExpiryUsesSkew(t *testing.T) {
 	}
 	if f.consumed(t, is.JTI) {
 		t.Fatal("expired token consumed")
+	}
+}
+
+// TestIssuedAtUsesSkew: an iat ahead of this server's clock by less than
+// the skew (another replica's clock) is accepted; beyond it the token is
+// not_yet_valid and is not consumed.
+func TestIssuedAtUsesSkew(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	priv, err := f.svc.privateKey(ctx, f.svc.CurrentKeyID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ahead := func(d time.Duration) (string, string) {
+		iat := f.svc.opts.Now().Add(d).Unix()
+		c := Claims{Issuer: serverID, Subject: "agent-a", Audience: serverID, IssuedAt: iat, Expiry: iat + 60,
+			ID: newID("txt_"), MCP: MCP{Tool: "transfer_funds", ParametersHash: hashOf(t, "transfer_funds", args)}}
+		return signWith(t, priv, jose.EdDSA, f.svc.CurrentKeyID(), c), c.ID
+	}
+	// Issued by a replica whose clock runs ahead, redeemed here.
+	f.advance(DefaultSkew - time.Second)
+	is := f.issue(t)
+	f.advance(-(DefaultSkew - time.Second))
+	if _, err := f.svc.Redeem(ctx, is.Token, expect(t)); err != nil {
+		t.Fatalf("iat within the skew: %v", err)
+	}
+	tok, jti := ahead(DefaultSkew + 2*time.Second)
+	_, err = f.svc.Redeem(ctx, tok, expect(t))
+	var rej *Error
+	if !errors.As(err, &rej) || rej.Reason != ReasonNotYetValid {
+		t.Fatalf("iat past the skew: %v", err)
+	}
+	if f.consumed(t, jti) {
+		t.Fatal("a token issued in the future was consumed")
 	}
 }
 
