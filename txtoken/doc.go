@@ -8,7 +8,7 @@
 // A token is a compact JWS (JWT), signed EdDSA (Ed25519) with a kid header:
 //
 //	{"alg":"EdDSA","kid":"ed25519-<hex>","typ":"JWT"}
-//	{"iss":<serverId>,"sub":<principal>,"aud":<serverId>,"iat":…,"exp":…,
+//	{"iss":<serverId>,"sub":<principal>,"aud":<serverId>,"exp":…,"iat":…,
 //	 "jti":"txt_<32 hex>","mcp":{"tool":<tool>,"parameters_hash":<action hash>}}
 //
 // parameters_hash is the SEP-2672 §4.6 action hash of the tool, the
