@@ -711,6 +711,49 @@ func TestVerifiedUntestedReasons(t *testing.T) {
 	}
 }
 
+// The client data the passkey signed is checked too (WebAuthn §7.2 steps
+// 10-13): an assertion whose signature verifies but whose clientDataJSON
+// is of a registration, names another challenge or origin, or comes from
+// a cross-origin frame is signature_verification_failed, and the challenge
+// stays usable. Members a browser adds on its own are no reason to refuse.
+func TestVerifiedClientData(t *testing.T) {
+	h := newVerifiedHarness(t)
+	p := freshPrincipal(t, "a")
+	k := h.enroll(t, p, "usb")
+	env := h.challenge(t, p, trade(1))
+	other := h.challenge(t, p, trade(1))
+	resign := func(edit func(cd map[string]any)) json.RawMessage {
+		return testpasskey.ResignClientData(t, mustJSON(t, k.sign(t, env)), k.cred, edit)
+	}
+	for name, edit := range map[string]func(cd map[string]any){
+		"type webauthn.create": func(cd map[string]any) { cd["type"] = "webauthn.create" },
+		"no type":              func(cd map[string]any) { delete(cd, "type") },
+		"another challenge":    func(cd map[string]any) { cd["challenge"] = other.RequestOptions.Challenge },
+		"padded challenge":     func(cd map[string]any) { cd["challenge"] = cd["challenge"].(string) + "==" },
+		"another origin":       func(cd map[string]any) { cd["origin"] = "https://evil.example" },
+		"cross-origin frame": func(cd map[string]any) {
+			cd["crossOrigin"] = true
+			cd["topOrigin"] = "https://evil.example"
+		},
+		"topOrigin without crossOrigin": func(cd map[string]any) { cd["topOrigin"] = testOrigin },
+	} {
+		t.Run(name, func(t *testing.T) {
+			wantReason(t, h.callWith(t, p, trade(1), evidenceOf(env, resign(edit))), passkey.ReasonSignatureVerificationFailed)
+		})
+	}
+	if n := h.trades(t, p); n != 0 {
+		t.Fatalf("refused client data executed %d trades", n)
+	}
+	extra := resign(func(cd map[string]any) {
+		cd["other_keys_can_be_added_here"] = "do not compare clientDataJSON against a template. See https://goo.gl/yabPex"
+		cd["crossOrigin"] = false
+	})
+	h.callWith(t, p, trade(1), evidenceOf(env, extra)).ok(t, nil)
+	if n := h.trades(t, p); n != 1 {
+		t.Errorf("trades = %d, want 1", n)
+	}
+}
+
 // Every malformed evidence shape is missing_evidence (oversize
 // clientDataJSON too), nothing runs, and the challenge stays usable.
 func TestVerifiedMalformedEvidence(t *testing.T) {

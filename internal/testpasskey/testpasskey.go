@@ -5,7 +5,9 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
 	"testing"
 
@@ -55,6 +57,49 @@ func FlipSignature(t testing.TB, assertion json.RawMessage) json.RawMessage {
 		sig[10] = 'A'
 	}
 	resp["signature"] = string(sig)
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// ResignClientData returns the WebAuthn assertion (PublicKeyCredential
+// JSON) with its clientDataJSON rewritten by edit and signed again with
+// cred: what a client, or an authenticator in another context, would
+// send for that client data. The signature verifies; only the client
+// data's own checks (type, challenge, origin, crossOrigin) can refuse it.
+func ResignClientData(t testing.TB, assertion json.RawMessage, cred virtualwebauthn.Credential, edit func(cd map[string]any)) json.RawMessage {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(assertion, &m); err != nil {
+		t.Fatal(err)
+	}
+	resp := m["response"].(map[string]any)
+	raw, err := base64.RawURLEncoding.DecodeString(resp["clientDataJSON"].(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cd map[string]any
+	if err := json.Unmarshal(raw, &cd); err != nil {
+		t.Fatal(err)
+	}
+	edit(cd)
+	if raw, err = json.Marshal(cd); err != nil {
+		t.Fatal(err)
+	}
+	authData, err := base64.RawURLEncoding.DecodeString(resp["authenticatorData"].(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cdHash := sha256.Sum256(raw)
+	digest := sha256.Sum256(append(authData, cdHash[:]...))
+	sig, err := cred.Key.Sign(digest[:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp["clientDataJSON"] = base64.RawURLEncoding.EncodeToString(raw)
+	resp["signature"] = base64.RawURLEncoding.EncodeToString(sig)
 	b, err := json.Marshal(m)
 	if err != nil {
 		t.Fatal(err)
