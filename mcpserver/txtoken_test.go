@@ -221,6 +221,32 @@ func TestTokenRejectionsChangeNothing(t *testing.T) {
 	}
 }
 
+// A token counts only for a call policy puts in the token mode: a call
+// policy allows runs and ignores the token it carries, a call policy denies
+// is denied whatever it carries, and neither consumes it (the token still
+// runs its own call afterwards).
+func TestTokenIgnoredOutsideTokenMode(t *testing.T) {
+	h, _, _, _ := tokenHarness(t, nil)
+	era := tasks.Era2025
+	who := principal(t, "a")
+	to := principal(t, "acct")
+	args := transferArgs(to, 5000)
+	tok := h.mustToken(t, era, who, "transfer_funds", args)
+	if res := h.callWithToken(t, era, who, "list_transfers", map[string]any{}, tok.Token); res.IsError {
+		t.Fatalf("allowed call carrying a token: %s", res.text())
+	}
+	res := h.callWithToken(t, era, who, "delete_records", map[string]any{"table": "customers", "filter": "inactive > 5y"}, tok.Token)
+	if !res.IsError || res.Meta[tasks.MetaDisposition] != string(tasks.DeniedNotExecuted) || res.Meta[MetaTokenError] != nil {
+		t.Fatalf("denied call carrying a token: %+v", res)
+	}
+	if res := h.callWithToken(t, era, who, "transfer_funds", args, tok.Token); res.IsError {
+		t.Fatalf("the token's own call after the others: %s", res.text())
+	}
+	if n := h.transfersTo(t, to); n != 1 {
+		t.Fatalf("%d transfers, want 1", n)
+	}
+}
+
 // A token issued for 5000 binds the action hash of 5000; a call with a
 // number that JCS rounds to 5000 would have carried the same hash. It is
 // refused as invalid arguments, the token stays unspent and no audit record

@@ -754,6 +754,31 @@ func TestVerifiedClientData(t *testing.T) {
 	}
 }
 
+// §4.8 step 10 with user verification required: an assertion whose
+// authenticator data does not assert UV (or user presence) is
+// signature_verification_failed, and the challenge stays usable.
+func TestVerifiedUserVerification(t *testing.T) {
+	h := newVerifiedHarness(t)
+	p := freshPrincipal(t, "a")
+	k := h.enroll(t, p, "usb")
+	env := h.challenge(t, p, trade(1))
+	for name, opts := range map[string]virtualwebauthn.AuthenticatorOptions{
+		"no user verification": {UserNotVerified: true},
+		"no user presence":     {UserNotPresent: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			weak := *k
+			opts.UserHandle = k.auth.Options.UserHandle
+			weak.auth.Options = opts
+			wantReason(t, h.callWith(t, p, trade(1), evidenceOf(env, weak.sign(t, env))), passkey.ReasonSignatureVerificationFailed)
+		})
+	}
+	h.callWith(t, p, trade(1), evidenceOf(env, k.sign(t, env))).ok(t, nil)
+	if n := h.trades(t, p); n != 1 {
+		t.Errorf("trades = %d, want 1", n)
+	}
+}
+
 // Every malformed evidence shape is missing_evidence (oversize
 // clientDataJSON too), nothing runs, and the challenge stays usable.
 func TestVerifiedMalformedEvidence(t *testing.T) {
