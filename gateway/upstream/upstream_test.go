@@ -153,7 +153,11 @@ func (l *logBuf) wait(t *testing.T, what string, f func(map[string]any) bool) ma
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("no log record: %s", what)
+	var msgs []string
+	for _, r := range l.records() {
+		msgs = append(msgs, fmt.Sprintf("%v: %v", r["msg"], r["error"]))
+	}
+	t.Fatalf("no log record: %s; logged: %q", what, msgs)
 	return nil
 }
 
@@ -643,7 +647,10 @@ func TestStdioHangingList(t *testing.T) {
 	var logs logBuf
 	u := Start(context.Background(), Options{
 		Name: "helper", Command: []string{os.Args[0]}, Env: map[string]string{helperEnv: "hang"},
-		ListTimeout: 300 * time.Millisecond, Logger: logs.logger(),
+		// The timeout bounds the connection too: it must leave a race-built
+		// helper on a loaded machine time to start and answer initialize,
+		// or the failure is the connection's and never the listing's.
+		ListTimeout: 2 * time.Second, Logger: logs.logger(),
 	})
 	logs.wait(t, "listing failure", func(r map[string]any) bool {
 		return r["msg"] == "upstream unavailable" && strings.Contains(fmt.Sprint(r["error"]), "listing tools")
