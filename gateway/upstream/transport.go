@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
 	"sync"
@@ -17,11 +19,21 @@ import (
 	"github.com/countersign/countersign/internal/telemetry"
 )
 
-// roundTripper adds the configured headers to every request and records, for
-// calls carrying a tracker, what became of their POSTs.
+// maxMessageBytes bounds one message from an upstream: a line of a stdio
+// upstream's stdout, an event of an SSE stream, and an HTTP response body
+// that is not a stream. The SDK bounds the first two by itself, to this
+// same size (mcp.DefaultMaxLineLength, mcp.DefaultMaxEventSize), but reads
+// a JSON response body whole: without this bound, an upstream answering
+// with an endless body would make Countersign hold it all in memory.
+const maxMessageBytes = 16 << 20
+
+// roundTripper adds the configured headers to every request, caps the
+// response bodies that are not SSE streams at maxMessageBytes, and records,
+// for calls carrying a tracker, what became of their POSTs.
 type roundTripper struct {
-	base    http.RoundTripper
-	headers map[string]string
+	upstream string // its name, for errors
+	base     http.RoundTripper
+	headers  map[string]string
 	// tel, with tracing on, adds the call's trace context (traceparent).
 	tel *telemetry.Telemetry
 }
@@ -43,7 +55,44 @@ func (rt *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	if tr, ok := req.Context().Value(trackerKey{}).(*tracker); ok && req.Method == http.MethodPost {
 		tr.record(resp, err)
 	}
+	if err == nil && !isEventStream(resp.Header.Get("Content-Type")) {
+		resp.Body = &cappedBody{ReadCloser: resp.Body, left: maxMessageBytes, upstream: rt.upstream}
+	}
 	return resp, err
+}
+
+// isEventStream reports whether a Content-Type is text/event-stream. The
+// SDK reads such a body event by event, each bounded; any other body it
+// reads whole.
+func isEventStream(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	return err == nil && mt == "text/event-stream"
+}
+
+// cappedBody is a response body that fails once more than left bytes
+// have been read from it. The SDK reading it whole then fails the session,
+// and a call waiting for the answer fails with an unknown outcome.
+type cappedBody struct {
+	io.ReadCloser
+	left     int64
+	upstream string
+}
+
+func (b *cappedBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		// One byte more tells a body of exactly the cap from a longer one.
+		var one [1]byte
+		if n, err := b.ReadCloser.Read(one[:]); n == 0 {
+			return 0, err
+		}
+		return 0, fmt.Errorf("upstream %s: a response body is larger than %d bytes; Countersign does not read it", b.upstream, maxMessageBytes)
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
+	return n, err
 }
 
 // writeRecorder records, for calls carrying a tracker, that their request

@@ -43,6 +43,12 @@
 //     tell a tool's failure from the SDK's, and the SDK reports the first
 //     two as the connection closing.
 //
+// One message from an upstream is read up to 16 MiB: a line of a stdio
+// upstream's stdout, an SSE event, an HTTP response body that is not an
+// SSE stream (which the SDK would otherwise read whole, however long). A
+// larger one ends the session; a call it answered fails with a plain
+// error, its outcome unknown.
+//
 // An HTTP upstream's redirects are not followed: the configured headers
 // (credentials) and the calls go to the configured URL only. A redirect
 // fails the request with an error naming the upstream and the redirect's
@@ -296,7 +302,7 @@ func Start(ctx context.Context, opts Options) *Upstream {
 	case opts.URL != "":
 		base := http.DefaultTransport.(*http.Transport).Clone()
 		u.hc = &http.Client{
-			Transport:     &roundTripper{base: base, headers: opts.Headers, tel: opts.Telemetry},
+			Transport:     &roundTripper{upstream: opts.Name, base: base, headers: opts.Headers, tel: opts.Telemetry},
 			CheckRedirect: refuseRedirect(opts.Name),
 		}
 	}

@@ -1260,3 +1260,52 @@ func TestAwaitSessionOnlyForAnAttemptInTime(t *testing.T) {
 		}
 	})
 }
+
+// An HTTP upstream that answers a call with an endless JSON body (not an
+// SSE stream, whose events the SDK bounds itself) is read only up to
+// maxMessageBytes: the call fails with an unknown outcome instead of
+// Countersign holding the body in memory, however long it is.
+func TestHTTPEndlessBodyCapped(t *testing.T) {
+	srv := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	srv.AddTool(&mcp.Tool{Name: "flood", InputSchema: objectSchema}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{Content: text("never sent")}, nil
+	})
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
+	// Stop at 4 times the cap: far past it, yet bounded, so that a
+	// Countersign without the cap fails the test instead of the machine.
+	const stopAt = 4 * maxMessageBytes
+	var written atomic.Int64
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if !bytes.Contains(body, []byte(`"tools/call"`)) {
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			sdk.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		chunk := bytes.Repeat([]byte("x"), 64<<10)
+		n, _ := io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"`)
+		written.Add(int64(n))
+		for written.Load() < stopAt {
+			n, err := w.Write(chunk)
+			written.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	}))
+	t.Cleanup(ts.Close)
+	ch := make(changes, 100)
+	u := Start(context.Background(), Options{Name: "web", URL: ts.URL, Timeout: 20 * time.Second,
+		Logger: slog.New(slog.DiscardHandler), OnChange: ch.onChange})
+	t.Cleanup(func() { u.Close() })
+	flood := find(ch.wait(t, "tools", has("web__flood")), "web__flood")
+	_, err := run(t, flood, `{}`)
+	outcomeUnknown(t, err)
+	// What the server wrote past the cap sits in socket buffers: a few
+	// MiB at most.
+	if n := written.Load(); n > maxMessageBytes+8<<20 {
+		t.Fatalf("the upstream wrote %d bytes and Countersign read on; the cap is %d", n, maxMessageBytes)
+	}
+}
