@@ -4,8 +4,8 @@
 // An [Upstream] is one connection, over stdio (a child process) or Streamable
 // HTTP, kept up by a supervisor goroutine: it connects, lists the tools,
 // reports them through [Options.OnChange], re-lists on
-// notifications/tools/list_changed, and reconnects with exponential backoff
-// when the session ends. [Start] never fails because the upstream is down.
+// notifications/tools/list_changed (at most once a second, however many
+// arrive), and reconnects with exponential backoff when the session ends. [Start] never fails because the upstream is down.
 //
 // # A stdio upstream's processes
 //
@@ -119,6 +119,10 @@ var (
 	// A session that stayed up this long resets the backoff: its end is
 	// followed by an immediate reconnect.
 	stableAfter = 10 * time.Second
+	// relistEvery is the least time between two listings of a session's
+	// tools: a notifications/tools/list_changed that comes sooner is
+	// answered then, once, however many came meanwhile.
+	relistEvery = time.Second
 	// terminateWait is how long a child gets to exit after its stdin is
 	// closed, and again after SIGTERM, before its process group is killed;
 	// and how long what is left of the group gets after SIGTERM once the
@@ -508,10 +512,17 @@ func (u *Upstream) supervise() {
 
 var errKicked = errors.New("session lost (a call found it gone), re-initializing")
 
-// serve blocks until the session ends, re-listing on list_changed.
+// serve blocks until the session ends, re-listing on list_changed, at most
+// once per relistEvery: an upstream that sends list_changed without pause
+// must not keep Countersign converting its tools and telling every agent.
 func (u *Upstream) serve(sess *mcp.ClientSession) error {
 	ended := make(chan error, 1)
 	go func() { ended <- sess.Wait() }()
+	listedAt := time.Now() // the supervisor has just listed the tools
+	later := time.NewTimer(0)
+	later.Stop()
+	defer later.Stop()
+	waiting := false // later is set for a list_changed that came early
 	for {
 		select {
 		case <-u.ctx.Done():
@@ -525,18 +536,31 @@ func (u *Upstream) serve(sess *mcp.ClientSession) error {
 			if s == sess {
 				return errKicked
 			}
+			continue
 		case <-u.relist:
-			tools, err := u.list(sess)
-			if err != nil {
-				return fmt.Errorf("re-listing tools after list_changed: %w", err)
+			if waiting {
+				continue
 			}
-			u.log.Info("upstream tools changed", "tools", len(tools))
-			u.setState(func() {
-				u.tools = byName(tools)
-				u.state.Tools = len(tools)
-			})
-			u.report(tools)
+			if d := time.Until(listedAt.Add(relistEvery)); d > 0 {
+				later.Reset(d)
+				waiting = true
+				continue
+			}
+		case <-later.C:
+			waiting = false
 		}
+		// A list_changed to answer now.
+		tools, err := u.list(sess)
+		if err != nil {
+			return fmt.Errorf("re-listing tools after list_changed: %w", err)
+		}
+		listedAt = time.Now()
+		u.log.Info("upstream tools changed", "tools", len(tools))
+		u.setState(func() {
+			u.tools = byName(tools)
+			u.state.Tools = len(tools)
+		})
+		u.report(tools)
 	}
 }
 

@@ -43,6 +43,8 @@ func TestMain(m *testing.M) {
 		runHelper(true)
 	case "junk":
 		runJunk()
+	case "spam":
+		runSpam()
 	}
 	os.Exit(0)
 }
@@ -108,6 +110,43 @@ func runJunk() {
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
 		fmt.Println(`{"jsonrpc":"2.0","id":1,"result":{protocolVersion}}`)
+	}
+}
+
+// runSpam is a stdio server with one tool that, once listed, sends
+// notifications/tools/list_changed without pause.
+func runSpam() {
+	var mu sync.Mutex
+	send := func(line string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		_, err := fmt.Println(line)
+		return err
+	}
+	var spamming sync.Once
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		var m struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		if json.Unmarshal(sc.Bytes(), &m) != nil || m.ID == nil {
+			continue
+		}
+		switch m.Method {
+		case "initialize":
+			send(`{"jsonrpc":"2.0","id":` + string(m.ID) + `,"result":{"protocolVersion":"2025-11-25","capabilities":{"tools":{"listChanged":true}},"serverInfo":{"name":"spam","version":"1"}}}`)
+		case "tools/list":
+			send(`{"jsonrpc":"2.0","id":` + string(m.ID) + `,"result":{"tools":[{"name":"echo","inputSchema":{"type":"object"}}]}}`)
+			spamming.Do(func() {
+				go func() {
+					for send(`{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}`) == nil {
+					}
+				}()
+			})
+		default:
+			send(`{"jsonrpc":"2.0","id":` + string(m.ID) + `,"error":{"code":-32601,"message":"no"}}`)
+		}
 	}
 }
 
@@ -1307,5 +1346,35 @@ func TestHTTPEndlessBodyCapped(t *testing.T) {
 	// MiB at most.
 	if n := written.Load(); n > maxMessageBytes+8<<20 {
 		t.Fatalf("the upstream wrote %d bytes and Countersign read on; the cap is %d", n, maxMessageBytes)
+	}
+}
+
+// An upstream that sends notifications/tools/list_changed without pause is
+// listed again at most once per relistEvery, not once per notification:
+// each listing converts and compiles every tool and tells every agent when
+// the list differs. The notifications are not lost: the upstream is still
+// listed again, once the interval has passed.
+func TestListChangedSpamRateLimited(t *testing.T) {
+	var listed atomic.Int32
+	u := Start(context.Background(), Options{
+		Name: "spam", Command: []string{os.Args[0]}, Env: map[string]string{helperEnv: "spam"},
+		Logger: slog.New(slog.DiscardHandler), OnChange: func(tools []Tool) {
+			if tools != nil {
+				listed.Add(1)
+			}
+		},
+	})
+	t.Cleanup(func() { u.Close() })
+	for deadline := time.Now().Add(10 * time.Second); listed.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("never listed")
+		}
+	}
+	window := relistEvery + relistEvery/2
+	time.Sleep(window)
+	// The first listing, one at relistEvery, perhaps one more at its
+	// edge.
+	if n := listed.Load(); n < 2 || n > 3 {
+		t.Fatalf("listed %d times in %v under a flood of list_changed; want 2 or 3", n, window)
 	}
 }
