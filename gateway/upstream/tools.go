@@ -247,8 +247,15 @@ func sdkCode(code int64) bool {
 // certainly never reached the upstream wraps [ErrNotSent] and names the
 // upstream; any other is the call's own.
 func (u *Upstream) callOnce(ctx context.Context, tool string, pin tasks.ToolPin, args json.RawMessage) (*mcp.CallToolResult, error) {
-	sess, _ := u.current()
+	sess, tools := u.current()
 	wait := sess == nil
+	if !wait {
+		// The session may have listed the tool again since the caller
+		// got it (list_changed): what it lists now is what runs.
+		if err := u.checkListed(tools, tool, pin, "now"); err != nil {
+			return nil, err
+		}
+	}
 	var retry time.Duration // after a refused connection: when to try sess again
 	for try := 1; ; try++ {
 		if wait {
@@ -258,12 +265,8 @@ func (u *Upstream) callOnce(ctx context.Context, tool string, pin tasks.ToolPin,
 				return nil, fmt.Errorf("%w: upstream %s is not connected: %v", ErrNotSent, u.opts.Name, err)
 			}
 			if next != old {
-				cur, listed := tools[tool]
-				switch {
-				case !listed:
-					return nil, fmt.Errorf("%w: upstream %s no longer lists %s after reconnecting", ErrNotSent, u.opts.Name, tool)
-				case cur.Pin() != pin:
-					return nil, fmt.Errorf("%w: upstream %s lists %s with another input schema after reconnecting", ErrNotSent, u.opts.Name, tool)
+				if err := u.checkListed(tools, tool, pin, "after reconnecting"); err != nil {
+					return nil, err
 				}
 			}
 			sess = next
@@ -283,6 +286,20 @@ func (u *Upstream) callOnce(ctx context.Context, tool string, pin tasks.ToolPin,
 			wait, retry = true, backoff(try)
 		}
 	}
+}
+
+// checkListed returns an error wrapping [ErrNotSent] unless tools (a
+// session's listing) has tool with pin; when says when the listing was
+// made, for the error.
+func (u *Upstream) checkListed(tools map[string]Tool, tool string, pin tasks.ToolPin, when string) error {
+	cur, listed := tools[tool]
+	switch {
+	case !listed:
+		return fmt.Errorf("%w: upstream %s no longer lists %s %s", ErrNotSent, u.opts.Name, tool, when)
+	case cur.Pin() != pin:
+		return fmt.Errorf("%w: upstream %s lists %s with another input schema %s", ErrNotSent, u.opts.Name, tool, when)
+	}
+	return nil
 }
 
 // sendOutcome is what became of one send of a call.

@@ -30,8 +30,8 @@
 //     is an execution error, not a refusal).
 //   - The call was certainly not sent (the upstream stayed down, or its
 //     session gone, until the call's deadline, or its next attempt to
-//     reconnect comes after that deadline; the upstream lists the tool
-//     with another input schema, or not at all, once it is back): an error
+//     reconnect comes after that deadline; the session lists the tool
+//     with another input schema, or not at all, now or once it is back): an error
 //     wrapping [ErrNotSent]. Nothing happened upstream. Whether the request
 //     left is what the transport saw (an HTTP POST that reached the server,
 //     a write to the child's stdin begun), never what the error says.
@@ -66,10 +66,11 @@
 // call together. A call that finds no session does not wait at all when the
 // supervisor's next attempt to reconnect (after its backoff) starts after
 // that deadline: no session can come in time. A session that ends is
-// replaced whatever [Options.OnChange] is doing. On a new session, the call
-// is sent only if that session lists the tool with the pin
-// ([gateway.Tool.Pin]) the caller's tool has, so an approved call still runs
-// only against the tool that was approved. Once bytes of the call may have
+// replaced whatever [Options.OnChange] is doing. The call is sent only if
+// the session, as it lists its tools last (after a list_changed, or on a
+// new session), lists the tool with the pin ([gateway.Tool.Pin]) the
+// caller's tool has, so an approved call still runs only against the tool
+// that was approved. Once bytes of the call may have
 // left, nothing changes: the outcome is the call's, or unknown.
 //
 // The conversion of results goes through the SDK's typed CallToolResult: JSON

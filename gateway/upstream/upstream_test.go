@@ -1378,3 +1378,48 @@ func TestListChangedSpamRateLimited(t *testing.T) {
 		t.Fatalf("listed %d times in %v under a flood of list_changed; want 2 or 3", n, window)
 	}
 }
+
+// A tool got from one listing is not sent once the session lists it again
+// (list_changed) with another input schema, or not at all: the call was
+// made, and perhaps approved, against the tool as it was.
+func TestCallChecksTheCurrentListing(t *testing.T) {
+	var runs atomic.Int32
+	srv := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	write := func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		runs.Add(1)
+		return &mcp.CallToolResult{Content: text("written")}, nil
+	}
+	srv.AddTool(&mcp.Tool{Name: "write", InputSchema: objectSchema}, write)
+	srv.AddTool(&mcp.Tool{Name: "erase", InputSchema: objectSchema}, write)
+	ts := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	t.Cleanup(ts.Close)
+	ch := make(changes, 100)
+	u := Start(context.Background(), Options{Name: "web", URL: ts.URL, Logger: slog.New(slog.DiscardHandler), OnChange: ch.onChange})
+	t.Cleanup(func() { u.Close() })
+	tools := ch.wait(t, "tools", has("web__erase"))
+	oldWrite, oldErase := find(tools, "web__write"), find(tools, "web__erase")
+	if _, err := run(t, oldWrite, `{}`); err != nil || runs.Load() != 1 {
+		t.Fatalf("before the change: %v, %d runs", err, runs.Load())
+	}
+
+	srv.AddTool(&mcp.Tool{Name: "write", InputSchema: json.RawMessage(`{"type":"object","properties":{"path":{"type":"string"}}}`)}, write)
+	srv.RemoveTools("erase")
+	ch.wait(t, "the new listing", func(tools []Tool) bool {
+		return tools != nil && find(tools, "web__erase").Run == nil && find(tools, "web__write").Pin() != oldWrite.Pin()
+	})
+	for _, tc := range []struct {
+		tool Tool
+		want string
+	}{
+		{oldWrite, "lists write with another input schema now"},
+		{oldErase, "no longer lists erase now"},
+	} {
+		_, err := run(t, tc.tool, `{}`)
+		if !errors.Is(err, ErrNotSent) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want ErrNotSent saying %q", tc.tool.Name, err, tc.want)
+		}
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the tools ran %d times, want 1 (before the change)", n)
+	}
+}
