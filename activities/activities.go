@@ -361,7 +361,9 @@ func (a *Activities) Reevaluate(ctx context.Context, in ReevaluateInput) (Reeval
 // envelope without a pin, made before pins existed, runs against the tool
 // of that name as before. Both checks come before the task record's
 // execution fence (tasks.Store.ClaimExecution), so a refusal claims
-// nothing. Then it takes the fence: a task the read model says has ended, or
+// nothing; the pin is compared once more on the tool that runs
+// (gateway.Call.Pin), after the fence, so a tool that changed in between
+// does not run either. Then it takes the fence: a task the read model says has ended, or
 // whose execution was claimed before, is not run
 // ([ErrTypeExecutionNotClaimed]). Any error after the tool was invoked means
 // its outcome is unknown.
@@ -397,10 +399,17 @@ func (a *Activities) ExecuteTool(ctx context.Context, in ExecuteToolInput) (Exec
 		Principal:      env.Principal,
 		Arguments:      env.Arguments,
 		Inputs:         env.InputResponses,
+		// Checked again on the tool that runs: the tool may have changed
+		// since checkPin, while the fence was taken.
+		Pin: env.ToolPin,
 	})
 	stop()
 	a.crash(CrashTool, env.TaskID)
 	if err != nil {
+		var changed *gateway.ToolChangedError
+		if errors.As(err, &changed) {
+			return ExecuteToolOutput{}, a.pinRefusal(env, changed)
+		}
 		if errors.Is(err, gateway.ErrUnknownTool) || errors.Is(err, gateway.ErrNotSent) {
 			// The tool is gone (its upstream is down) or could not be
 			// reached: nothing was sent, so the call did not run.
@@ -434,13 +443,20 @@ func (a *Activities) checkPin(env tasks.Envelope) error {
 	case err == nil:
 		return nil
 	case errors.As(err, &changed):
-		a.log().Error("activities: the tool changed after the call was made; not executing", "task_id", env.TaskID, "tool", env.Tool, "reason", changed.Reason)
-		return temporal.NewNonRetryableApplicationError(
-			"activities: tool "+env.Tool+" is not the tool the call was made against: "+changed.Reason+"; not run", ErrTypeUnknownTool, err, changed.Error())
+		return a.pinRefusal(env, changed)
 	default:
 		return temporal.NewNonRetryableApplicationError(
 			"activities: tool "+env.Tool+" is not available", ErrTypeUnknownTool, err)
 	}
+}
+
+// pinRefusal is the non-retryable [ErrTypeUnknownTool] of a call not run
+// because its tool changed, its details [gateway.ToolChangedError]'s
+// sentence.
+func (a *Activities) pinRefusal(env tasks.Envelope, changed *gateway.ToolChangedError) error {
+	a.log().Error("activities: the tool changed after the call was made; not executing", "task_id", env.TaskID, "tool", env.Tool, "reason", changed.Reason)
+	return temporal.NewNonRetryableApplicationError(
+		"activities: tool "+env.Tool+" is not the tool the call was made against: "+changed.Reason+"; not run", ErrTypeUnknownTool, changed, changed.Error())
 }
 
 // claimTries bounds ExecuteTool's attempts at the execution fence while the

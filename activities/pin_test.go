@@ -206,6 +206,37 @@ func TestExecuteToolChecksToolPin(t *testing.T) {
 	}
 }
 
+// A tool that changes after ExecuteTool checked its pin, while it takes the
+// execution fence, does not run either: the pin is checked again on the
+// tool that runs.
+func TestExecuteToolChecksToolPinAfterClaim(t *testing.T) {
+	const tool, args = "fs__write", `{"path":"/srv/a"}`
+	w := newWorld(t)
+	fs := newFSServer(t, pathSchema)
+	serveUpstream(t, w.acts.Tools, upstream.Options{Name: "fs", URL: fs.url})
+	pin := awaitTool(t, w.acts.Tools, tool, anyPin)
+	env := pinnedEnvelope(t, tool, args, &pin)
+	w.createTask(t, env)
+	w.acts.Crash = func(point activities.CrashPoint, _ string) {
+		if point == activities.CrashExecute {
+			changeSchema(t, w, fs)
+		}
+	}
+	_, err := w.env.ExecuteActivity(w.acts.ExecuteTool, activities.ExecuteToolInput{Version: activities.Version, Envelope: env})
+	var appErr *temporal.ApplicationError
+	if !errors.As(err, &appErr) || appErr.Type() != activities.ErrTypeUnknownTool || !appErr.NonRetryable() {
+		t.Fatalf("err = %v, want a non-retryable %s", err, activities.ErrTypeUnknownTool)
+	}
+	var reason string
+	want := "The tool changed after the call was made: upstream fs now serves fs__write with another input schema."
+	if derr := appErr.Details(&reason); derr != nil || reason != want {
+		t.Errorf("details = %q (%v), want %q", reason, derr, want)
+	}
+	if n := fs.writes.Load(); n != 0 {
+		t.Errorf("the tool ran %d times, want 0", n)
+	}
+}
+
 // changeSchema has the first server change its tool's input schema, and
 // waits until the registry serves the new one.
 func changeSchema(t *testing.T, w *world, first *fsServer) *fsServer {

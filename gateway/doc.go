@@ -14,7 +14,8 @@
 //     Countersign) and digests its endpoint and its input schema, never an
 //     upstream's headers or environment. A held call's envelope carries the
 //     pin of the tool it was made against, and its execution checks it
-//     ([Registry.CheckPin]) so as not to run it against another.
+//     ([Registry.CheckPin], and again on the tool it runs: [Call.Pin]) so
+//     as not to run it against another.
 //   - Every execution carries an idempotency key (the task ID for approved
 //     calls). Backends that honour it, like the demo ledger, apply one effect
 //     per key however often they are called.

@@ -79,7 +79,12 @@ func (r *Registry) CheckPin(name string, pin tasks.ToolPin) error {
 	if !ok {
 		return ErrUnknownTool
 	}
-	now := e.tool.Pin()
+	return checkPin(name, e.tool, pin)
+}
+
+// checkPin is [Registry.CheckPin] for the tool t served as name.
+func checkPin(name string, t Tool, pin tasks.ToolPin) error {
+	now := t.Pin()
 	var reason string
 	switch {
 	case now.Source != pin.Source:

@@ -57,6 +57,12 @@ type Call struct {
 	// Inputs are the client's answers to InputRequests (a JSON object keyed
 	// by request ID), or empty.
 	Inputs json.RawMessage
+	// Pin, when set, is the pin of the tool the call was made against
+	// (tasks.Envelope.ToolPin): [Registry.Execute] runs the tool it finds
+	// under the name only if that tool has this pin, and otherwise returns
+	// [Registry.CheckPin]'s error. Checked on the tool that runs, it leaves
+	// no gap in which the tool can change between a check and the run.
+	Pin *tasks.ToolPin
 	// ProgressFunc and LogFunc, when set, send notifications/progress and
 	// notifications/message to the client for this call while it runs
 	// (the MCP endpoint sets them for a call answered inline). Use
@@ -317,7 +323,8 @@ func compact(args json.RawMessage) string {
 	return b.String()
 }
 
-// Execute runs a tool once. See the package doc for what an error means.
+// Execute runs a tool once; with call.Pin set, only if the tool has that
+// pin. See the package doc for what an error means.
 func (r *Registry) Execute(ctx context.Context, name string, call Call) (tasks.CallToolResult, error) {
 	e, ok := r.snap.Load().tools[name]
 	if !ok {
@@ -325,6 +332,11 @@ func (r *Registry) Execute(ctx context.Context, name string, call Call) (tasks.C
 	}
 	if call.IdempotencyKey == "" {
 		return tasks.CallToolResult{}, errors.New("gateway: execution without an idempotency key")
+	}
+	if call.Pin != nil {
+		if err := checkPin(name, e.tool, *call.Pin); err != nil {
+			return tasks.CallToolResult{}, err
+		}
 	}
 	return e.tool.Run(ctx, call)
 }
