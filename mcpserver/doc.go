@@ -104,7 +104,8 @@
 // stored none, gets an isError result saying the call did not run), or
 // another [approval-pending] result; countersign_cancel {taskId} has
 // tasks/cancel's rules; countersign_pending {} lists the caller's open
-// tasks. Another principal's task answers exactly as an unknown one
+// tasks, and those that ended in the last 24 hours (so that an agent that
+// never got a task's ID learns how its call ended). Another principal's task answers exactly as an unknown one
 // ([unknown-task]); bad arguments are -32602 naming the argument. A tool of
 // the registry may not take one of these names (New refuses it; a later
 // one is left out of tools/list and logged).
@@ -113,7 +114,8 @@
 // the decision: decided in time, the call returns the final result itself.
 // While it waits, a request with a progress token gets
 // notifications/progress every 5 seconds. A client that hangs up ends only
-// the wait; the task goes on, and countersign_await finds it. The wait
+// the wait; the task goes on, and countersign_pending finds it, also once
+// it has ended. The wait
 // holds one of the principal's in-flight request slots. Server.EndWaits
 // (at shutdown) ends it, and every countersign_await and 2025-11-25
 // tasks/result wait, at once: the call answers with how the task stands.

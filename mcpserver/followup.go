@@ -39,8 +39,14 @@ const MaxInlineWait = 10 * time.Minute
 // progress).
 const progressEvery = 5 * time.Second
 
-// maxPendingListed bounds what countersign_pending lists.
+// maxPendingListed bounds each of countersign_pending's two lists.
 const maxPendingListed = 50
+
+// recentlyEnded is how long after its end countersign_pending lists a
+// task: an agent whose call was answered to nobody (it hung up during the
+// inline wait, its client timed out) learns the task's ID there, and that
+// the call was decided, instead of making it again.
+const recentlyEnded = 24 * time.Hour
 
 // prefixPending starts the first text block of every result that says a call
 // is waiting for approval and has not run.
@@ -91,9 +97,11 @@ func followUpTools() []*mcp.Tool {
 			Annotations: &mcp.ToolAnnotations{DestructiveHint: new(false), IdempotentHint: true, OpenWorldHint: new(false)},
 		},
 		{
-			Name:        ToolPending,
-			Title:       "List my pending approval requests",
-			Description: "Lists your gated tool calls that are still waiting for approval (at most 50, newest first), with their taskIds.",
+			Name:  ToolPending,
+			Title: "List my pending approval requests",
+			Description: "Lists your gated tool calls that are still waiting for approval, and those that ended in the last 24 hours " +
+				"with how they ended (at most 50 of each, newest first), with their taskIds. Look here before making again a call " +
+				"whose answer you never got: it may have been approved and run.",
 			InputSchema: map[string]any{
 				"type":                 "object",
 				"properties":           map[string]any{},
@@ -406,24 +414,40 @@ func (s *Server) cancelFollowUp(ctx context.Context, info *callInfo, taskID stri
 	return out, nil
 }
 
+// endedState is a task in countersign_pending's list of ended ones.
+type endedState struct {
+	TaskID      string            `json:"taskId"`
+	Status      tasks.Status      `json:"status"`
+	Tool        string            `json:"tool,omitempty"`
+	Disposition tasks.Disposition `json:"disposition,omitempty"`
+	EndedAt     string            `json:"endedAt"`
+}
+
 // pendingFollowUp answers countersign_pending: the caller's own tasks that
-// have not ended, newest first.
+// have not ended, and those that ended within recentlyEnded, newest first.
 func (s *Server) pendingFollowUp(ctx context.Context, info *callInfo) (mcp.Result, error) {
-	open := []pendingState{}
+	open, ended := []pendingState{}, []endedState{}
+	since := s.now().Add(-recentlyEnded)
 	cursor := ""
-	// Pages of the caller's tasks, newest first, until enough open ones
-	// are found; bounded, since finished tasks are kept a while.
+	// Pages of the caller's tasks, newest first, until both lists are
+	// full; bounded, since finished tasks are kept a while.
 	for range 20 {
 		page, next, err := s.opts.Approvals.List(ctx, info.principal, cursor, listPageSize)
 		if err != nil {
 			return nil, internal(err)
 		}
 		for _, rec := range page {
-			if !rec.Status.Terminal() && len(open) < maxPendingListed {
-				open = append(open, s.pendingState(rec))
+			switch {
+			case !rec.Status.Terminal():
+				if len(open) < maxPendingListed {
+					open = append(open, s.pendingState(rec))
+				}
+			case rec.LastUpdatedAt.After(since) && len(ended) < maxPendingListed:
+				ended = append(ended, endedState{TaskID: rec.TaskID, Status: rec.Status, Tool: rec.Tool,
+					Disposition: rec.Disposition, EndedAt: rec.LastUpdatedAt.UTC().Format(time.RFC3339)})
 			}
 		}
-		if next == "" || len(open) >= maxPendingListed {
+		if next == "" || len(open) >= maxPendingListed && len(ended) >= maxPendingListed {
 			break
 		}
 		cursor = next
@@ -441,9 +465,21 @@ func (s *Server) pendingFollowUp(ctx context.Context, info *callInfo) (mcp.Resul
 			b.WriteString(")")
 		}
 	}
+	if len(ended) > 0 {
+		fmt.Fprintf(&b, "\n%d of your calls ended in the last %d hours; do not make one again before you know how it ended. Call %s with a taskId for its result, which says whether it ran:",
+			len(ended), int(recentlyEnded/time.Hour), ToolAwait)
+		for _, e := range ended {
+			how := string(e.Disposition)
+			if how == "" {
+				how = string(e.Status)
+			}
+			fmt.Fprintf(&b, "\n- %s: %s (%s, ended %s)", e.TaskID, e.Tool, how, e.EndedAt)
+		}
+	}
 	structured, _ := json.Marshal(struct {
 		Tasks []pendingState `json:"tasks"`
-	}{open})
+		Ended []endedState   `json:"ended"`
+	}{open, ended})
 	return newToolResult(info.era, tasks.CallToolResult{
 		Content:           []json.RawMessage{tasks.TextContent(b.String())},
 		StructuredContent: structured,

@@ -326,9 +326,38 @@ func TestInlineWait(t *testing.T) {
 		if err := json.Unmarshal(res.StructuredContent, &list); err != nil || len(list.Tasks) != 1 {
 			t.Fatalf("pending after hang-up: %+v (%v)", res, err)
 		}
-		h.waitStatus(t, list.Tasks[0].TaskID, tasks.StatusWorking)
+		id := list.Tasks[0].TaskID
+		h.waitStatus(t, id, tasks.StatusWorking)
 		if n := h.transfersTo(t, to); n != 0 {
 			t.Errorf("%d transfers", n)
+		}
+
+		// The task ends while the agent is away (here a cancel stands in
+		// for the approver's decision). The agent never got the task's
+		// ID, and the task no longer waits: the follow-up tool lists it
+		// among the calls that ended, so the agent learns how it ended
+		// instead of making the call again.
+		if _, err := h.env.workflow.Cancel(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+		h.waitStatus(t, id, tasks.StatusCancelled)
+		res, _ = h.followUp(t, q, tasks.Era2025, ToolPending, nil)
+		var after struct {
+			Tasks []pendingState
+			Ended []endedState
+		}
+		if err := json.Unmarshal(res.StructuredContent, &after); err != nil {
+			t.Fatal(err)
+		}
+		if len(after.Tasks) != 0 || len(after.Ended) != 1 || after.Ended[0].TaskID != id || after.Ended[0].Status != tasks.StatusCancelled {
+			t.Fatalf("pending after the end: %s", res.StructuredContent)
+		}
+		if txt := res.text(); !strings.Contains(txt, id) || !strings.Contains(txt, "ended in the last 24 hours") {
+			t.Errorf("text %q", txt)
+		}
+		final, _ := h.followUp(t, q, tasks.Era2025, ToolAwait, map[string]any{"taskId": id})
+		if !strings.HasPrefix(final.text(), "[cancelled]") {
+			t.Errorf("await: %+v", final)
 		}
 	})
 }
