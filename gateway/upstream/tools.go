@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
@@ -344,6 +345,30 @@ func (u *Upstream) send(ctx context.Context, sess *mcp.ClientSession, tool strin
 	return nil, notSentFinal, err
 }
 
+// countersignMeta are the _meta keys with which Countersign states what it
+// decided about a call and the task that holds it. An upstream's result
+// must not carry them: on an allowed call, whose result goes to the agent
+// as the upstream sent it, a disposition the upstream wrote would read as
+// Countersign's (a "denied-not-executed" on a call that ran invites the
+// agent to make it again).
+var countersignMeta = []string{tasks.MetaDisposition, tasks.MetaDispositionAuthZEN, tasks.MetaRelatedTask, tasks.MetaImmediateResponse}
+
+// ownMeta is meta without the keys of countersignMeta, which it logs.
+func (u *Upstream) ownMeta(tool string, meta mcp.Meta) map[string]any {
+	out, cloned := map[string]any(meta), false
+	for _, k := range countersignMeta {
+		if _, ok := out[k]; !ok {
+			continue
+		}
+		if !cloned {
+			out, cloned = maps.Clone(out), true
+		}
+		delete(out, k)
+		u.log.Warn("upstream result's _meta holds a key of Countersign's own; dropped", "tool", tool, "key", k)
+	}
+	return out
+}
+
 // result converts an upstream result, capping the encoded size of its
 // content, structuredContent and _meta together.
 func (u *Upstream) result(tool string, res *mcp.CallToolResult) tasks.CallToolResult {
@@ -377,13 +402,13 @@ func (u *Upstream) result(tool string, res *mcp.CallToolResult) tasks.CallToolRe
 		size += len(b)
 		out.StructuredContent = b
 	}
-	if len(res.Meta) > 0 {
-		b, err := json.Marshal(res.Meta)
+	if meta := u.ownMeta(tool, res.Meta); len(meta) > 0 {
+		b, err := json.Marshal(meta)
 		if err != nil {
 			return fail(err)
 		}
 		size += len(b)
-		out.Meta = map[string]any(res.Meta)
+		out.Meta = meta
 	}
 	if size > u.opts.MaxResultBytes {
 		u.log.Warn("upstream result over the size cap", "tool", tool, "bytes", size, "cap", u.opts.MaxResultBytes)

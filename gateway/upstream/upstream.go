@@ -22,8 +22,11 @@
 // # What a tool's Run returns
 //
 //   - The upstream answered: its CallToolResult, converted but not altered
-//     (content blocks, structuredContent, isError, _meta), nil error. Two
-//     exceptions, both with IsError set: a result larger than
+//     (content blocks, structuredContent, isError, _meta), nil error, except
+//     that _meta loses the keys with which Countersign states its own
+//     decisions (the two disposition keys, related-task and
+//     model-immediate-response), which an upstream must not forge. Two
+//     more exceptions, both with IsError set: a result larger than
 //     [Options.MaxResultBytes] is replaced by a text block saying so, and a
 //     JSON-RPC error answer becomes a text block
 //     "upstream error <code>: <message>" (the call reached the upstream, which
