@@ -50,7 +50,8 @@
 // upstream's stdout, an SSE event, an HTTP response body that is not an
 // SSE stream (which the SDK would otherwise read whole, however long). A
 // larger one ends the session; a call it answered fails with a plain
-// error, its outcome unknown.
+// error, its outcome unknown. A tool list, all its pages together, is
+// read up to 16 MiB too (and 100 pages): past that, the upstream is down.
 //
 // An HTTP upstream's redirects are not followed: the configured headers
 // (credentials) and the calls go to the configured URL only. A redirect
@@ -84,6 +85,7 @@ package upstream
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -158,6 +160,11 @@ func childEnv(env map[string]string) []string {
 
 // maxListPages bounds tools/list pagination.
 const maxListPages = 100
+
+// maxListBytes bounds the tools of one listing, all pages together, as
+// encoded: each page is bounded by maxMessageBytes, but a hundred of them
+// would be held at once.
+const maxListBytes = maxMessageBytes
 
 // Options configures an upstream. Exactly one of Command and URL is set.
 type Options struct {
@@ -592,12 +599,13 @@ func (u *Upstream) connect() (*mcp.ClientSession, func(), error) {
 	return sess, flush, nil
 }
 
-// list fetches all tools, bounded by ListTimeout and maxListPages, and
-// converts them, refusing invalid ones.
+// list fetches all tools, bounded by ListTimeout, maxListPages and
+// maxListBytes, and converts them, refusing invalid ones.
 func (u *Upstream) list(sess *mcp.ClientSession) ([]Tool, error) {
 	ctx, cancel := context.WithTimeout(u.ctx, u.opts.ListTimeout)
 	defer cancel()
 	var all []*mcp.Tool
+	size := 0
 	params := &mcp.ListToolsParams{}
 	for page := 0; ; page++ {
 		if page == maxListPages {
@@ -606,6 +614,13 @@ func (u *Upstream) list(sess *mcp.ClientSession) ([]Tool, error) {
 		res, err := sess.ListTools(ctx, params)
 		if err != nil {
 			return nil, err
+		}
+		b, err := json.Marshal(res.Tools)
+		if err != nil {
+			return nil, fmt.Errorf("page %d of tools: %w", page+1, err)
+		}
+		if size += len(b); size > maxListBytes {
+			return nil, fmt.Errorf("the tools are more than %d bytes (at page %d)", maxListBytes, page+1)
 		}
 		all = append(all, res.Tools...)
 		if res.NextCursor == "" {

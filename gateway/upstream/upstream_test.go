@@ -1444,3 +1444,44 @@ func TestCallChecksTheCurrentListing(t *testing.T) {
 		t.Fatalf("the tools ran %d times, want 1 (before the change)", n)
 	}
 }
+
+// An upstream whose tool list is huge (here endless pages of one tool with
+// a 1 MiB description) is refused once the tools listed reach
+// maxListBytes, not held in memory up to the page limit: the upstream is
+// down, with an error that says why.
+func TestHugeToolListRefused(t *testing.T) {
+	srv := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	var pages atomic.Int32
+	big := strings.Repeat("d", 1<<20)
+	srv.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if method != "tools/list" {
+				return next(ctx, method, req)
+			}
+			n := pages.Add(1)
+			return &mcp.ListToolsResult{
+				Tools:      []*mcp.Tool{{Name: fmt.Sprintf("t%d", n), Description: big, InputSchema: map[string]any{"type": "object"}}},
+				NextCursor: "more",
+			}, nil
+		}
+	})
+	ts := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	t.Cleanup(ts.Close)
+	u := Start(context.Background(), Options{Name: "web", URL: ts.URL, Logger: slog.New(slog.DiscardHandler)})
+	t.Cleanup(func() { u.Close() })
+	deadline := time.Now().Add(15 * time.Second)
+	for st := u.State(); !strings.Contains(st.Err, "listing tools"); st = u.State() {
+		if time.Now().After(deadline) {
+			t.Fatalf("state %+v", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st := u.State(); st.Up || !strings.Contains(st.Err, fmt.Sprintf("more than %d bytes", maxListBytes)) {
+		t.Errorf("state %+v", st)
+	}
+	// The first attempt read 17 pages (a few more by the time the state
+	// is read, on the next attempt), not 100.
+	if n := pages.Load(); n > 40 {
+		t.Errorf("%d pages listed", n)
+	}
+}
