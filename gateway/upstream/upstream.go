@@ -129,6 +129,10 @@ var (
 	// tools: a notifications/tools/list_changed that comes sooner is
 	// answered then, once, however many came meanwhile.
 	relistEvery = time.Second
+	// maxListBytes bounds the tools of one listing, all pages together,
+	// as encoded: each page is bounded by maxMessageBytes, but a hundred
+	// of them would be held at once.
+	maxListBytes = maxMessageBytes
 	// terminateWait is how long a child gets to exit after its stdin is
 	// closed, and again after SIGTERM, before its process group is killed;
 	// and how long what is left of the group gets after SIGTERM once the
@@ -160,11 +164,6 @@ func childEnv(env map[string]string) []string {
 
 // maxListPages bounds tools/list pagination.
 const maxListPages = 100
-
-// maxListBytes bounds the tools of one listing, all pages together, as
-// encoded: each page is bounded by maxMessageBytes, but a hundred of them
-// would be held at once.
-const maxListBytes = maxMessageBytes
 
 // Options configures an upstream. Exactly one of Command and URL is set.
 type Options struct {

@@ -1446,13 +1446,17 @@ func TestCallChecksTheCurrentListing(t *testing.T) {
 }
 
 // An upstream whose tool list is huge (here endless pages of one tool with
-// a 1 MiB description) is refused once the tools listed reach
-// maxListBytes, not held in memory up to the page limit: the upstream is
-// down, with an error that says why.
+// a description a sixteenth of maxListBytes, lowered to 1 MiB) is refused
+// once the tools listed reach maxListBytes, not held in memory up to the
+// page limit: the upstream is down, with an error that says why.
 func TestHugeToolListRefused(t *testing.T) {
+	// Restored after the upstream is closed (cleanups run last first).
+	was := maxListBytes
+	t.Cleanup(func() { maxListBytes = was })
+	maxListBytes = 1 << 20
 	srv := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "1"}, nil)
 	var pages atomic.Int32
-	big := strings.Repeat("d", 1<<20)
+	big := strings.Repeat("d", maxListBytes/16)
 	srv.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 			if method != "tools/list" {
@@ -1479,7 +1483,7 @@ func TestHugeToolListRefused(t *testing.T) {
 	if st := u.State(); st.Up || !strings.Contains(st.Err, fmt.Sprintf("more than %d bytes", maxListBytes)) {
 		t.Errorf("state %+v", st)
 	}
-	// The first attempt read 17 pages (a few more by the time the state
+	// The first attempt read 16 pages (a few more by the time the state
 	// is read, on the next attempt), not 100.
 	if n := pages.Load(); n > 40 {
 		t.Errorf("%d pages listed", n)
