@@ -54,19 +54,27 @@ func CheckToolName(name string) error {
 }
 
 // convert turns listed tools into gateway tools, logging and dropping those
-// that cannot be exposed.
+// that cannot be exposed. A name listed more than once is dropped every
+// time: which of its definitions the upstream runs is unknown, so no call
+// could be checked, approved or pinned against the right one.
 func (u *Upstream) convert(list []*mcp.Tool) []Tool {
 	out := make([]Tool, 0, len(list))
-	seen := make(map[string]bool, len(list))
+	listed := make(map[string]int, len(list))
+	for _, t := range list {
+		if t != nil {
+			listed[t.Name]++
+		}
+	}
 	refusals := make(map[string]bool)
 	defer func() { u.refusals = refusals }()
 	for _, t := range list {
 		if t == nil {
 			continue
 		}
-		tool, err := u.convertOne(t)
-		if err == nil && seen[tool.Name] {
-			err = errors.New("listed twice")
+		var tool Tool
+		err := fmt.Errorf("listed %d times", listed[t.Name])
+		if listed[t.Name] == 1 {
+			tool, err = u.convertOne(t)
 		}
 		if err != nil {
 			name := t.Name
@@ -80,7 +88,6 @@ func (u *Upstream) convert(list []*mcp.Tool) []Tool {
 			refusals[key] = true
 			continue
 		}
-		seen[tool.Name] = true
 		out = append(out, tool)
 	}
 	return out

@@ -1489,3 +1489,22 @@ func TestHugeToolListRefused(t *testing.T) {
 		t.Errorf("%d pages listed", n)
 	}
 }
+
+// A tool the upstream lists twice, with different input schemas, is not
+// served at all: which of the two the upstream runs is unknown, so policy,
+// the approver and the pin would judge one while the upstream ran the other.
+func TestToolListedTwiceRefused(t *testing.T) {
+	logs := &logBuf{}
+	u := &Upstream{opts: Options{Name: "web", Prefix: "web"}, log: logs.logger()}
+	tools := u.convert([]*mcp.Tool{
+		{Name: "write", InputSchema: map[string]any{"type": "object", "properties": map[string]any{"path": map[string]any{"const": "/tmp/safe"}}}},
+		{Name: "write", InputSchema: map[string]any{"type": "object"}},
+		{Name: "echo", InputSchema: map[string]any{"type": "object"}},
+	})
+	if got := names(tools); !reflect.DeepEqual(got, []string{"web__echo"}) {
+		t.Fatalf("served %v, want only web__echo", got)
+	}
+	logs.wait(t, "refusal", func(r map[string]any) bool {
+		return r["msg"] == "upstream tool refused" && r["tool"] == "write" && r["error"] == "listed 2 times"
+	})
+}

@@ -55,8 +55,8 @@ func ownTools(cfg *Config, mode Mode, ledger *gateway.Ledger) (tools []gateway.T
 // - (internal/config), so a name's first "__" ends its prefix, and
 // internal/config refuses two upstreams with one prefix. What is left is
 // an own tool named <prefix>__…, which this refuses. (The registry still
-// leaves out, and logs, any tool whose name is taken: an upstream that
-// lists one name twice.)
+// leaves out, and logs, any tool whose name is taken; a name an upstream
+// lists twice is left out, every time, by gateway/upstream.)
 func checkNamespaces(file string, own []gateway.Tool, ups []config.Upstream) error {
 	var errs []error
 	for i, u := range ups {
