@@ -32,6 +32,14 @@
 //     that, under the same expected-sequence guard. A tail another writer
 //     made stale fails the guard; the Log then forgets it and reads the
 //     chain whole.
+//   - A Log counts only the records it verifies. A chain it reads to
+//     append to must hold the chain's own records (task, seq, prev), or
+//     it is not appended to ([ErrBrokenChain]); a record there that the
+//     Log cannot verify with its [Keyring] (whose directory it reads again
+//     for a key it lacks) stays in the chain for the verifier to report,
+//     but is neither a step written nor the seal, so the Log's own record
+//     follows it. Nobody without a key can keep a step out of a chain by
+//     copying or forging a record into the stream.
 //   - The chain is sealed by a terminal step (executed, execution-error,
 //     outcome-unknown, denied, expired, cancelled) followed by the "outcome"
 //     record, which [BuildOutcome] derives from the chain; nothing is

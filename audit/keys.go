@@ -45,11 +45,34 @@ func OpenKeyring(dir string) (*Keyring, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("audit: key directory: %w", err)
 	}
-	k := &Keyring{dir: dir, keys: map[string]ed25519.PrivateKey{}}
+	keys, err := readKeys(dir)
+	if err != nil {
+		return nil, err
+	}
+	k := &Keyring{dir: dir, keys: keys}
+	if b, err := os.ReadFile(filepath.Join(dir, currentFile)); err == nil {
+		k.current = strings.TrimSpace(string(b))
+		if _, ok := k.keys[k.current]; !ok {
+			return nil, fmt.Errorf("audit: current key %q is not in %s", k.current, dir)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("audit: read current key: %w", err)
+	}
+	if k.current == "" {
+		if _, err := k.Rotate(); err != nil {
+			return nil, err
+		}
+	}
+	return k, nil
+}
+
+// readKeys reads every key in dir, by key ID.
+func readKeys(dir string) (map[string]ed25519.PrivateKey, error) {
 	files, err := filepath.Glob(filepath.Join(dir, "*.pem"))
 	if err != nil {
 		return nil, err
 	}
+	keys := make(map[string]ed25519.PrivateKey, len(files))
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -71,22 +94,38 @@ func OpenKeyring(dir string) (*Keyring, error) {
 		if filepath.Base(f) != id+".pem" {
 			return nil, fmt.Errorf("audit: %s holds key %s; its name must be %s.pem", f, id, id)
 		}
-		k.keys[id] = priv
+		keys[id] = priv
 	}
-	if b, err := os.ReadFile(filepath.Join(dir, currentFile)); err == nil {
-		k.current = strings.TrimSpace(string(b))
-		if _, ok := k.keys[k.current]; !ok {
-			return nil, fmt.Errorf("audit: current key %q is not in %s", k.current, dir)
+	return keys, nil
+}
+
+// reload adds the keys written to the directory since the keyring read it
+// (a rotation by another process sharing the directory); the current key
+// stays this keyring's.
+func (k *Keyring) reload() error {
+	keys, err := readKeys(k.dir)
+	if err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for id, priv := range keys {
+		if _, ok := k.keys[id]; !ok {
+			k.keys[id] = priv
 		}
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("audit: read current key: %w", err)
 	}
-	if k.current == "" {
-		if _, err := k.Rotate(); err != nil {
-			return nil, err
-		}
+	return nil
+}
+
+// publicKeys returns the public half of every key, by key ID.
+func (k *Keyring) publicKeys() map[string]ed25519.PublicKey {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	out := make(map[string]ed25519.PublicKey, len(k.keys))
+	for id, priv := range k.keys {
+		out[id] = priv.Public().(ed25519.PublicKey)
 	}
-	return k, nil
+	return out
 }
 
 // Rotate makes a new key the current one; the old keys stay for their

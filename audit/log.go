@@ -66,12 +66,20 @@ type Log struct {
 	// appends left them (see chainTail).
 	tails   *lru.Cache[string, *chainTail]
 	tailsMu sync.Mutex // orders remember's check and update
+	// checked holds, by record hash, whether a record read from the
+	// stream verified (see checkedChain), and records this Log wrote: a
+	// record is checked once.
+	checked *lru.Cache[string, bool]
 }
 
 // maxTails bounds [Log.tails]. A tail holds no record, only a receipt per
 // step (~250 bytes; a task's chain stays within a few dozen records), and a
 // sealed chain leaves the cache.
 const maxTails = 4096
+
+// maxChecked bounds [Log.checked]: about 100 bytes a record, for the
+// chains of some hundreds of tasks.
+const maxChecked = 1 << 14
 
 // Open creates or updates the audit stream and returns the log.
 func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Log, error) {
@@ -98,7 +106,11 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Log, erro
 	if err != nil {
 		return nil, fmt.Errorf("audit: %w", err)
 	}
-	l := &Log{js: js, stream: s, keys: opts.Keys, redact: opts.Redact, log: opts.Logger, tails: tails}
+	checked, err := lru.New[string, bool](maxChecked)
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	l := &Log{js: js, stream: s, keys: opts.Keys, redact: opts.Redact, log: opts.Logger, tails: tails, checked: checked}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
 	}
@@ -138,6 +150,9 @@ type entry struct {
 	rec  Record
 	hash string
 	seq  uint64 // stream sequence
+	// foreign: a record the Log could not verify (see
+	// [Log.checkedChain]); it is neither a step written nor a seal.
+	foreign bool
 }
 
 // chain reads a task's records in order, one direct get per record (no
@@ -167,6 +182,58 @@ func (l *Log) chain(ctx context.Context, taskID string) ([]entry, error) {
 	}
 }
 
+// checkedChain reads a task's chain to append to it. Every record must be
+// the chain's (of the task, at its seq, linked to the one before), else
+// the chain cannot be appended to ([ErrBrokenChain]). A record this Log
+// cannot verify (signed by a key its keyring does not have, even once the
+// key directory is read again for a rotation by another process; a
+// signature that does not verify; not canonical) is foreign: it stays in
+// the chain, for the verifier to report, but it never counts as a step
+// written or as the chain's seal, so the Log's own record of its step is
+// appended after it. Whoever may publish to the stream but holds no key
+// thus cannot keep a step (a claim, an end) out of the chain, or hand the
+// caller a receipt for a record not its own. A record is checked once
+// ([Log.checked]); the Log's own records never are.
+func (l *Log) checkedChain(ctx context.Context, taskID string) ([]entry, error) {
+	es, err := l.chain(ctx, taskID)
+	if err != nil {
+		return nil, err
+	}
+	var p recordParser
+	reloaded := false
+	prev := ""
+	for i := range es {
+		e := &es[i]
+		if r := e.rec; r.TaskID != taskID || r.Seq != i || r.Prev != prev {
+			return nil, fmt.Errorf("%w: chain of %s: stored record %d is not the chain's (task %q, seq %d)", ErrBrokenChain, taskID, i, r.TaskID, r.Seq)
+		}
+		prev = e.hash
+		if ok, seen := l.checked.Get(e.hash); seen {
+			e.foreign = !ok
+			continue
+		}
+		if p.keys == nil {
+			p.keys = l.keys.publicKeys()
+		}
+		_, _, err := p.parse(e.line)
+		if errors.Is(err, ErrUnknownKey) && !reloaded {
+			reloaded = true
+			if rerr := l.keys.reload(); rerr != nil {
+				l.log.Warn("audit: key directory not read again", "error", rerr)
+			}
+			p.keys = l.keys.publicKeys()
+			_, _, err = p.parse(e.line)
+		}
+		l.checked.Add(e.hash, err == nil)
+		if err != nil {
+			e.foreign = true
+			l.log.Warn("audit: chain holds a record this process cannot verify; it does not count as a step written",
+				"task_id", taskID, "seq", i, "step_id", e.rec.StepID, "key_id", e.rec.KeyID, "error", err)
+		}
+	}
+	return es, nil
+}
+
 // Chain returns the canonical lines of a task's records, in order.
 func (l *Log) Chain(ctx context.Context, taskID string) ([][]byte, error) {
 	if !ValidTaskID(taskID) {
@@ -191,8 +258,9 @@ func receipt(e entry) Receipt {
 }
 
 // Append adds one step to the task's chain and returns its receipt. A step
-// whose ID is already in the chain returns the earlier record's receipt and
-// writes nothing.
+// whose ID is already in the chain, in a record the Log verified (see
+// [Log.checkedChain]), returns the earlier record's receipt and writes
+// nothing.
 //
 // A chain this Log appended to lately is not read again: its tail (see
 // chainTail) says what the next record follows, and the publish is guarded
@@ -226,7 +294,7 @@ func (l *Log) Append(ctx context.Context, taskID string, s Step) (Receipt, error
 			// duplicate), and is read below.
 			t = tailOf(nil)
 		default:
-			es, err := l.chain(ctx, taskID)
+			es, err := l.checkedChain(ctx, taskID)
 			if err != nil {
 				return Receipt{}, err
 			}
@@ -262,11 +330,20 @@ type chainTail struct {
 func tailOf(es []entry) *chainTail {
 	t := &chainTail{n: len(es), steps: make(map[string]Receipt, len(es)+1)}
 	for _, e := range es {
-		t.steps[e.rec.StepID] = receipt(e)
+		if !e.foreign {
+			t.steps[e.rec.StepID] = receipt(e)
+		}
 	}
 	if len(es) > 0 {
 		last := es[len(es)-1]
 		t.firstKind, t.lastKind, t.lastHash, t.lastSeq = es[0].rec.Kind, last.rec.Kind, last.hash, last.seq
+		// A foreign record neither opens a one-record chain nor seals one.
+		if es[0].foreign {
+			t.firstKind = ""
+		}
+		if last.foreign {
+			t.lastKind = ""
+		}
 	}
 	return t
 }
@@ -343,6 +420,7 @@ func (l *Log) appendTo(ctx context.Context, taskID string, t *chainTail, s Step,
 		return Receipt{}, nil, errWrongLastSeq
 	}
 	e := entry{line: line, rec: rec, hash: Hash(line), seq: ack.Sequence}
+	l.checked.Add(e.hash, true)
 	return receipt(e), t.with(e), nil
 }
 
@@ -382,12 +460,12 @@ func (l *Log) Seal(ctx context.Context, taskID string, end End) (Receipt, error)
 		return Receipt{}, err
 	}
 	for attempt := 0; ; attempt++ {
-		es, err := l.chain(ctx, taskID)
+		es, err := l.checkedChain(ctx, taskID)
 		if err != nil {
 			return Receipt{}, err
 		}
 		n := len(es)
-		if n > 0 && es[n-1].rec.Kind == KindOutcome {
+		if n > 0 && es[n-1].rec.Kind == KindOutcome && !es[n-1].foreign {
 			return receipt(es[n-1]), nil
 		}
 		recs := make([]Record, n)

@@ -2,7 +2,10 @@ package audit
 
 import (
 	"context"
+	"crypto/ed25519"
+	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -297,5 +300,148 @@ func TestLogReplicasAppendThroughStaleTails(t *testing.T) {
 			out, _ := json.MarshalIndent(rep, "", " ")
 			t.Fatalf("round %d: chain does not verify:\n%s", round, out)
 		}
+	}
+}
+
+// A Log counts as written only the records it can verify. Whoever may
+// publish to the stream but holds no key must not be able to make a step
+// look written (a claim, an end) or a chain look sealed, so that the real
+// record is never appended and the caller gets a receipt for a record that
+// is not its own: a record of another chain makes the chain one nobody can
+// append to (ErrBrokenChain), and a record the Log cannot verify stays in
+// the chain, for the verifier to report, with the Log's own records after it.
+func TestLogAppendCountsOnlyRecordsItVerifies(t *testing.T) {
+	js, _ := testnats.Start(t)
+	k := testKeys(t)
+	ctx := context.Background()
+	l, err := Open(ctx, js, Options{Keys: k})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().UTC()
+	req, _ := requestedStep(t, at)
+	policy := Policy{Allow: true, PolicyVersion: "pv"}
+	end := End{Kind: KindExecuted, At: at, Status: "completed", Disposition: "approved-executed", ResultDigest: "00"}
+	claim := Step{ID: "claimed", Kind: KindClaimed, At: at, Body: policy}
+
+	// A sealed chain whose signed records an attacker replays.
+	if _, err := l.Append(ctx, "tsk_donor", req); err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range []string{KindReevaluated, KindClaimed} {
+		if _, err := l.Append(ctx, "tsk_donor", Step{ID: kind, Kind: kind, At: at, Body: policy}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := l.Seal(ctx, "tsk_donor", end); err != nil {
+		t.Fatal(err)
+	}
+	donor, err := l.Chain(ctx, "tsk_donor")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// forged is a record of task at seq 1 after prev, of kind (also its
+	// step), signed by keyID with the signature sig makes.
+	forged := func(task, prev, kind, keyID string, sig func(unsigned []byte) []byte) []byte {
+		body, _ := json.Marshal(policy)
+		r := Record{Version: RecordVersion, TaskID: task, Seq: 1, Kind: kind, StepID: kind, At: at, Prev: prev, KeyID: keyID, Body: body}
+		unsigned, err := canonical(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Sig = base64.RawURLEncoding.EncodeToString(sig(unsigned))
+		line, err := canonical(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return line
+	}
+	zero := func([]byte) []byte { return make([]byte, ed25519.SignatureSize) }
+	other := testKeys(t)
+	byOther := func(u []byte) []byte { _, s := other.sign(u); return s }
+
+	t.Run("another chain's records", func(t *testing.T) {
+		for task, line := range map[string][]byte{"tsk_outcome": donor[len(donor)-1], "tsk_claim": donor[2]} {
+			if _, err := l.Append(ctx, task, req); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := js.Publish(ctx, SubjectPrefix+task, line); err != nil {
+				t.Fatal(err)
+			}
+			if rc, err := l.Append(ctx, task, claim); !errors.Is(err, ErrBrokenChain) {
+				t.Errorf("%s: claim after another task's record: %v, %+v, want ErrBrokenChain", task, err, rc)
+			}
+			if rc, err := l.Seal(ctx, task, end); !errors.Is(err, ErrBrokenChain) {
+				t.Errorf("%s: seal after another task's record: %v, %+v, want ErrBrokenChain", task, err, rc)
+			}
+		}
+	})
+	for _, tc := range []struct {
+		name, task string
+		inject     func(task, prev string) []byte
+	}{
+		{"a forged claim", "tsk_forged_claim", func(task, prev string) []byte { return forged(task, prev, KindClaimed, k.CurrentID(), zero) }},
+		{"a forged outcome", "tsk_forged_outcome", func(task, prev string) []byte { return forged(task, prev, KindOutcome, k.CurrentID(), zero) }},
+		{"a claim by a key the Log does not have", "tsk_foreign_claim", func(task, prev string) []byte {
+			return forged(task, prev, KindClaimed, other.CurrentID(), byOther)
+		}},
+		{"an outcome by a key the Log does not have", "tsk_foreign_outcome", func(task, prev string) []byte {
+			return forged(task, prev, KindOutcome, other.CurrentID(), byOther)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			task := tc.task
+			rc, err := l.Append(ctx, task, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			injected := tc.inject(task, rc.Hash)
+			if _, err := js.Publish(ctx, SubjectPrefix+task, injected); err != nil {
+				t.Fatal(err)
+			}
+			own := func(what string, rc Receipt, err error, seq int) {
+				t.Helper()
+				if err != nil {
+					t.Fatalf("%s after a record the Log cannot verify: %v", what, err)
+				}
+				if rc.Hash == Hash(injected) || rc.KeyID != k.CurrentID() || rc.RecordRef != fmt.Sprintf("%s/%d", task, seq) {
+					t.Fatalf("%s: receipt %+v, want the Log's own record %s/%d", what, rc, task, seq)
+				}
+			}
+			rc, err = l.Append(ctx, task, claim)
+			own("claim", rc, err, 2)
+			rc, err = l.Seal(ctx, task, end)
+			own("seal", rc, err, 4)
+			// The injected record stays for the verifier to report.
+			lines, err := l.Chain(ctx, task)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep := Verify(lines, k.PublicKeys(), VerifyOptions{}); rep.OK || rep.Tasks[0].Failures[0].Rule != RuleRecordIntegrity {
+				t.Fatalf("chain with the injected record: %+v", rep)
+			}
+		})
+	}
+
+	// A key another process made current after this Log opened its keyring
+	// (the same directory) is read when a record names it: its records
+	// count, and a step it wrote is not written again.
+	k2, err := OpenKeyring(k.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k2.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := Open(ctx, js, Options{Keys: k2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc2, err := l2.Append(ctx, "tsk_rotated", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc, err := l.Append(ctx, "tsk_rotated", req); err != nil || rc != rc2 {
+		t.Fatalf("step written with a key added to the directory, appended again: %v, %+v, want %+v", err, rc, rc2)
 	}
 }
