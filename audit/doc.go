@@ -56,8 +56,8 @@
 // named by its jti: "token-issued", any "token-rejected", at most one
 // "token-consumed" and, after it, at most one "token-result"; an unverified
 // token's rejection is a one-record chain. The verifier checks their
-// grammar and binding ([RuleToken]); they carry no outcome record. See
-// txtoken.go.
+// grammar and binding, and that the token was used within its lifetime
+// ([RuleToken]); they carry no outcome record. See txtoken.go.
 //
 // # Admin chains
 //

@@ -25,6 +25,14 @@ const (
 	KindTokenResult   = "token-result"
 )
 
+// A token lives at most TokenMaxLifetime (exp - iat), and its use is
+// checked with a clock skew of at most TokenMaxSkew: package txtoken's
+// MaxLifetime and MaxSkew are these.
+const (
+	TokenMaxLifetime = 60 * time.Second
+	TokenMaxSkew     = 30 * time.Second
+)
+
 // Step IDs of a token chain's once-only steps.
 const (
 	StepTokenIssued   = "issued"
@@ -33,8 +41,9 @@ const (
 )
 
 // RuleToken: a token chain follows its grammar (issued first; rejections;
-// one consumption; one result after it) and the consumption is of the
-// issued binding.
+// one consumption; one result after it), the token lives at most
+// [TokenMaxLifetime], and the consumption is of the issued binding,
+// within the token's lifetime give or take [TokenMaxSkew].
 const RuleToken = "token-chain"
 
 // IsTokenChainStart reports whether kind may open a token chain.
@@ -112,8 +121,8 @@ func verifyTokenChain(recs []Record, fail func(rule string, at int, format strin
 	if iss.JTI != recs[0].TaskID {
 		fail(RuleToken, 0, "jti %q is not the chain's %q", iss.JTI, recs[0].TaskID)
 	}
-	if !iss.ExpiresAt.After(iss.IssuedAt) {
-		fail(RuleToken, 0, "expires at %v, not after its issuance", iss.ExpiresAt)
+	if life := iss.ExpiresAt.Sub(iss.IssuedAt); life <= 0 || life > TokenMaxLifetime {
+		fail(RuleToken, 0, "expires at %v, %v after its issuance: a token lives more than 0 and at most %v", iss.ExpiresAt, life, TokenMaxLifetime)
 	}
 	v.Status = "issued"
 	consumedAt, resultAt := -1, -1
@@ -140,6 +149,10 @@ func verifyTokenChain(recs []Record, fail func(rule string, at int, format strin
 			consumedAt = i
 			if c.JTI != iss.JTI || c.Principal != iss.Envelope.Principal || c.Tool != iss.Envelope.Tool || c.ActionHash != iss.Envelope.ActionHash {
 				fail(RuleToken, i, "consumed for %s/%s/%s, issued for %s/%s/%s", c.Principal, c.Tool, c.ActionHash, iss.Envelope.Principal, iss.Envelope.Tool, iss.Envelope.ActionHash)
+			}
+			if c.At.Before(iss.IssuedAt.Add(-TokenMaxSkew)) || c.At.After(iss.ExpiresAt.Add(TokenMaxSkew)) {
+				fail(RuleToken, i, "consumed at %v, outside the token's lifetime (%v to %v, give or take %v of clock skew)",
+					c.At, iss.IssuedAt, iss.ExpiresAt, TokenMaxSkew)
 			}
 			v.Status = "consumed"
 		case KindTokenResult:

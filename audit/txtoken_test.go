@@ -104,6 +104,33 @@ func TestTokenChains(t *testing.T) {
 			t.Fatalf("%+v", v)
 		}
 	})
+	// A token runs only within its lifetime, give or take the largest
+	// clock skew: a consumption outside it says an expired (or not yet
+	// valid) token ran, and an issuance may not promise a longer life.
+	for _, tc := range []struct {
+		name     string
+		life, at time.Duration // the issued lifetime; the consumption, after issuance
+		ok       bool
+	}{
+		{"consumed at expiry plus the skew", time.Minute, time.Minute + TokenMaxSkew, true},
+		{"consumed within the skew before issuance", time.Minute, -TokenMaxSkew, true},
+		{"consumed after expiry", time.Minute, time.Minute + TokenMaxSkew + time.Second, false},
+		{"consumed long before issuance", time.Minute, -TokenMaxSkew - time.Second, false},
+		{"issued for longer than a token lives", TokenMaxLifetime + time.Second, time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, iss := tokenChain(t, keys)
+			iss.ExpiresAt = iss.IssuedAt.Add(tc.life)
+			c2 := &memChain{t: t, keys: keys, taskID: testJTI, hash: c.hash, at: c.at}
+			c2.add(StepTokenIssued, KindTokenIssued, iss)
+			c2.add(StepTokenConsumed, KindTokenConsumed, TokenConsumed{JTI: testJTI, Principal: "dev-agent", Tool: "transfer_funds",
+				ActionHash: c.hash.String(), At: iss.IssuedAt.Add(tc.at)})
+			v := verdict(t, keys, c2)
+			if tc.ok != v.OK || (!tc.ok && !slices.Equal(v.Rules(), []string{RuleToken})) {
+				t.Fatalf("ok %t, want %t: %+v", v.OK, tc.ok, v)
+			}
+		})
+	}
 	t.Run("issued with a tampered action hash", func(t *testing.T) {
 		c, iss := tokenChain(t, keys)
 		iss.Envelope.ActionHash = canon.ActionHash{1}.String()

@@ -38,14 +38,16 @@ const (
 
 // Limits.
 const (
-	// MaxLifetime is the longest a token lives (exp - iat).
-	MaxLifetime = 60 * time.Second
+	// MaxLifetime is the longest a token lives (exp - iat); the audit
+	// verifier holds token chains to it.
+	MaxLifetime = audit.TokenMaxLifetime
 	// DefaultLifetime is a token's lifetime when Options.Lifetime is 0.
 	DefaultLifetime = 60 * time.Second
 	// DefaultSkew is the clock skew tolerated between replicas.
 	DefaultSkew = 5 * time.Second
-	// MaxSkew bounds Options.Skew.
-	MaxSkew = 30 * time.Second
+	// MaxSkew bounds Options.Skew; the audit verifier allows it around
+	// a token's lifetime.
+	MaxSkew = audit.TokenMaxSkew
 	// UsedTTL is how long a consumed jti is remembered: longer than any
 	// token lives plus the skew, so a jti is never forgotten while its
 	// token could still pass the expiry check.
