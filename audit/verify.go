@@ -406,10 +406,10 @@ func verifyChain(taskID string, recs []Record, hashes []string, opts VerifyOptio
 			continue
 		}
 		switch r.Kind {
-		case KindNotified, KindNotifyFail:
-		case KindCancelRefused:
-			// A cancel refused because the call was claimed: the call goes
-			// on, so it changes nothing the rules look at.
+		case KindNotified, KindNotifyFail, KindCancelRefused:
+			// Whether the approvers were told, and a cancel refused because
+			// the call was claimed (the call goes on): they change nothing
+			// the rules look at, and say nothing more than their kind.
 			if err := strictUnmarshal(r.Body, &struct{}{}); err != nil {
 				fail(RuleRecordBody, i, "%s body: %v", r.Kind, err)
 			}

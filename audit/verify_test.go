@@ -259,6 +259,12 @@ func TestVerifyDetectsInconsistentSteps(t *testing.T) {
 			c.add(StepOutcome, KindOutcome, o)
 			return c
 		}, "does not match the chain"},
+		{"notified with a body", func() *memChain {
+			c := newMemChain(t, k, "tsk_nb", 1)
+			c.add("notify", KindNotified, map[string]any{"approved": true, "approver": "mallory"})
+			c.seal(KindExpired, "completed", "denied-not-executed")
+			return c
+		}, "notified body"},
 		{"not sealed", func() *memChain {
 			c := newMemChain(t, k, "tsk_ns", 1)
 			c.add("notify", KindNotified, struct{}{})
