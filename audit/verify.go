@@ -166,10 +166,7 @@ func VerifyReader(r io.Reader, pubkeys []ed25519.PublicKey, opts VerifyOptions) 
 	sc.Buffer(make([]byte, 0, 64<<10), MaxLineBytes)
 	var lines [][]byte
 	for sc.Scan() {
-		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
-			continue
-		}
-		lines = append(lines, bytes.Clone(sc.Bytes()))
+		lines = append(lines, bytes.Clone(sc.Bytes())) // blank ones too: they count in line numbers
 	}
 	if err := sc.Err(); err != nil {
 		return Report{}, fmt.Errorf("audit: read export: %w", err)
@@ -182,10 +179,12 @@ func VerifyReader(r io.Reader, pubkeys []ed25519.PublicKey, opts VerifyOptions) 
 // arguments, every WebAuthn assertion against the recorded public key and
 // challenge, the outcome against the chain, and that the disposition is
 // consistent with the steps. It groups the records by task and checks each
-// chain as [CheckChain] does.
+// chain as [CheckChain] does. lines are the export's lines in file order:
+// a blank one is skipped, but counted in the line numbers problems name.
 func Verify(lines [][]byte, pubkeys []ed25519.PublicKey, opts VerifyOptions) Report {
 	p := newRecordParser(pubkeys, false)
 	rep := Report{OK: true}
+	records := 0
 	type chainAcc struct {
 		recs   []Record
 		hashes []string
@@ -194,6 +193,10 @@ func Verify(lines [][]byte, pubkeys []ed25519.PublicKey, opts VerifyOptions) Rep
 	chains := map[string]*chainAcc{}
 	var order []string
 	for i, line := range lines {
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		records++
 		r, h, err := p.parse(line)
 		if err != nil {
 			// Name the task if the line still says which.
@@ -231,7 +234,7 @@ func Verify(lines [][]byte, pubkeys []ed25519.PublicKey, opts VerifyOptions) Rep
 		}
 		rep.Tasks = append(rep.Tasks, v)
 	}
-	if len(lines) == 0 {
+	if records == 0 {
 		rep.OK = false
 		rep.Problems = append(rep.Problems, Failure{Rule: RuleRecordIntegrity, Record: -1, Message: "the export holds no records"}.String())
 	}

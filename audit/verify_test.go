@@ -632,3 +632,29 @@ func mustHash(t *testing.T, tool string, args []byte) string {
 	}
 	return h.String()
 }
+
+// A problem names the line of the export file it is on, blank lines
+// counted, so an auditor finds the record the report means.
+func TestVerifyReaderNamesFileLines(t *testing.T) {
+	k := testKeys(t)
+	c := executedChain(t, k, "tsk_lines")
+	bad := bytes.Replace(c.lines[2], []byte(`"seq":2`), []byte(`"seq":7`), 1)
+	var export []byte
+	for i, l := range c.lines {
+		if i == 2 {
+			l = bad
+		}
+		export = append(append(export, l...), '\n')
+		if i == 0 {
+			export = append(export, "\n  \n"...) // blank lines 2 and 3
+		}
+	}
+	rep, err := VerifyReader(bytes.NewReader(export), k.PublicKeys(), VerifyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.OK || len(rep.Tasks) != 1 || !strings.Contains(rep.Tasks[0].Problems[0], "line 5:") {
+		b, _ := json.MarshalIndent(rep, "", "  ")
+		t.Fatalf("the tampered record is on line 5 of the file:\n%s", b)
+	}
+}
