@@ -117,7 +117,11 @@ type TaskVerdict struct {
 	TaskID string `json:"taskId"`
 	OK     bool   `json:"ok"`
 	// Complete is true when the chain is sealed by its outcome.
-	Complete    bool   `json:"complete"`
+	Complete bool `json:"complete"`
+	// Status is what a task's chain says of the task: its end's status,
+	// or, with no end, "claimed" when it holds the execution claim (the
+	// tool may have run) and empty otherwise (pending). A token or admin
+	// chain gives its own state.
 	Status      string `json:"status,omitempty"`
 	Disposition string `json:"disposition,omitempty"`
 	Records     int    `json:"records"`
@@ -577,6 +581,12 @@ func verifyChain(taskID string, recs []Record, hashes []string, opts VerifyOptio
 	v.Approvals = len(approvers)
 
 	if outcomeAt < 0 {
+		if claimedAt >= 0 && terminalAt < 0 {
+			// Not "pending": the call was claimed, and its end is not
+			// here (still running, or dropped).
+			v.Status = "claimed"
+			v.Notes = append(v.Notes, fmt.Sprintf("claimed at record %d with no end: the tool may have run", claimedAt))
+		}
 		if opts.AllowIncomplete {
 			v.Notes = append(v.Notes, "not sealed: the task had not ended when exported")
 		} else {

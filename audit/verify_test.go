@@ -568,8 +568,18 @@ func TestVerifyAllowIncomplete(t *testing.T) {
 	c := newMemChain(t, k, "tsk_p", 1)
 	c.add("notify", KindNotified, struct{}{})
 	rep := Verify(c.lines, k.PublicKeys(), VerifyOptions{AllowIncomplete: true})
-	if !rep.OK || rep.Tasks[0].Complete {
+	if !rep.OK || rep.Tasks[0].Complete || rep.Tasks[0].Status != "" {
 		t.Fatalf("pending chain with AllowIncomplete: %+v", rep)
+	}
+	// A claim without an end: the tool may have run (or the end was
+	// dropped), and the verdict says so, not "pending".
+	c.decide(newPasskey(t, "c1"), "alice", "approve")
+	c.claim()
+	for _, opts := range []VerifyOptions{{AllowIncomplete: true}, {}} {
+		v := Verify(c.lines, k.PublicKeys(), opts).Tasks[0]
+		if v.OK != opts.AllowIncomplete || v.Complete || v.Status != "claimed" || !slices.ContainsFunc(v.Notes, func(n string) bool { return strings.Contains(n, "may have run") }) {
+			t.Fatalf("claimed chain, not sealed (%+v): %+v", opts, v)
+		}
 	}
 }
 

@@ -275,8 +275,12 @@ func verifyExport(file string, keyFiles []string, allowIncomplete, asJSON bool, 
 			if what == "" {
 				what = t.Status
 			}
-			if !t.Complete {
+			switch {
+			case t.Complete:
+			case what == "":
 				what = "pending"
+			default: // an end, or a claim, and no outcome after it
+				what += ", not sealed"
 			}
 			fmt.Fprintf(w, "%s %s %s (%d records, %d approvals)\n", verdict, t.TaskID, what, t.Records, t.Approvals)
 			if rules := t.Rules(); len(rules) > 0 {
