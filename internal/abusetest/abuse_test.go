@@ -328,6 +328,11 @@ func TestSlowBodiesToSiteAndMCP(t *testing.T) {
 		maxConns: 1024,
 	})
 	tok, taskID := st.agent(t, "agent-prompt")
+	// The stalled /mcp bodies carry another agent's token: each holds one
+	// of that agent's working slots while its token is looked up, so on a
+	// loaded machine they may fill its share (by design, an agent's flood
+	// costs that agent); the prompt client is another agent, not starved.
+	slowTok, _ := st.agent(t, "agent-slow")
 	c := newClient(1)
 	defer c.CloseIdleConnections()
 	if code, _, _, err := tasksGet(c, st.base, tok, taskID, 1); err != nil || code != http.StatusOK {
@@ -344,7 +349,7 @@ func TestSlowBodiesToSiteAndMCP(t *testing.T) {
 	type target struct{ label, path, auth string }
 	targets := []target{
 		{"enrollment", "/approver/v1/enrollments/made-up-token/begin", ""},
-		{"mcp", "/mcp", "Authorization: Bearer " + tok + "\r\n"},
+		{"mcp", "/mcp", "Authorization: Bearer " + slowTok + "\r\n"},
 		{"mcp-anonymous", "/mcp", ""},
 	}
 	conns := make([]net.Conn, slow)
