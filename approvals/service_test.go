@@ -357,7 +357,7 @@ func (f *fixture) orphan(t *testing.T, c approvals.Call, age time.Duration, noRe
 		StatusMessage: "Awaiting approval", CreatedAt: time.Now().Add(-age).UTC(), LastUpdatedAt: time.Now().Add(-age).UTC(),
 		TTL: time.Hour, PollInterval: time.Second, Tool: c.Tool, Arguments: c.Arguments, ActionHash: c.ActionHash,
 		DisplayText: c.DisplayText, ApprovalRef: tasks.NewID("apr_"), ApprovalState: tasks.ApprovalPending,
-		Requirement: tasks.Requirement{Group: c.Policy.ApproverGroup, Quorum: c.Policy.Quorum, TTL: c.Policy.ApprovalTTL},
+		Requirement: tasks.Requirement{Group: c.Policy.ApproverGroup, Quorum: c.Policy.Quorum, TTL: c.Policy.ApprovalTTL, AuthenticatorClass: c.Policy.AuthenticatorClass},
 		ExpiresAt:   time.Now().Add(-age + c.Policy.ApprovalTTL).UTC(),
 		DedupKey:    tasks.DedupKey(c.Principal, c.ActionHash),
 	}
