@@ -210,9 +210,12 @@ type Options struct {
 	// (a session that ends and is re-established at once is not reported as
 	// down). Calls are serialized and in order, from a goroutine that
 	// does nothing else: a slow OnChange delays only the delivery of the
-	// lists, never the replacement of a session that ended. OnChange must
-	// not block for long and must not call Close. It is not called after
-	// Close.
+	// lists, never the replacement of a session that ended. Lists are not
+	// queued behind a slow OnChange: of those that come while it runs, it
+	// receives only the latest (each list is complete, so one that a newer
+	// list replaced no longer matters), and the last list it receives is
+	// the latest one. OnChange must not block for long and must not call
+	// Close. It is not called after Close.
 	OnChange func(tools []Tool)
 }
 
@@ -256,9 +259,10 @@ type Upstream struct {
 	// the first attempt.
 	retryAt time.Time
 
-	reported bool      // OnChange last received a non-nil list
-	reports  [][]Tool  // lists not yet given to OnChange, in order
-	pending  chan bool // holds a value while reports is not empty
+	reported bool      // the list last queued for OnChange is not nil
+	next     []Tool    // the list OnChange is to receive next, if queued
+	queued   bool      // next holds a list OnChange has not received
+	pending  chan bool // holds a value while queued (and a moment after)
 }
 
 // Start starts the supervisor and returns at once. The upstream runs until
@@ -379,8 +383,8 @@ func (u *Upstream) setState(f func()) {
 	u.changed = make(chan struct{})
 }
 
-// report queues tools for OnChange and returns at once; tools == nil
-// reports the upstream as down, once.
+// report queues tools for OnChange, in place of a list it has not received
+// yet, and returns at once; tools == nil reports the upstream as down, once.
 func (u *Upstream) report(tools []Tool) {
 	if u.opts.OnChange == nil {
 		return
@@ -391,7 +395,7 @@ func (u *Upstream) report(tools []Tool) {
 		return
 	}
 	u.reported = tools != nil
-	u.reports = append(u.reports, tools)
+	u.next, u.queued = tools, true
 	u.mu.Unlock()
 	select {
 	case u.pending <- true:
@@ -399,9 +403,10 @@ func (u *Upstream) report(tools []Tool) {
 	}
 }
 
-// deliver gives OnChange the queued lists, in order, until u.ctx is done.
-// It runs apart from the supervisor so that a slow OnChange never keeps the
-// supervisor from noticing that its session ended, or from replacing it.
+// deliver gives OnChange the queued list, each time there is one, until
+// u.ctx is done. It runs apart from the supervisor so that a slow OnChange
+// never keeps the supervisor from noticing that its session ended, or from
+// replacing it.
 func (u *Upstream) deliver() {
 	defer close(u.delivered)
 	for {
@@ -411,13 +416,15 @@ func (u *Upstream) deliver() {
 		case <-u.pending:
 		}
 		u.mu.Lock()
-		lists := u.reports
-		u.reports = nil
+		tools, queued := u.next, u.queued
+		u.next, u.queued = nil, false
 		u.mu.Unlock()
-		for _, tools := range lists {
-			if u.ctx.Err() != nil {
-				return
-			}
+		// Close may have begun while OnChange ran, and pending and
+		// u.ctx.Done() were then both ready.
+		if u.ctx.Err() != nil {
+			return
+		}
+		if queued {
 			u.opts.OnChange(tools)
 		}
 	}

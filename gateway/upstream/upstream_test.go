@@ -1515,3 +1515,67 @@ func TestToolListedTwiceRefused(t *testing.T) {
 		return r["msg"] == "upstream tool refused" && r["tool"] == "write" && r["error"] == "listed 2 times"
 	})
 }
+
+// Lists that come while OnChange is busy are not queued: once it returns,
+// it receives only the latest of them. Here OnChange blocks on the first
+// list while the upstream changes its tools eight times, each change
+// listed (relistEvery is lowered) before the next is made.
+func TestOnChangeGetsOnlyTheLatestList(t *testing.T) {
+	saved := relistEvery
+	relistEvery = 10 * time.Millisecond
+	t.Cleanup(func() { relistEvery = saved })
+	srv := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	noop := func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{}, nil
+	}
+	srv.AddTool(&mcp.Tool{Name: "v0", InputSchema: objectSchema}, noop)
+	ts := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	t.Cleanup(ts.Close)
+	blocked, release := make(chan struct{}), make(chan struct{})
+	later := make(changes, 100) // the lists received after the first
+	first := true
+	u := Start(context.Background(), Options{Name: "web", URL: ts.URL, Logger: slog.New(slog.DiscardHandler),
+		OnChange: func(tools []Tool) {
+			if first {
+				first = false
+				close(blocked)
+				<-release
+				return
+			}
+			later <- tools
+		}})
+	t.Cleanup(func() { u.Close() })
+	select {
+	case <-blocked:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no first list")
+	}
+	const edits = 8
+	for i := 1; i <= edits; i++ {
+		name := fmt.Sprintf("v%d", i)
+		srv.AddTool(&mcp.Tool{Name: name, InputSchema: objectSchema}, noop)
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			if _, tools := u.current(); tools[name].Run != nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("change %d not listed", i)
+			}
+		}
+	}
+	close(release)
+	// The supervisor publishes a listing a moment before it queues it for
+	// OnChange, so the list before the newest may come too.
+	newest, received := fmt.Sprintf("web__v%d", edits), 0
+	later.wait(t, "the newest list", func(tools []Tool) bool {
+		received++
+		return has(newest)(tools)
+	})
+	time.Sleep(200 * time.Millisecond)
+	if n := len(later); n > 0 {
+		t.Fatalf("OnChange received %d lists after the newest", n)
+	}
+	if received > 2 {
+		t.Fatalf("OnChange received %d lists once it returned, want at most 2, the last the newest", received)
+	}
+}
