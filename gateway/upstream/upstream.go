@@ -138,6 +138,9 @@ var (
 	// and how long what is left of the group gets after SIGTERM once the
 	// child has exited.
 	terminateWait = 2 * time.Second
+	// onChangeWait is how long Close waits for a call of Options.OnChange
+	// under way before it returns without it.
+	onChangeWait = 2 * time.Second
 )
 
 // inheritedEnv are the variables a stdio upstream takes from Countersign's
@@ -215,7 +218,9 @@ type Options struct {
 	// receives only the latest (each list is complete, so one that a newer
 	// list replaced no longer matters), and the last list it receives is
 	// the latest one. OnChange must not block for long and must not call
-	// Close. It is not called after Close.
+	// Close, which waits for a call under way up to 2 seconds, then
+	// returns an error without it. OnChange is not called after Close; a
+	// call Close stopped waiting for is the last, whenever it returns.
 	OnChange func(tools []Tool)
 }
 
@@ -344,13 +349,20 @@ func (u *Upstream) State() State {
 }
 
 // Close stops the supervisor, ends the session (terminating a child process)
-// and waits for both, and for a call of OnChange under way. Calls in flight
-// fail with a plain error.
+// and waits for both, and for a call of OnChange under way up to
+// onChangeWait: past that, it returns an error saying so, and the call,
+// when it returns, is the last. Calls in flight fail with a plain error.
 func (u *Upstream) Close() error {
 	u.cancel()
 	<-u.done
-	<-u.delivered
-	return nil
+	t := time.NewTimer(onChangeWait)
+	defer t.Stop()
+	select {
+	case <-u.delivered:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("upstream %s: OnChange has not returned after %v; Close does not wait for it longer", u.opts.Name, onChangeWait)
+	}
 }
 
 // current returns the session and the tools it lists, by upstream name;

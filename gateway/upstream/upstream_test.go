@@ -1579,3 +1579,60 @@ func TestOnChangeGetsOnlyTheLatestList(t *testing.T) {
 		t.Fatalf("OnChange received %d lists once it returned, want at most 2, the last the newest", received)
 	}
 }
+
+// An OnChange that never returns does not keep Close from returning: Close
+// waits for it onChangeWait (lowered here), then returns an error saying
+// so, and the call, once it returns, is the last.
+func TestCloseDoesNotWaitForeverForOnChange(t *testing.T) {
+	saved := onChangeWait
+	onChangeWait = 300 * time.Millisecond
+	t.Cleanup(func() { onChangeWait = saved })
+	h := newHTTPUpstream(t)
+	blocked, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	u := Start(context.Background(), Options{Name: "web", URL: h.ts.URL, Logger: slog.New(slog.DiscardHandler),
+		OnChange: func([]Tool) {
+			if calls.Add(1) == 1 {
+				close(blocked)
+			}
+			<-release
+		}})
+	select {
+	case <-blocked:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no first list")
+	}
+	// A list queued behind the blocked call: never delivered after Close.
+	h.srv.AddTool(&mcp.Tool{Name: "new", InputSchema: objectSchema}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{}, nil
+	})
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, tools := u.current(); tools["new"].Run != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the new tool not listed")
+		}
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- u.Close() }()
+	var err error
+	select {
+	case err = <-closed:
+	case <-time.After(onChangeWait + 5*time.Second):
+		close(release)
+		t.Fatalf("Close has not returned after %v with OnChange blocked; the bound is %v", onChangeWait+5*time.Second, onChangeWait)
+	}
+	if err == nil || !strings.Contains(err.Error(), "upstream web: OnChange has not returned after 300ms") {
+		t.Fatalf("Close: %v", err)
+	}
+	close(release)
+	select {
+	case <-u.delivered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the delivering goroutine did not end once OnChange returned")
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("OnChange called %d times, want once", n)
+	}
+}
