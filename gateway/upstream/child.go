@@ -18,7 +18,8 @@ const groupPoll = 20 * time.Millisecond
 
 // stdioTransport runs a stdio upstream: cmd in a process group of its own
 // (see [child]), spoken to over its stdin and stdout, its stderr copied to
-// stderr. Its connection records writes (see writeRecorder).
+// stderr (a lineLogger, which takes it as fast as it comes). Its connection
+// records writes (see writeRecorder).
 type stdioTransport struct {
 	cmd    *exec.Cmd // Stdin, Stdout and Stderr unset
 	stderr io.Writer
@@ -69,7 +70,8 @@ type child struct {
 }
 
 // startChild starts cmd with pipes for stdin, stdout and stderr (copied to
-// stderr) as the leader of a new process group.
+// stderr, which must not block: the child would wait on a full pipe) as the
+// leader of a new process group.
 func startChild(cmd *exec.Cmd, stderr io.Writer, grace time.Duration) (_ *child, err error) {
 	var files []*os.File // all ends, closed on failure
 	defer func() {

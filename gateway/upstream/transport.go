@@ -1,12 +1,10 @@
 package upstream
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"mime"
 	"net"
 	"net/http"
@@ -180,54 +178,4 @@ func (tr *tracker) result() (delivered, notFound, dialFailed bool) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	return tr.delivered, tr.notFound, tr.dialFailed
-}
-
-// maxStderrLine caps a logged stderr line; longer lines are split.
-const maxStderrLine = 8 << 10
-
-// lineLogger logs what a child writes to stderr, one record per line.
-type lineLogger struct {
-	log *slog.Logger
-	mu  sync.Mutex
-	buf []byte
-}
-
-func (w *lineLogger) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf = append(w.buf, p...)
-	for {
-		i := bytes.IndexByte(w.buf, '\n')
-		if i < 0 && len(w.buf) < maxStderrLine {
-			break
-		}
-		if i < 0 || i > maxStderrLine {
-			i = maxStderrLine
-			w.emit(w.buf[:i])
-			w.buf = w.buf[i:]
-			continue
-		}
-		w.emit(w.buf[:i])
-		w.buf = w.buf[i+1:]
-	}
-	if len(w.buf) == 0 {
-		w.buf = nil // let the backing array go
-	}
-	return len(p), nil
-}
-
-func (w *lineLogger) emit(line []byte) {
-	line = bytes.TrimRight(line, "\r")
-	if len(line) == 0 {
-		return
-	}
-	w.log.Info("upstream stderr", "line", string(line))
-}
-
-// flush logs a last line without a newline.
-func (w *lineLogger) flush() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.emit(w.buf)
-	w.buf = nil
 }

@@ -19,6 +19,15 @@
 // group SIGKILL. A process that leaves the group (setsid, a daemon) is not
 // reached; on other systems, only the command itself is signalled.
 //
+// The command's stderr is read as fast as it is written, so that the
+// command never waits on it, and logged: a record "upstream stderr" per
+// line, with upstream=<Name>, a line longer than 8 KiB cut there and
+// marked " … [truncated]". An upstream logs at most 200 lines and 128 KiB
+// at once, then 20 lines and 16 KiB a second, across its restarts; the
+// lines past that are dropped, and counted in a record "upstream stderr
+// dropped" (lines, bytes) 10 seconds after the first of them, or when
+// the session ends if sooner.
+//
 // # What a tool's Run returns
 //
 //   - The upstream answered: its CallToolResult, converted but not altered
@@ -141,6 +150,9 @@ var (
 	// onChangeWait is how long Close waits for a call of Options.OnChange
 	// under way before it returns without it.
 	onChangeWait = 2 * time.Second
+	// stderrReportEvery is how often the lines a stdio upstream's stderr
+	// had over its budget are summarized (see stderrLimit).
+	stderrReportEvery = 10 * time.Second
 )
 
 // inheritedEnv are the variables a stdio upstream takes from Countersign's
@@ -247,6 +259,8 @@ type Upstream struct {
 	done      chan struct{} // the supervisor returned
 	delivered chan struct{} // the goroutine calling OnChange returned
 
+	stderr *stderrLimit // the budget of a stdio upstream's stderr
+
 	relist chan struct{}           // list_changed received
 	kick   chan *mcp.ClientSession // a call found this session gone
 
@@ -303,6 +317,7 @@ func Start(ctx context.Context, opts Options) *Upstream {
 		pending:   make(chan bool, 1),
 		state:     State{Since: time.Now()},
 	}
+	u.stderr = newStderrLimit(u.log, stderrReportEvery)
 	u.ctx, u.cancel = context.WithCancel(ctx)
 	u.client = mcp.NewClient(&mcp.Implementation{Name: "countersign", Version: "1"}, &mcp.ClientOptions{
 		Logger: u.log,
@@ -605,7 +620,7 @@ func (u *Upstream) connect() (*mcp.ClientSession, func(), error) {
 	} else {
 		cmd := exec.Command(u.opts.Command[0], u.opts.Command[1:]...)
 		cmd.Env = childEnv(u.opts.Env)
-		stderr := &lineLogger{log: u.log}
+		stderr := &lineLogger{lim: u.stderr}
 		flush = stderr.flush
 		t = stdioTransport{cmd: cmd, stderr: stderr, grace: terminateWait}
 	}

@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -45,6 +46,8 @@ func TestMain(m *testing.M) {
 		runJunk()
 	case "spam":
 		runSpam()
+	case "flood":
+		runFlood()
 	}
 	os.Exit(0)
 }
@@ -148,6 +151,48 @@ func runSpam() {
 			send(`{"jsonrpc":"2.0","id":` + string(m.ID) + `,"error":{"code":-32601,"message":"no"}}`)
 		}
 	}
+}
+
+// runFlood serves echo, which writes a line to stderr before it answers;
+// flood, which starts writing lines of 100 bytes to stderr as fast as it
+// can, up to 1 GB; flooded, which answers how many bytes of them it has
+// written; and stop, which stops the flood and answers the same.
+func runFlood() {
+	var written atomic.Int64
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	s := mcp.NewServer(&mcp.Implementation{Name: "flood", Version: "1"}, nil)
+	s.AddTool(&mcp.Tool{Name: "echo", InputSchema: objectSchema}, func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		fmt.Fprintf(os.Stderr, "echo %s\n", argText(req))
+		return &mcp.CallToolResult{Content: text(argText(req))}, nil
+	})
+	s.AddTool(&mcp.Tool{Name: "flood", InputSchema: objectSchema}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		chunk := bytes.Repeat([]byte(strings.Repeat("f", 99)+"\n"), 1000)
+		go func() {
+			defer close(stopped)
+			for range 10_000 {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				n, err := os.Stderr.Write(chunk)
+				written.Add(int64(n))
+				if err != nil {
+					return
+				}
+			}
+		}()
+		return &mcp.CallToolResult{Content: text("flooding")}, nil
+	})
+	s.AddTool(&mcp.Tool{Name: "flooded", InputSchema: objectSchema}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{Content: text(fmt.Sprint(written.Load()))}, nil
+	})
+	s.AddTool(&mcp.Tool{Name: "stop", InputSchema: objectSchema}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		close(stop)
+		<-stopped
+		return &mcp.CallToolResult{Content: text(fmt.Sprint(written.Load()))}, nil
+	})
+	_ = s.Run(context.Background(), &mcp.StdioTransport{})
 }
 
 // logBuf collects JSON log records.
@@ -754,21 +799,85 @@ func TestCheckToolName(t *testing.T) {
 	}
 }
 
+// A child's stderr is logged a record per line, without its line feed
+// (and a carriage return before it); a line longer than maxStderrLine is
+// logged cut there and marked, and the rest of it dropped.
 func TestLineLogger(t *testing.T) {
 	var logs logBuf
-	w := &lineLogger{log: logs.logger()}
+	w := &lineLogger{lim: newStderrLimit(logs.logger(), time.Hour)}
 	fmt.Fprint(w, "one\r\ntw")
 	fmt.Fprint(w, "o\n\nthree")
 	w.Write(bytes.Repeat([]byte("x"), maxStderrLine+10))
+	fmt.Fprint(w, "xx\nfour\n")
+	w.Write(bytes.Repeat([]byte("y"), maxStderrLine)) // a line of exactly maxStderrLine
+	fmt.Fprint(w, "\nfive")
 	w.flush()
 	var lines []string
 	for _, r := range logs.records() {
+		if r["msg"] != "upstream stderr" {
+			t.Errorf("record %v", r)
+		}
 		lines = append(lines, fmt.Sprint(r["line"]))
 	}
-	want := []string{"one", "two", "three" + strings.Repeat("x", maxStderrLine-5), strings.Repeat("x", 15)}
+	want := []string{"one", "two", "three" + strings.Repeat("x", maxStderrLine-5) + stderrCut, "four", strings.Repeat("y", maxStderrLine), "five"}
 	if !reflect.DeepEqual(lines, want) {
 		t.Fatalf("lines %q", lines)
 	}
+}
+
+// An upstream's stderr is logged within its budget: stderrLineBurst lines
+// (stderrByteBurst bytes) at once, then stderrLinesPerSec lines
+// (stderrBytesPerSec bytes) a second. The lines over it are dropped and
+// counted, whole, and the count is logged every stderrReportEvery after a
+// drop, and when the child's stderr ends.
+func TestStderrBudget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs logBuf
+		w := &lineLogger{lim: newStderrLimit(logs.logger().With("upstream", "noisy"), 10*time.Second)}
+		seen := 0
+		check := func(step string, logged int, summary map[string]any) {
+			t.Helper()
+			synctest.Wait()
+			var got []map[string]any
+			n := 0
+			for _, r := range logs.records()[seen:] {
+				if r["upstream"] != "noisy" {
+					t.Errorf("%s: record %v without the upstream's name", step, r)
+				}
+				if r["msg"] == "upstream stderr" {
+					n++
+				} else {
+					got = append(got, map[string]any{"msg": r["msg"], "level": r["level"], "lines": r["lines"], "bytes": r["bytes"]})
+				}
+			}
+			seen += n + len(got)
+			var want []map[string]any
+			if summary != nil {
+				want = []map[string]any{summary}
+			}
+			if n != logged || !reflect.DeepEqual(got, want) {
+				t.Fatalf("%s: %d lines logged, other records %v; want %d lines, %v", step, n, got, logged, want)
+			}
+		}
+		dropped := func(lines, bytes int) map[string]any {
+			return map[string]any{"msg": "upstream stderr dropped", "level": "WARN", "lines": float64(lines), "bytes": float64(bytes)}
+		}
+		short := strings.Repeat("z", 99) + "\n"
+		w.Write([]byte(strings.Repeat(short, 1000)))
+		check("a burst of 1000 lines", stderrLineBurst, nil)
+		time.Sleep(10 * time.Second)
+		check("10 seconds later", 0, dropped(1000-stderrLineBurst, (1000-stderrLineBurst)*99))
+
+		// The line bucket is full again, and the byte bucket is the limit.
+		long := strings.Repeat("y", maxStderrLine) + "\n"
+		w.Write([]byte(strings.Repeat(long, 40)))
+		fmt.Fprintf(w, "%s\n", strings.Repeat("w", 3*maxStderrLine)) // dropped and counted whole
+		check("40 lines of maxStderrLine bytes and a longer one", stderrByteBurst/maxStderrLine, nil)
+		w.flush()
+		check("the end of the child's stderr", 0, dropped(40-stderrByteBurst/maxStderrLine+1, (40-stderrByteBurst/maxStderrLine)*maxStderrLine+3*maxStderrLine))
+		time.Sleep(time.Minute)
+		check("a minute later", 0, nil)
+	})
 }
 
 // Found by FuzzUpstreamToolList: keys of an input schema are matched
@@ -1634,5 +1743,109 @@ func TestCloseDoesNotWaitForeverForOnChange(t *testing.T) {
 	}
 	if n := calls.Load(); n != 1 {
 		t.Fatalf("OnChange called %d times, want once", n)
+	}
+}
+
+// A stdio upstream that floods its stderr (here 64 MB or more, as fast as
+// it can) gets no more of it logged than its budget allows, and is not
+// slowed down: its stderr is drained as fast as it writes, so that its
+// calls, which write to stderr too, answer at once while it floods. The
+// lines dropped are summarized while it runs (stderrReportEvery is
+// lowered), and each line is either logged or counted as dropped.
+func TestStdioStderrFlood(t *testing.T) {
+	saved := stderrReportEvery
+	stderrReportEvery = 200 * time.Millisecond
+	t.Cleanup(func() { stderrReportEvery = saved })
+	var logs logBuf
+	ch := make(changes, 100)
+	begin := time.Now()
+	u := Start(context.Background(), Options{Name: "noisy", Command: []string{os.Args[0]}, Env: map[string]string{helperEnv: "flood"},
+		Logger: logs.logger(), OnChange: ch.onChange})
+	t.Cleanup(func() { u.Close() })
+	tools := ch.wait(t, "tools", has("noisy__flooded"))
+	if _, err := run(t, find(tools, "noisy__flood"), `{}`); err != nil {
+		t.Fatal(err)
+	}
+	echoed := 0 // bytes of the echo lines
+	for i := range 5 {
+		arg, start := fmt.Sprintf("call %d", i), time.Now()
+		r, err := runFor(t, 10*time.Second, find(tools, "noisy__echo"), fmt.Sprintf(`{"text":%q}`, arg))
+		if err != nil || firstText(t, r) != arg {
+			t.Fatalf("%s during the flood: %+v, %v", arg, r, err)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Fatalf("%s during the flood took %v", arg, d)
+		}
+		echoed += len("echo " + arg)
+	}
+	const enough = 64_000_000
+	count := func(tool string) int {
+		t.Helper()
+		start := time.Now()
+		r, err := runFor(t, 10*time.Second, find(tools, "noisy__"+tool), `{}`)
+		if err != nil {
+			t.Fatalf("%s: %v", tool, err)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Fatalf("%s during the flood took %v", tool, d)
+		}
+		var n int
+		fmt.Sscan(firstText(t, r), &n)
+		return n
+	}
+	for deadline := time.Now().Add(30 * time.Second); count("flooded") < enough; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the flood is not drained: %d bytes written in 30 s", count("flooded"))
+		}
+	}
+	// The log as a whole, of 64 MB of stderr: the budget, and each
+	// record's own fields.
+	logSize := func() int {
+		logs.mu.Lock()
+		defer logs.mu.Unlock()
+		return logs.b.Len()
+	}
+	budget := func(elapsed time.Duration) (lines, bytes int) {
+		return stderrLineBurst + int(stderrLinesPerSec*elapsed.Seconds()) + 1,
+			stderrByteBurst + int(stderrBytesPerSec*elapsed.Seconds()) + 1
+	}
+	const perRecord, others = 256, 50
+	if lines, bytes := budget(time.Since(begin)); logSize() > bytes+perRecord*(lines+others) {
+		t.Fatalf("the log holds %d bytes after %v; the budget is %d lines, %d bytes", logSize(), time.Since(begin).Round(time.Millisecond), lines, bytes)
+	}
+	logs.wait(t, "a summary of the lines dropped, while the upstream runs", func(r map[string]any) bool {
+		return r["msg"] == "upstream stderr dropped"
+	})
+	flooded := count("stop")
+	u.Close()
+	elapsed := time.Since(begin)
+
+	var logged, loggedBytes, dropped, droppedBytes, records int
+	for _, r := range logs.records() {
+		records++
+		switch r["msg"] {
+		case "upstream stderr":
+			logged++
+			loggedBytes += len(r["line"].(string))
+		case "upstream stderr dropped":
+			dropped += int(r["lines"].(float64))
+			droppedBytes += int(r["bytes"].(float64))
+		default:
+			continue
+		}
+		if r["upstream"] != "noisy" {
+			t.Errorf("record %v does not name the upstream", r)
+		}
+	}
+	t.Logf("in %v, %d lines (%d bytes) logged, %d lines (%d bytes) dropped", elapsed.Round(time.Millisecond), logged, loggedBytes, dropped, droppedBytes)
+	mostLines, mostBytes := budget(elapsed)
+	if logged > mostLines || loggedBytes > mostBytes {
+		t.Errorf("in %v, %d lines (%d bytes) logged; the budget is %d lines, %d bytes", elapsed.Round(time.Millisecond), logged, loggedBytes, mostLines, mostBytes)
+	}
+	if most := mostBytes + perRecord*(mostLines+others); logSize() > most || records > mostLines+others {
+		t.Errorf("the log holds %d records, %d bytes, of %d MB of stderr; want at most %d records, %d bytes", records, logSize(), flooded/1_000_000, mostLines+others, most)
+	}
+	if lines, bytes := logged+dropped, loggedBytes+droppedBytes; lines != flooded/100+5 || bytes != flooded/100*99+echoed {
+		t.Errorf("logged and dropped: %d lines, %d bytes; the upstream wrote %d lines, %d bytes", lines, bytes, flooded/100+5, flooded/100*99+echoed)
 	}
 }
