@@ -114,11 +114,11 @@ func TestInspectReadsMembersAsTheSDK(t *testing.T) {
 		{"Kelvin sign", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","tas\u212a":{}}}`, true, "", ""},
 		{"_META", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","_META":{"progressToken":1}}}`, true, "", ""},
 		{"TaskID", `{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"taskId":"a","TaskID":"b"}}`, true, "", ""},
-		{"duplicate method", `{"jsonrpc":"2.0","id":1,"method":"tools/call","method":"tasks/result"}`, false, "tasks/result", ""},
-		{"escaped method", `{"jsonrpc":"2.0","id":1,"method":"tools/call","\u006dethod":"tasks/result"}`, false, "tasks/result", ""},
+		{"duplicate method", `{"jsonrpc":"2.0","id":1,"method":"tools/call","method":"tasks/result","params":{"taskId":"t"}}`, false, "tasks/result", ""},
+		{"escaped method", `{"jsonrpc":"2.0","id":1,"method":"tools/call","\u006dethod":"tasks/result","params":{"taskId":"t"}}`, false, "tasks/result", ""},
 		{"duplicate name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","name":"b"}}`, false, "tools/call", "b"},
 		{"Name in arguments", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","arguments":{"Name":"b"}}}`, false, "tools/call", "a"},
-		{"Name in params not read", `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"x","Name":"y"}}`, false, "resources/read", ""},
+		{"Name in params not read", `{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"cursor":"x","Name":"y"}}`, false, "tools/list", ""},
 		{"method null", `{"jsonrpc":"2.0","id":1,"method":null}`, false, "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -15,13 +16,16 @@ import (
 
 // JSON-RPC and MCP error codes this package emits.
 const (
-	codeParseError        = jsonrpc.CodeParseError     // -32700
-	codeInvalidRequest    = jsonrpc.CodeInvalidRequest // -32600
-	codeMethodNotFound    = jsonrpc.CodeMethodNotFound // -32601
-	codeInvalidParams     = jsonrpc.CodeInvalidParams  // -32602
-	codeInternal          = jsonrpc.CodeInternalError  // -32603
-	codeHeaderMismatch    = mcp.CodeHeaderMismatch     // -32020 (2026-07-28)
-	codeMissingCapability = mcp.CodeMissingRequiredClientCapabilities
+	codeParseError     = jsonrpc.CodeParseError     // -32700
+	codeInvalidRequest = jsonrpc.CodeInvalidRequest // -32600
+	codeMethodNotFound = jsonrpc.CodeMethodNotFound // -32601
+	codeInvalidParams  = jsonrpc.CodeInvalidParams  // -32602
+	codeInternal       = jsonrpc.CodeInternalError  // -32603
+	codeHeaderMismatch = mcp.CodeHeaderMismatch     // -32020 (2026-07-28)
+	// codeUnsupportedVersion (-32022, 2026-07-28) answers a protocol
+	// version this server does not implement.
+	codeUnsupportedVersion = mcp.CodeUnsupportedProtocolVersion
+	codeMissingCapability  = mcp.CodeMissingRequiredClientCapabilities
 	// CodeTooManyRequests answers a request refused for load, never for
 	// what it asked: over the caller's request budget (HTTP 429) or while
 	// the server sheds slow request bodies (HTTP 503), where Retry-After
@@ -77,8 +81,64 @@ func internal(cause error) *rpcError {
 	return &rpcError{code: codeInternal, msg: msgInternal, cause: cause}
 }
 
+// methodNotFound is the -32601 answer to a method this server does not
+// serve under era, worded alike in both eras whoever refuses it: this
+// package's handlers, the HTTP layer, or the SDK (whose own texts the HTTP
+// layer replaces: answerWriter). It names the method, and says why when
+// the method exists elsewhere: in the other protocol era, or on a server
+// with prompts, resources or completions.
 func methodNotFound(method string, era tasks.Era) *rpcError {
-	return &rpcError{code: codeMethodNotFound, msg: fmt.Sprintf("Method not found: %s is not available in protocol %s", method, era)}
+	msg := "Method not found: " + method
+	switch other := otherEra(era); {
+	case toolsOnly(method):
+		msg += " (this server has tools only)"
+	case slices.Contains(eraMethods[other], method):
+		msg += fmt.Sprintf(" is not available in protocol %s (only in %s)", era, other)
+	}
+	return &rpcError{code: codeMethodNotFound, msg: msg}
+}
+
+// eraMethods are the requests served in one protocol era only.
+var eraMethods = map[tasks.Era][]string{
+	tasks.Era2025: {"initialize", "ping", "logging/setLevel", "tasks/result", "tasks/list"},
+	tasks.Era2026: {"server/discover", "tasks/update"},
+}
+
+func otherEra(era tasks.Era) tasks.Era {
+	if era == tasks.Era2026 {
+		return tasks.Era2025
+	}
+	return tasks.Era2026
+}
+
+// toolsOnly reports whether method belongs to a feature this server does
+// not declare: it serves tools only, no prompts, resources or completions.
+func toolsOnly(method string) bool {
+	switch method {
+	case "prompts/list", "prompts/get", "resources/list", "resources/read", "resources/templates/list",
+		"resources/subscribe", "resources/unsubscribe", "completion/complete":
+		return true
+	}
+	return false
+}
+
+// methodError carries a -32601 answer past the SDK unchanged. The SDK's
+// JSON-RPC layer rewords every error that matches -32601 (errors.Is, which
+// for a *jsonrpc.Error compares codes) as `method not found: "<method>"`,
+// which for tools/call says nothing of the tool. This type is not a
+// *jsonrpc.Error and has no Is, so the SDK keeps its message, and it
+// yields the *jsonrpc.Error to errors.As, which is how the SDK finds its
+// code (and, from 2026-07-28, its HTTP status, 404).
+type methodError struct{ wire *jsonrpc.Error }
+
+func (e *methodError) Error() string { return e.wire.Message }
+
+func (e *methodError) As(target any) bool {
+	if p, ok := target.(**jsonrpc.Error); ok {
+		*p = e.wire
+		return true
+	}
+	return false
 }
 
 func taskNotFound() *rpcError { return invalidParams(msgTaskNotFound) }
@@ -113,7 +173,11 @@ func (s *Server) wireError(ctx context.Context, method string, err error) error 
 		if re.cause != nil {
 			s.log.ErrorContext(ctx, "mcpserver: request failed", "method", method, "code", re.code, "err", re.cause)
 		}
-		return &jsonrpc.Error{Code: re.code, Message: re.msg, Data: re.data}
+		wire := &jsonrpc.Error{Code: re.code, Message: re.msg, Data: re.data}
+		if re.code == codeMethodNotFound {
+			return &methodError{wire: wire}
+		}
+		return wire
 	case errors.Is(err, tasks.ErrTaskNotFound):
 		return &jsonrpc.Error{Code: codeInvalidParams, Message: msgTaskNotFound}
 	case errors.Is(err, gateway.ErrUnknownTool):

@@ -177,34 +177,51 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, sdk, sse http
 		sdk.ServeHTTP(w, r)
 		return
 	}
-	uw := &unknownMethodWriter{ResponseWriter: w, id: id, method: facts.method}
-	sdk.ServeHTTP(uw, r)
-	uw.finish()
+	aw := &answerWriter{ResponseWriter: w, id: id, method: facts.method, era: headerEra(r.Header)}
+	sdk.ServeHTTP(aw, r)
+	aw.finish()
 }
 
-// unknownMethodWriter answers a request for a method the server does not
-// serve with JSON-RPC -32601. Before 2026-07-28 the SDK answers one with a
-// plain-text HTTP 400 ("JSON RPC not handled: …"; from 2026-07-28 it sends
-// 404 and -32601 itself), which the 2025-11-25 transport does not allow
-// for a request (the answer is a JSON object or an SSE stream) and which
-// breaks a Go SDK client's connection: that client keeps a connection
-// alive after a non-2xx answer only if the body is a JSON-RPC error. The
-// writer holds back a plain-text 400 and, if it is that one, answers HTTP
-// 200 with -32601, as the server's other 2025-11-25 errors are answered;
-// any other answer passes through unchanged.
-type unknownMethodWriter struct {
+// answerWriter puts the SDK's own answers to a request in this package's
+// words, where the SDK answers before any handler of ours runs or rewords
+// what one returned:
+//
+//   - A method the server does not serve: before 2026-07-28 the SDK
+//     answers a plain-text HTTP 400 ("JSON RPC not handled: …"), which the
+//     2025-11-25 transport does not allow for a request (the answer is a
+//     JSON object or an SSE stream) and which breaks a Go SDK client's
+//     connection: that client keeps a connection alive after a non-2xx
+//     answer only if the body is a JSON-RPC error. The writer holds back a
+//     plain-text 400 and, if it is that one, answers HTTP 200 with -32601,
+//     as the server's other 2025-11-25 errors are answered; any other
+//     plain-text answer passes through unchanged.
+//   - -32601 in JSON, which the SDK words `JSON RPC not handled: "<method>"
+//     unsupported` (2026-07-28, HTTP 404) or `method not found:
+//     "<method>"` (a method of the other era, in either): the message
+//     becomes methodNotFound's, the same in both eras. Status and id stay.
+//   - An error whose message shows the SDK's decoder at work ("cannot
+//     unmarshal … into Go struct field …"), for params nested deeper than
+//     the HTTP layer checks them (checkParams): -32602 with a message that
+//     names the method, not Go types; the SDK's code 0 for such an
+//     initialize becomes -32602.
+//
+// The SDK writes a JSON answer in one Write; the writer reads only the
+// first, and decodes it only when it holds a JSON-RPC error.
+type answerWriter struct {
 	http.ResponseWriter
 	id     json.RawMessage
 	method string
+	era    tasks.Era
 	held   bool // a plain-text 400 is held back
 	body   bytes.Buffer
+	wrote  bool // the first body bytes went out
 }
 
 // notHandled is how the SDK's plain-text answer to an unknown method
 // starts (its internal jsonrpc2.ErrNotHandled).
 const notHandled = "JSON RPC not handled"
 
-func (w *unknownMethodWriter) WriteHeader(code int) {
+func (w *answerWriter) WriteHeader(code int) {
 	if code == http.StatusBadRequest && strings.HasPrefix(w.Header().Get("Content-Type"), "text/plain") {
 		w.held = true
 		return
@@ -212,14 +229,71 @@ func (w *unknownMethodWriter) WriteHeader(code int) {
 	w.ResponseWriter.WriteHeader(code)
 }
 
-func (w *unknownMethodWriter) Write(b []byte) (int, error) {
+func (w *answerWriter) Write(b []byte) (int, error) {
 	if w.held {
 		return w.body.Write(b)
+	}
+	if !w.wrote {
+		w.wrote = true
+		if out, ok := w.reword(b); ok {
+			if _, err := w.ResponseWriter.Write(out); err != nil {
+				return 0, err
+			}
+			return len(b), nil
+		}
 	}
 	return w.ResponseWriter.Write(b)
 }
 
-func (w *unknownMethodWriter) Flush() {
+// Fragments of the SDK's texts that must not reach a client: its
+// method-not-found forms (this package's start "Method not found") and its
+// decoder's type errors.
+var (
+	sdkNotFound = []string{notHandled, "method not found"}
+	sdkDecoder  = []string{"Go struct field", "Go value of type", "cannot unmarshal", "unmarshaling", "json: ", "interface {}", "map["}
+)
+
+// reword returns the JSON answer b in this package's words, or false to
+// send it as it is.
+func (w *answerWriter) reword(b []byte) ([]byte, bool) {
+	if !strings.HasPrefix(w.Header().Get("Content-Type"), "application/json") || !bytes.Contains(b, []byte(`"error"`)) {
+		return nil, false
+	}
+	var msg struct {
+		Result json.RawMessage `json:"result"`
+		Error  *struct {
+			Code    int64           `json:"code"`
+			Message string          `json:"message"`
+			Data    json.RawMessage `json:"data"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(b, &msg) != nil || msg.Error == nil || msg.Result != nil {
+		return nil, false
+	}
+	e := &rpcError{code: msg.Error.Code, msg: msg.Error.Message, data: msg.Error.Data}
+	switch {
+	case e.code == codeMethodNotFound && hasAny(e.msg, sdkNotFound):
+		e.msg = methodNotFound(w.method, w.era).msg
+	case (e.code == codeInvalidParams || e.code == 0) && hasAny(e.msg, sdkDecoder):
+		e.code, e.data = codeInvalidParams, nil
+		e.msg = "Invalid params: the params of " + w.method + " do not match the method's schema (a member has the wrong type)"
+	default:
+		return nil, false
+	}
+	return rpcErrorBody(w.id, e), true
+}
+
+// hasAny reports whether s contains one of the fragments.
+func hasAny(s string, fragments []string) bool {
+	for _, f := range fragments {
+		if strings.Contains(s, f) {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *answerWriter) Flush() {
 	if w.held {
 		return
 	}
@@ -229,16 +303,16 @@ func (w *unknownMethodWriter) Flush() {
 }
 
 // Unwrap lets http.ResponseController reach the underlying writer.
-func (w *unknownMethodWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+func (w *answerWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // finish writes what was held back.
-func (w *unknownMethodWriter) finish() {
+func (w *answerWriter) finish() {
 	if !w.held {
 		return
 	}
 	if strings.HasPrefix(w.body.String(), notHandled) {
 		w.Header().Del("X-Content-Type-Options")
-		writeRPCError(w.ResponseWriter, http.StatusOK, w.id, &rpcError{code: codeMethodNotFound, msg: "Method not found: " + w.method})
+		writeRPCError(w.ResponseWriter, http.StatusOK, w.id, methodNotFound(w.method, w.era))
 		return
 	}
 	w.ResponseWriter.WriteHeader(http.StatusBadRequest)
@@ -745,11 +819,8 @@ func inspect(body []byte, h http.Header, facts *requestFacts) (json.RawMessage, 
 		return echo, rerr, http.StatusBadRequest
 	}
 	facts.method, facts.id = msg.Method, validID(msg.ID)
-	if msg.Method == methodListen {
-		if rerr := checkListen(msg.Params); rerr != nil {
-			return validID(msg.ID), rerr, http.StatusBadRequest
-		}
-		return nil, nil, 0
+	if rerr := checkVersion(h); rerr != nil {
+		return facts.id, rerr, http.StatusBadRequest
 	}
 	var names []string
 	switch msg.Method {
@@ -757,16 +828,33 @@ func inspect(body []byte, h http.Header, facts *requestFacts) (json.RawMessage, 
 		names = toolCallNames
 	case "tasks/get", "tasks/update", "tasks/cancel":
 		names = taskMethodNames
-	default:
-		return nil, nil, 0 // params the layer does not read
 	}
-	params, caseOK, err := decodeMembers(msg.Params, names)
-	switch {
-	case len(msg.Params) == 0:
-	case err != nil:
-		return nil, nil, 0 // params is not an object: the SDK answers -32602
-	case !caseOK:
-		return validID(msg.ID), caseVariant("params", names), http.StatusBadRequest
+	var params map[string]json.RawMessage
+	if names != nil && present(msg.Params) {
+		var caseOK bool
+		var err error
+		if params, caseOK, err = decodeMembers(msg.Params, names); err == nil && !caseOK {
+			return facts.id, caseVariant("params", names), http.StatusBadRequest
+		}
+	}
+	if facts.id != nil {
+		// A request, which the SDK would answer in its own words.
+		era := headerEra(h)
+		if notServed(msg.Method, era) {
+			return facts.id, methodNotFound(msg.Method, era), unknownMethodStatus(h)
+		}
+		if rerr := checkParams(msg.Method, era, msg.Params); rerr != nil {
+			return facts.id, rerr, invalidParamsStatus(h)
+		}
+	}
+	if msg.Method == methodListen {
+		if rerr := checkListen(msg.Params); rerr != nil {
+			return facts.id, rerr, http.StatusBadRequest
+		}
+		return nil, nil, 0
+	}
+	if names == nil {
+		return nil, nil, 0 // params the layer does not read
 	}
 	var meta map[string]json.RawMessage
 	if present(params["_meta"]) && json.Unmarshal(params["_meta"], &meta) != nil {
@@ -776,7 +864,7 @@ func inspect(body []byte, h http.Header, facts *requestFacts) (json.RawMessage, 
 	case "tools/call":
 		task := bytes.TrimSpace(params["task"])
 		facts.legacyTask = len(task) > 0 && task[0] == '{'
-		_ = json.Unmarshal(params["name"], &facts.tool) // not a string: the SDK answers -32602
+		_ = json.Unmarshal(params["name"], &facts.tool) // a string, or this is a notification
 		facts.wantsNotes = present(meta["progressToken"]) || present(meta[metaLogLevel])
 	default: // tasks/get, tasks/update, tasks/cancel
 		var metaVersion string
@@ -786,7 +874,7 @@ func inspect(body []byte, h http.Header, facts *requestFacts) (json.RawMessage, 
 		}
 		var taskID string
 		if json.Unmarshal(params["taskId"], &taskID) != nil {
-			break // no string taskId: the handler answers -32602
+			break // no string taskId: the SDK answers
 		}
 		if name, ok := decodeHeaderValue(h.Get(headerName)); !ok || name != taskID {
 			return validID(msg.ID), &rpcError{code: codeHeaderMismatch, msg: "Header mismatch: Mcp-Name must equal params.taskId"}, http.StatusBadRequest
@@ -901,6 +989,14 @@ func decodeHeaderValue(v string) (string, bool) {
 
 // writeRPCError answers with a JSON-RPC error response.
 func writeRPCError(w http.ResponseWriter, status int, id json.RawMessage, e *rpcError) {
+	b := rpcErrorBody(id, e)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// rpcErrorBody encodes a JSON-RPC error response; a nil id is null.
+func rpcErrorBody(id json.RawMessage, e *rpcError) []byte {
 	if id == nil {
 		id = json.RawMessage("null")
 	}
@@ -914,9 +1010,7 @@ func writeRPCError(w http.ResponseWriter, status int, id json.RawMessage, e *rpc
 		ID      json.RawMessage `json:"id"`
 		Error   wireErr         `json:"error"`
 	}{"2.0", id, wireErr{e.code, e.msg, e.data}})
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(b)
+	return b
 }
 
 // trackingWriter remembers whether the header was written, so a recovered

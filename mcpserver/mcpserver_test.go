@@ -523,7 +523,7 @@ func TestUnknownMethod(t *testing.T) {
 			t.Run(method+"/"+string(era), func(t *testing.T) {
 				r := h.do(t, call{token: p, era: era, method: method, params: map[string]any{}, edit: func(b []byte) []byte { return setID(t, b, `"q-7"`) }})
 				r.fails(t, map[tasks.Era]int{tasks.Era2026: http.StatusNotFound, tasks.Era2025: http.StatusOK}[era], codeMethodNotFound)
-				if string(r.ID) != `"q-7"` || !strings.Contains(r.Error.Message, method) {
+				if string(r.ID) != `"q-7"` || r.Error.Message != "Method not found: "+method {
 					t.Errorf("id %s, message %q", r.ID, r.Error.Message)
 				}
 			})
@@ -828,9 +828,12 @@ func TestLegacyTaskOnForbiddenTool(t *testing.T) {
 				args["taskId"] = "tsk_unknown"
 			}
 			r := h.do(t, call{token: tok(p), era: tasks.Era2025, method: "tools/call", params: map[string]any{"name": name, "arguments": args, "task": map[string]any{"ttl": 60000}}})
-			// The SDK sends every -32601 a handler returns as
-			// `method not found: "tools/call"`, whatever its message.
+			// The SDK rewords every -32601 as `method not found:
+			// "tools/call"`; this one keeps its own words (methodError).
 			r.fails(t, http.StatusOK, codeMethodNotFound)
+			if want := "Tool " + name + " cannot be called as a task"; !strings.HasPrefix(r.Error.Message, want) {
+				t.Errorf("message %q, want it to start %q", r.Error.Message, want)
+			}
 			if name == ToolAwait {
 				return // it answers an unknown task as such, without params.task too
 			}

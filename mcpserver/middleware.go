@@ -112,7 +112,7 @@ func (s *Server) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			// Countersign serves tools only and declares no prompts,
 			// resources or completions capability: the SDK would answer
 			// these with empty lists or its own errors, as if it had them.
-			return nil, s.wireError(ctx, method, &rpcError{code: codeMethodNotFound, msg: "Method not found: " + method + " (this server has tools only)"})
+			return nil, s.wireError(ctx, method, methodNotFound(method, info.era))
 		case "tools/list":
 			res, err := next(ctx, method, req)
 			list, ok := res.(*mcp.ListToolsResult)
