@@ -358,7 +358,9 @@
 // the Mcp-Name rule for tasks/get, tasks/update and tasks/cancel in
 // 2026-07-28 (the header must equal params.taskId, else HTTP 400 and
 // -32020; the SDK checks Mcp-Name only for tools/call, prompts/get and
-// resources/read), and passes what it learned in the request context: the
+// resources/read), answers bad input the SDK would answer in its own words
+// (see Malformed requests, below), and passes what it learned in the
+// request context: the
 // principal, the HTTP request's context, and whether a tools/call carried
 // params.task, which mcp.CallToolParamsRaw drops. The SDK
 // derives handler contexts from the HTTP request's context ("to allow
@@ -366,15 +368,53 @@
 // relies on it, and the middleware fails closed (-32603) if the values are
 // missing.
 //
-// Unknown methods. From 2026-07-28 the SDK answers a request for a method
-// the server does not serve with HTTP 404 and -32601. Before, it answered
-// a plain-text HTTP 400, which the 2025-11-25 transport does not allow for
-// a request (the answer is a JSON object or an SSE stream) and after which
-// a Go SDK client's connection is broken (it stays up after a non-2xx
-// answer only if the body is a JSON-RPC error). The HTTP wrapper answers
-// that one with HTTP 200 and -32601 "Method not found: <method>"
-// (unknownMethodWriter); every other answer passes through, and a
-// notification of an unknown method keeps the SDK's 400.
+// Malformed requests (params.go, answerWriter). Every answer to bad input
+// is a JSON-RPC error with the request's id (null only when the id cannot
+// be read), a code from the spec, and a message that names what is wrong
+// and what it must be, never Go types or the SDK's decoder text; nothing
+// runs and nothing is stored. HTTP statuses: 400 for framing errors
+// (-32700, -32600), header mismatches (-32020) and an unsupported version
+// (-32022); -32602 is 400 from 2026-07-28 and 200 before; -32601 is 404
+// from 2026-07-28 and 200 before, as the SDK answers its own.
+//
+//   - Unsupported protocol version: an Mcp-Protocol-Version header naming
+//     a version the SDK does not implement (mcp.SupportedProtocolVersions)
+//     is HTTP 400 and -32022 "Unsupported protocol version: "<v>"; this
+//     server supports …" with data {supported, requested}, as the
+//     2026-07-28 transport requires. (The SDK answered versions before
+//     2026-07-28 with a plain-text 400, which a modern client reads as a
+//     legacy server, and later ones as requests of that era.)
+//   - Unknown methods: -32601 worded by methodNotFound, the same in both
+//     eras: "Method not found: <method>", plus " (this server has tools
+//     only)" for prompts/*, resources/* and completion/complete, or " is
+//     not available in protocol <era> (only in <other era>)" for a method
+//     of the other era (initialize, ping, logging/setLevel, tasks/result,
+//     tasks/list; server/discover, tasks/update). The HTTP wrapper answers
+//     the last two kinds itself; the SDK's own texts for the rest
+//     (`JSON RPC not handled: …`, a plain-text 400 before 2026-07-28, and
+//     `method not found: "<method>"`) are replaced by answerWriter. The
+//     SDK rewords every -32601 a handler returns as `method not found:
+//     "<method>"`; wireError returns them as a methodError, which the SDK
+//     leaves as it is, so a tools/call's -32601 still names the tool. A
+//     notification of an unknown method keeps the SDK's 400.
+//   - Invalid params: the HTTP wrapper checks the params of the methods
+//     served (tools/call, tools/list, tasks/*, initialize, ping,
+//     logging/setLevel, server/discover, subscriptions/listen) against
+//     their shapes in the MCP schema, reading members by their exact
+//     names: params must be an object; name (tools/call) and taskId
+//     (tasks/*) are required strings; _meta, inputResponses,
+//     capabilities, clientInfo and notifications are objects;
+//     requestState, cursor, protocolVersion and level strings; the
+//     2025-11-25 params.task an object. The answer is -32602 "Invalid
+//     params: <member> must be <type>, not <type>" (nested members as
+//     "clientInfo.name") or "Invalid params: <member> is required".
+//     Members the schema does not define are ignored (no MCP request
+//     forbids them; SEP-2322 says to ignore what is not recognized);
+//     tools/call arguments are the tool's input schema's to check. An
+//     error the SDK's decoder still raises deeper down (or, for
+//     initialize, with code 0) is answered -32602 "Invalid params: the
+//     params of <method> do not match the method's schema (a member has
+//     the wrong type)".
 //
 // The lean tasks/get path. A tasks/get that the SDK would hand to the
 // handler unchanged, and whose answer is a result, is answered by the HTTP
