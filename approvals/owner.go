@@ -49,6 +49,17 @@ func (s *Service) List(ctx context.Context, owner, cursor string, limit int) ([]
 	return slices.DeleteFunc(page, func(r tasks.Record) bool { return r.Expired(now) }), next, nil
 }
 
+// Recent calls visit with owner's tasks that have not expired and that
+// have not ended or ended at since or later, newest first, until visit
+// returns false; see tasks.Store.Recent for what it reads.
+func (s *Service) Recent(ctx context.Context, owner string, since time.Time, visit func(tasks.Record) bool) error {
+	now := s.now()
+	return s.store.Recent(ctx, owner, since, func(r tasks.Record) bool {
+		// The store left out what had expired by its clock; this is Get's.
+		return r.Expired(now) || visit(r)
+	})
+}
+
 // Await waits until owner's task is terminal and returns it, or until ctx
 // ends.
 func (s *Service) Await(ctx context.Context, owner, taskID string) (tasks.Record, error) {

@@ -427,30 +427,22 @@ type endedState struct {
 // have not ended, and those that ended within recentlyEnded, newest first.
 func (s *Server) pendingFollowUp(ctx context.Context, info *callInfo) (mcp.Result, error) {
 	open, ended := []pendingState{}, []endedState{}
-	since := s.now().Add(-recentlyEnded)
-	cursor := ""
-	// Pages of the caller's tasks, newest first, until both lists are
-	// full; bounded, since finished tasks are kept a while.
-	for range 20 {
-		page, next, err := s.opts.Approvals.List(ctx, info.principal, cursor, listPageSize)
-		if err != nil {
-			return nil, internal(err)
-		}
-		for _, rec := range page {
-			switch {
-			case !rec.Status.Terminal():
-				if len(open) < maxPendingListed {
-					open = append(open, s.pendingState(rec))
-				}
-			case rec.LastUpdatedAt.After(since) && len(ended) < maxPendingListed:
-				ended = append(ended, endedState{TaskID: rec.TaskID, Status: rec.Status, Tool: rec.Tool,
-					Disposition: rec.Disposition, EndedAt: rec.LastUpdatedAt.UTC().Format(time.RFC3339)})
+	// The caller's recent tasks, newest first, until both lists are full;
+	// bounded (tasks.Store.Recent), since finished tasks are kept a while.
+	err := s.opts.Approvals.Recent(ctx, info.principal, s.now().Add(-recentlyEnded), func(rec tasks.Record) bool {
+		switch {
+		case !rec.Status.Terminal():
+			if len(open) < maxPendingListed {
+				open = append(open, s.pendingState(rec))
 			}
+		case len(ended) < maxPendingListed:
+			ended = append(ended, endedState{TaskID: rec.TaskID, Status: rec.Status, Tool: rec.Tool,
+				Disposition: rec.Disposition, EndedAt: rec.LastUpdatedAt.UTC().Format(time.RFC3339)})
 		}
-		if next == "" || len(open) >= maxPendingListed && len(ended) >= maxPendingListed {
-			break
-		}
-		cursor = next
+		return len(open) < maxPendingListed || len(ended) < maxPendingListed
+	})
+	if err != nil {
+		return nil, internal(err)
 	}
 	var b strings.Builder
 	if len(open) == 0 {

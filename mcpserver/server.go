@@ -156,6 +156,7 @@ type Approvals interface {
 	// principal's task), approvals.ErrExpired, approvals.ErrUnknownCursor.
 	Get(ctx context.Context, owner, taskID string) (tasks.Record, error)
 	List(ctx context.Context, owner, cursor string, limit int) ([]tasks.Record, string, error)
+	Recent(ctx context.Context, owner string, since time.Time, visit func(tasks.Record) bool) error
 	Await(ctx context.Context, owner, taskID string) (tasks.Record, error)
 	Cancel(ctx context.Context, owner, taskID string) (tasks.Record, bool, error)
 	ProvideInput(ctx context.Context, owner, taskID string, responses map[string]json.RawMessage) error

@@ -801,45 +801,13 @@ func (s *Store) List(ctx context.Context, owner, cursor string, limit int) (page
 	if limit <= 0 {
 		limit = 50
 	}
-	entries, err := s.entries(ctx, "o."+OwnerKey(owner)+".>")
+	slots, read, err := s.ownerIndex(ctx, owner)
 	if err != nil {
 		return nil, "", err
 	}
-	type slot struct {
-		id string
-		at time.Time
-	}
-	slots := make([]slot, 0, len(entries))
-	var legacy []string
-	for _, e := range entries {
-		k := e.Key()
-		id := k[strings.LastIndexByte(k, '.')+1:]
-		at, err := time.Parse(time.RFC3339Nano, string(e.Value()))
-		if err != nil {
-			legacy = append(legacy, id)
-			continue
-		}
-		slots = append(slots, slot{id: id, at: at})
-	}
-	// Entries without a creation time: their records tell it.
-	read := make(map[string]Record, len(legacy))
-	if err := s.readInto(ctx, legacy, read); err != nil {
-		return nil, "", err
-	}
-	for _, id := range legacy {
-		if r, ok := read[id]; ok {
-			slots = append(slots, slot{id: id, at: r.CreatedAt})
-		}
-	}
-	sort.Slice(slots, func(i, j int) bool {
-		if !slots[i].at.Equal(slots[j].at) {
-			return slots[i].at.After(slots[j].at)
-		}
-		return slots[i].id < slots[j].id
-	})
 	i := 0
 	if cursor != "" {
-		i = slices.IndexFunc(slots, func(sl slot) bool { return sl.id == cursor }) + 1
+		i = slices.IndexFunc(slots, func(sl indexSlot) bool { return sl.id == cursor }) + 1
 		if i == 0 {
 			return nil, "", ErrInvalidCursor
 		}
@@ -847,13 +815,7 @@ func (s *Store) List(ctx context.Context, owner, cursor string, limit int) (page
 	now, budget := s.now(), limit+listReadSlack
 	for i < len(slots) && len(page) < limit && budget > 0 {
 		n := min(limit-len(page), budget, len(slots)-i)
-		var ids []string
-		for _, sl := range slots[i : i+n] {
-			if _, ok := read[sl.id]; !ok {
-				ids = append(ids, sl.id)
-			}
-		}
-		if err := s.readInto(ctx, ids, read); err != nil {
+		if err := s.readSlots(ctx, slots[i:i+n], read); err != nil {
 			return nil, "", err
 		}
 		for _, sl := range slots[i : i+n] {
@@ -868,6 +830,107 @@ func (s *Store) List(ctx context.Context, owner, cursor string, limit int) (page
 		next = slots[i-1].id
 	}
 	return page, next, nil
+}
+
+// MaxRecentReads bounds the records one [Store.Recent] reads.
+const MaxRecentReads = 1000
+
+// recentBatch is how many records [Store.Recent] reads before it hands
+// them to its visitor.
+const recentBatch = 50
+
+// Recent calls visit with owner's tasks that have not expired and that
+// either have not ended or ended (last written) at since or later, newest
+// first (by creation), until visit returns false. It is the owner's walk
+// through their recent tasks: countersign_pending's lists and the
+// identical calls an approver is shown ([Store.IdenticalCalls]).
+//
+// What it costs: one scan of the owner's index, as a [Store.List] page,
+// then reads of the records, newest first, recentBatch at a time and
+// concurrently, until visit has had enough: at most [MaxRecentReads]
+// records, however many tasks the owner has. A task past that bound is
+// not visited. The index orders tasks by creation, and a task may end
+// long after its creation (the approval TTL policy gives, up to a week by
+// default), so no creation time ends the walk sooner.
+func (s *Store) Recent(ctx context.Context, owner string, since time.Time, visit func(Record) bool) error {
+	slots, read, err := s.ownerIndex(ctx, owner)
+	if err != nil {
+		return err
+	}
+	slots = slots[:min(len(slots), MaxRecentReads)]
+	now := s.now()
+	for i := 0; i < len(slots); i += recentBatch {
+		batch := slots[i:min(i+recentBatch, len(slots))]
+		if err := s.readSlots(ctx, batch, read); err != nil {
+			return err
+		}
+		for _, sl := range batch {
+			r, ok := read[sl.id]
+			if !ok || r.Owner != owner || r.Expired(now) || r.Status.Terminal() && r.LastUpdatedAt.Before(since) {
+				continue
+			}
+			if !visit(r) {
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+// indexSlot is one task of an owner's index: its ID and creation time.
+type indexSlot struct {
+	id string
+	at time.Time
+}
+
+// ownerIndex scans owner's index and returns their tasks newest first
+// (by creation, then ID), with the records it read: those of index entries
+// written before the index held the creation time, which only their
+// records tell.
+func (s *Store) ownerIndex(ctx context.Context, owner string) ([]indexSlot, map[string]Record, error) {
+	entries, err := s.entries(ctx, "o."+OwnerKey(owner)+".>")
+	if err != nil {
+		return nil, nil, err
+	}
+	slots := make([]indexSlot, 0, len(entries))
+	var legacy []string
+	for _, e := range entries {
+		k := e.Key()
+		id := k[strings.LastIndexByte(k, '.')+1:]
+		at, err := time.Parse(time.RFC3339Nano, string(e.Value()))
+		if err != nil {
+			legacy = append(legacy, id)
+			continue
+		}
+		slots = append(slots, indexSlot{id: id, at: at})
+	}
+	read := make(map[string]Record, len(legacy))
+	if err := s.readInto(ctx, legacy, read); err != nil {
+		return nil, nil, err
+	}
+	for _, id := range legacy {
+		if r, ok := read[id]; ok {
+			slots = append(slots, indexSlot{id: id, at: r.CreatedAt})
+		}
+	}
+	sort.Slice(slots, func(i, j int) bool {
+		if !slots[i].at.Equal(slots[j].at) {
+			return slots[i].at.After(slots[j].at)
+		}
+		return slots[i].id < slots[j].id
+	})
+	return slots, read, nil
+}
+
+// readSlots reads into read the records of slots it does not hold yet.
+func (s *Store) readSlots(ctx context.Context, slots []indexSlot, read map[string]Record) error {
+	var ids []string
+	for _, sl := range slots {
+		if _, ok := read[sl.id]; !ok {
+			ids = append(ids, sl.id)
+		}
+	}
+	return s.readInto(ctx, ids, read)
 }
 
 // readInto reads the records of ids concurrently ([Store.getMany]) into

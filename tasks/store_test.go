@@ -406,3 +406,34 @@ func TestClaimExecutionExcludesTheStartJudgement(t *testing.T) {
 	}
 	t.Logf("wins over %d rounds: %v", rounds, wins)
 }
+
+// Recent reads at most MaxRecentReads records, newest first.
+func TestRecentReadsABoundedNumberOfRecords(t *testing.T) {
+	if testing.Short() {
+		t.Skip("creates over a thousand records")
+	}
+	s := newStore(t)
+	ctx := context.Background()
+	base := time.Now().UTC()
+	for i := range MaxRecentReads + 10 {
+		r := newRecord("alice")
+		r.CreatedAt = base.Add(-time.Duration(i) * time.Second)
+		r.TTL = 2 * time.Hour
+		if err := s.Create(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	visited := 0
+	last := base.Add(time.Hour)
+	err := s.Recent(ctx, "alice", base.Add(-time.Hour), func(r Record) bool {
+		if r.CreatedAt.After(last) {
+			t.Fatalf("not newest first: %v after %v", r.CreatedAt, last)
+		}
+		last = r.CreatedAt
+		visited++
+		return true
+	})
+	if err != nil || visited != MaxRecentReads {
+		t.Errorf("visited %d, %v; want %d", visited, err, MaxRecentReads)
+	}
+}
