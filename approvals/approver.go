@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -16,15 +17,37 @@ import (
 	"github.com/countersign/countersign/tasks"
 )
 
+// Approval is an approval as approvers see it: the task's record and the
+// identical calls of its requester.
+type Approval struct {
+	tasks.Record
+	// Identical are the requester's other tasks for the same call (same
+	// tool, same action hash), pending or recently ended, as they stand
+	// when the approval is viewed (tasks.Store.IdenticalCalls).
+	Identical tasks.IdenticalCalls
+}
+
 // View returns the approval with reference ref as approvers may see it:
 // ErrNotFound when there is none. Its timeline is read from the task's
-// signed audit chain when there is one (see timeline.go).
-func (s *Service) View(ctx context.Context, ref string) (tasks.Record, error) {
+// signed audit chain when there is one (see timeline.go). Its identical
+// calls are looked up now; a look-up that fails is logged and shown as
+// unknown, never failing the view.
+func (s *Service) View(ctx context.Context, ref string) (Approval, error) {
 	rec, err := s.byRef(ctx, ref)
 	if err != nil {
-		return tasks.Record{}, err
+		return Approval{}, err
 	}
-	return s.withAuditTimeline(ctx, rec), nil
+	a := Approval{Record: rec}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		var err error
+		if a.Identical, err = s.store.IdenticalCalls(ctx, rec); err != nil {
+			s.log.WarnContext(ctx, "approvals: identical calls", "task_id", rec.TaskID, "err", err)
+		}
+	})
+	a.Record = s.withAuditTimeline(ctx, rec)
+	wg.Wait()
+	return a, nil
 }
 
 // Pending returns every task that still waits, oldest first: the admin list

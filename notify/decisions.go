@@ -45,7 +45,7 @@ const maxInflight = 64
 
 // Approvals is what the decision service uses of *approvals.Service.
 type Approvals interface {
-	View(ctx context.Context, ref string) (tasks.Record, error)
+	View(ctx context.Context, ref string) (approvals.Approval, error)
 	Challenge(ctx context.Context, ref, decision string) (passkey.Challenge, error)
 	Decide(ctx context.Context, ref string, d tasks.DecisionUpdate) (approvals.Verdict, error)
 }
@@ -217,8 +217,8 @@ func (d *DecisionService) view(ctx context.Context, ref string, fields map[strin
 		err := approverapi.BadRequest("only \"ref\" is accepted")
 		return approverapi.ErrorReply(err), err
 	}
-	rec, err := d.approvals.View(ctx, ref)
-	return approverapi.ViewReply(rec, err), err
+	a, err := d.approvals.View(ctx, ref)
+	return approverapi.ViewReply(a, err), err
 }
 
 // challenge: {ref, decision} → POST /approver/v1/approvals/{ref}/challenge.

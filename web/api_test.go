@@ -328,6 +328,7 @@ func TestGetApproval(t *testing.T) {
 			{At: rec.Timeline[0].At, Kind: "requested", Detail: "held for approval"},
 			{At: now, Kind: "approval", Detail: "Ann approved [task]"},
 		},
+		IdenticalCalls: approverapi.IdenticalCalls{Checked: true, Calls: []approverapi.IdenticalCall{}},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("approval (-want +got):\n%s", diff)

@@ -88,10 +88,11 @@ func validRef(ref string) error {
 }
 
 // getApproval: GET /approver/v1/approvals/{ref} → 200 approverapi.Approval.
-// Its timeline is read from the task's audit chain when there is one.
+// Its timeline is read from the task's audit chain when there is one, and
+// its identical calls are looked up now.
 func (h *Handler) getApproval(w http.ResponseWriter, r *http.Request) error {
-	rec, err := h.approvals.View(r.Context(), r.PathValue("ref"))
-	h.send(w, r, approverapi.ViewReply(rec, err), err)
+	a, err := h.approvals.View(r.Context(), r.PathValue("ref"))
+	h.send(w, r, approverapi.ViewReply(a, err), err)
 	return nil
 }
 

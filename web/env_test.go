@@ -260,6 +260,7 @@ type taskSpec struct {
 	display string
 	group   string // default finance
 	quorum  int    // default 1
+	owner   string // default testRequester
 }
 
 // newTask stores a pending task's read model, as the MCP endpoint does, and
@@ -281,6 +282,9 @@ func (e *env) newTask(t *testing.T, spec taskSpec) tasks.Record {
 	if spec.display == "" {
 		spec.display = "Transfer 100 EUR to acct-42"
 	}
+	if spec.owner == "" {
+		spec.owner = testRequester
+	}
 	args := json.RawMessage(spec.args)
 	hash, err := canon.Hash(spec.tool, args, testServerID)
 	if err != nil {
@@ -289,7 +293,7 @@ func (e *env) newTask(t *testing.T, spec taskSpec) tasks.Record {
 	now := time.Now().UTC()
 	rec := tasks.Record{
 		TaskID:        tasks.NewID("tsk_"),
-		Owner:         testRequester,
+		Owner:         spec.owner,
 		Era:           tasks.Era2026,
 		Status:        tasks.StatusWorking,
 		CreatedAt:     now,

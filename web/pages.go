@@ -167,6 +167,26 @@ type approvePage struct {
 	ActionHash   string
 	Outcome      *outcome // set once the approval is no longer pending
 	Timeline     []step
+	Identical    *identicalPanel // nil: no identical call, and the look-up worked
+}
+
+// identicalPanel lists the requester's identical calls (same tool, same
+// action hash), looked up when the page is served.
+type identicalPanel struct {
+	Requester    string
+	WarningTitle string
+	Warning      string
+	Calls        []identicalRow
+}
+
+// identicalRow is one identical call, as a step of the panel's list.
+type identicalRow struct {
+	Kind    string // bad (ran or may have run), current (not ended), muted
+	Title   string
+	Ref     string
+	Detail  string
+	At      string // RFC 3339: its end, or its creation while it runs
+	AtLabel string
 }
 
 type argument struct {
@@ -207,7 +227,8 @@ var statusLabels = map[tasks.ApprovalState]string{
 // deciding, server-rendered; the script drives the passkey ceremony and
 // refreshes the live parts.
 func (h *Handler) approvePage(w http.ResponseWriter, r *http.Request) {
-	rec, err := h.approvals.View(r.Context(), r.PathValue("ref")) // with the audit chain's timeline
+	a, err := h.approvals.View(r.Context(), r.PathValue("ref")) // with the audit chain's timeline
+	rec := a.Record
 	if err != nil {
 		if errors.Is(err, approvals.ErrNotFound) {
 			h.renderError(w, r, http.StatusNotFound)
@@ -246,6 +267,7 @@ func (h *Handler) approvePage(w http.ResponseWriter, r *http.Request) {
 		Fingerprint:  fingerprint(rec.ActionHash),
 		ActionHash:   rec.ActionHash,
 		Timeline:     timeline(rec, state),
+		Identical:    identical(rec.Owner, a.Identical),
 	}
 	for i := range max(data.Needed, data.Approved) {
 		data.Pips = append(data.Pips, i < data.Approved)
@@ -254,6 +276,37 @@ func (h *Handler) approvePage(w http.ResponseWriter, r *http.Request) {
 		data.Outcome = outcomeOf(rec, state)
 	}
 	h.render(w, r, http.StatusOK, "approve", data)
+}
+
+// identical is the panel of the requester's identical calls; nil when there
+// are none to show.
+func identical(requester string, ic tasks.IdenticalCalls) *identicalPanel {
+	if len(ic.Calls) == 0 && !ic.Unknown {
+		return nil
+	}
+	p := &identicalPanel{Requester: requester, Warning: ic.Warning()}
+	switch {
+	case ic.Unknown:
+		p.WarningTitle = "Identical calls not checked"
+	case ic.MayHaveRun():
+		p.WarningTitle = "This call may already have run"
+	}
+	for _, c := range ic.Calls {
+		row := identicalRow{Kind: "muted", Ref: c.Ref, Title: statusLabels[c.ApprovalState], Detail: "Ended: " + c.Outcome()}
+		if row.Title == "" {
+			row.Title = string(c.ApprovalState)
+		}
+		at := c.EndedAt
+		if at.IsZero() {
+			row.Kind, row.Detail, at = "current", "Not ended yet: "+c.Outcome(), c.CreatedAt
+		}
+		if c.MayHaveRun {
+			row.Kind = "bad"
+		}
+		row.At, row.AtLabel = at.UTC().Format(time.RFC3339), at.UTC().Format("2 Jan 15:04:05 MST")
+		p.Calls = append(p.Calls, row)
+	}
+	return p
 }
 
 // pending reports whether an approval can still take a decision, as far as

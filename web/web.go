@@ -26,7 +26,7 @@ const DefaultMaxBodyBytes = approverapi.DefaultMaxBodyBytes
 // task changes: the approver API and the approval page show and decide
 // approvals through it, the inbox and the admin list read what waits.
 type Approvals interface {
-	View(ctx context.Context, ref string) (tasks.Record, error)
+	View(ctx context.Context, ref string) (approvals.Approval, error)
 	Pending(ctx context.Context) ([]tasks.Record, error)
 	Challenge(ctx context.Context, ref, decision string) (passkey.Challenge, error)
 	Decide(ctx context.Context, ref string, d tasks.DecisionUpdate) (approvals.Verdict, error)

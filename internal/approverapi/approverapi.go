@@ -63,6 +63,45 @@ type Approval struct {
 	ActionHash  string              `json:"actionHash"`
 	Approvals   []ApprovalEntry     `json:"approvals"`
 	Timeline    []TimelineEvent     `json:"timeline"`
+	// IdenticalCalls are the requester's other calls of this same call,
+	// looked up when the approval is read.
+	IdenticalCalls IdenticalCalls `json:"identicalCalls"`
+}
+
+// IdenticalCalls is what an approval shows of its requester's identical
+// calls (tasks.IdenticalCalls): the other tasks of the same requester with
+// the same tool and action hash that are pending or ended in the last 24
+// hours, newest first, at most 10. The NATS approval events carry it too.
+type IdenticalCalls struct {
+	// Checked is false when the look-up failed: Calls then says nothing,
+	// and Warning says so.
+	Checked bool `json:"checked"`
+	// Warning is set when one of the calls ran or may have run, or when
+	// the look-up failed.
+	Warning string          `json:"warning,omitempty"`
+	Calls   []IdenticalCall `json:"calls"`
+}
+
+// IdenticalCall is one of an approval's [IdenticalCalls], named by its
+// approval reference.
+type IdenticalCall struct {
+	Ref           string              `json:"ref"`
+	Status        tasks.Status        `json:"status"`
+	Disposition   tasks.Disposition   `json:"disposition,omitempty"`
+	ApprovalState tasks.ApprovalState `json:"approvalState"`
+	MayHaveRun    bool                `json:"mayHaveRun"`
+	CreatedAt     time.Time           `json:"createdAt"`
+	EndedAt       time.Time           `json:"endedAt,omitzero"`
+}
+
+// NewIdenticalCalls is the wire form of ic.
+func NewIdenticalCalls(ic tasks.IdenticalCalls) IdenticalCalls {
+	out := IdenticalCalls{Checked: !ic.Unknown, Warning: ic.Warning(), Calls: make([]IdenticalCall, 0, len(ic.Calls))}
+	for _, c := range ic.Calls {
+		out.Calls = append(out.Calls, IdenticalCall{Ref: c.Ref, Status: c.Status, Disposition: c.Disposition,
+			ApprovalState: c.ApprovalState, MayHaveRun: c.MayHaveRun, CreatedAt: c.CreatedAt, EndedAt: c.EndedAt})
+	}
+	return out
 }
 
 // ApprovalEntry is one accepted decision of an [Approval].
@@ -79,9 +118,10 @@ type TimelineEvent struct {
 	Detail string    `json:"detail,omitempty"`
 }
 
-// NewApproval is the approver's view of rec (as approvals.Service.View
-// returns it).
-func NewApproval(rec tasks.Record) Approval {
+// NewApproval is the approver's view of a, as approvals.Service.View
+// returns it.
+func NewApproval(a approvals.Approval) Approval {
+	rec := a.Record
 	args := rec.Arguments
 	if len(bytes.TrimSpace(args)) == 0 {
 		args = json.RawMessage("{}")
@@ -100,6 +140,8 @@ func NewApproval(rec tasks.Record) Approval {
 		ActionHash:  rec.ActionHash,
 		Approvals:   make([]ApprovalEntry, 0, len(rec.Approvals)),
 		Timeline:    make([]TimelineEvent, 0, len(rec.Timeline)),
+
+		IdenticalCalls: NewIdenticalCalls(a.Identical),
 	}
 	for _, a := range rec.Approvals {
 		v.Approvals = append(v.Approvals, ApprovalEntry{ApproverName: a.ApproverName, Decision: a.Decision, At: a.At})
@@ -204,11 +246,11 @@ type Reply struct {
 
 // ViewReply answers GET /approver/v1/approvals/{ref} with what
 // approvals.Service.View returned.
-func ViewReply(rec tasks.Record, err error) Reply {
+func ViewReply(a approvals.Approval, err error) Reply {
 	if err != nil {
 		return ErrorReply(err)
 	}
-	return Reply{Status: http.StatusOK, Body: NewApproval(rec)}
+	return Reply{Status: http.StatusOK, Body: NewApproval(a)}
 }
 
 // ChallengeReply answers a [ChallengeRequest] for decision with what

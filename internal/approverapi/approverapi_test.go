@@ -165,7 +165,7 @@ func TestNewApproval(t *testing.T) {
 		},
 		Timeline: []tasks.Event{{At: at, Kind: "approval", Detail: "Ann approved tsk_1"}},
 	}
-	v := NewApproval(rec)
+	v := NewApproval(approvals.Approval{Record: rec})
 	b, err := json.Marshal(v)
 	if err != nil {
 		t.Fatal(err)
@@ -175,5 +175,46 @@ func TestNewApproval(t *testing.T) {
 	}
 	if string(v.Arguments) != "{}" || v.Approved != 1 || v.Needed != 2 || v.Timeline[0].Detail != "Ann approved [task]" {
 		t.Errorf("view = %+v", v)
+	}
+}
+
+// An approval shows its requester's identical calls by reference, with a
+// warning when one ran or may have run, and says when it could not look.
+func TestNewIdenticalCalls(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	ran := tasks.IdenticalCall{Ref: "apr_2", Status: tasks.StatusCompleted, Disposition: tasks.ApprovedExecuted,
+		ApprovalState: tasks.ApprovalExecuted, CreatedAt: at, EndedAt: at.Add(time.Minute), MayHaveRun: true}
+	waiting := tasks.IdenticalCall{Ref: "apr_3", Status: tasks.StatusWorking, ApprovalState: tasks.ApprovalPending, CreatedAt: at}
+	tests := []struct {
+		name string
+		in   tasks.IdenticalCalls
+		want string
+	}{
+		{"none", tasks.IdenticalCalls{}, `{"checked":true,"calls":[]}`},
+		{"pending only", tasks.IdenticalCalls{Calls: []tasks.IdenticalCall{waiting}},
+			`{"checked":true,"calls":[{"ref":"apr_3","status":"working","approvalState":"pending","mayHaveRun":false,"createdAt":"2026-01-02T03:04:05Z"}]}`},
+		{"one ran", tasks.IdenticalCalls{Calls: []tasks.IdenticalCall{ran, waiting}},
+			`{"checked":true,"warning":"` + tasks.IdenticalCalls{Calls: []tasks.IdenticalCall{ran}}.Warning() + `","calls":[` +
+				`{"ref":"apr_2","status":"completed","disposition":"approved-executed","approvalState":"executed","mayHaveRun":true,"createdAt":"2026-01-02T03:04:05Z","endedAt":"2026-01-02T03:05:05Z"},` +
+				`{"ref":"apr_3","status":"working","approvalState":"pending","mayHaveRun":false,"createdAt":"2026-01-02T03:04:05Z"}]}`},
+		{"unknown", tasks.IdenticalCalls{Unknown: true},
+			`{"checked":false,"warning":"` + tasks.IdenticalCalls{Unknown: true}.Warning() + `","calls":[]}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := json.Marshal(NewIdenticalCalls(tt.in))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(b) != tt.want {
+				t.Errorf("got  %s\nwant %s", b, tt.want)
+			}
+		})
+	}
+	if w := (tasks.IdenticalCalls{Calls: []tasks.IdenticalCall{ran}}).Warning(); !strings.Contains(w, "ran or may have run") {
+		t.Errorf("warning %q", w)
+	}
+	if w := (tasks.IdenticalCalls{Calls: []tasks.IdenticalCall{waiting}}).Warning(); w != "" {
+		t.Errorf("warning for a call that did not run: %q", w)
 	}
 }

@@ -358,13 +358,14 @@
     }
 
     // refresh re-reads the page and swaps in its live parts: the state
-    // badge, the count, the outcome and the timeline. The server renders
-    // them; this file never builds them itself.
+    // badge, the count, the identical calls, the outcome and the
+    // timeline. The server renders them; this file never builds them
+    // itself.
     async function refresh() {
       const res = await fetch(location.pathname, { credentials: "same-origin", cache: "no-store" });
       if (!res.ok) return;
       const doc = new DOMParser().parseFromString(await res.text(), "text/html");
-      ["state", "facts", "outcome", "timeline"].forEach(function (id) {
+      ["state", "facts", "identical", "outcome", "timeline"].forEach(function (id) {
         const now = $(id);
         const next = doc.getElementById(id);
         if (now && next) now.replaceWith(document.importNode(next, true));
