@@ -189,7 +189,8 @@ func (a *Activities) RecordState(ctx context.Context, in RecordStateInput) error
 	return storeError("record state", in.TaskID, err)
 }
 
-// Notify tells the approvers about the task, with a link to its approval page.
+// Notify tells the approvers about the task, with a link to its approval
+// page and the requester's identical calls.
 func (a *Activities) Notify(ctx context.Context, in NotifyInput) error {
 	if err := checkVersion(in.Version); err != nil {
 		return err
@@ -201,7 +202,7 @@ func (a *Activities) Notify(ctx context.Context, in NotifyInput) error {
 	if err != nil {
 		return storeError("notify", in.TaskID, err)
 	}
-	if err := a.Notifier.ApprovalRequested(ctx, r, a.approveURL(r.ApprovalRef)); err != nil {
+	if err := a.Notifier.ApprovalRequested(ctx, r, a.approveURL(r.ApprovalRef), a.identicalCalls(ctx, r)); err != nil {
 		return fmt.Errorf("activities: notify %s: %w", in.TaskID, err)
 	}
 	return nil
@@ -225,10 +226,21 @@ func (a *Activities) NotifyUpdate(ctx context.Context, in NotifyUpdateInput) err
 	if err != nil {
 		return storeError("notify update", in.TaskID, err)
 	}
-	if err := a.Notifier.ApprovalUpdated(ctx, r, a.approveURL(r.ApprovalRef)); err != nil {
+	if err := a.Notifier.ApprovalUpdated(ctx, r, a.approveURL(r.ApprovalRef), a.identicalCalls(ctx, r)); err != nil {
 		return fmt.Errorf("activities: notify %s %s: %w", in.Kind, in.TaskID, err)
 	}
 	return nil
+}
+
+// identicalCalls looks up r's identical calls for a notification. A
+// look-up that fails is logged and shown as unknown: it never holds the
+// notification back.
+func (a *Activities) identicalCalls(ctx context.Context, r tasks.Record) tasks.IdenticalCalls {
+	identical, err := a.Tasks.IdenticalCalls(ctx, r)
+	if err != nil {
+		a.log().WarnContext(ctx, "activities: identical calls", "task_id", r.TaskID, "err", err)
+	}
+	return identical
 }
 
 // VerifyDecision verifies an approver's passkey assertion against the task.

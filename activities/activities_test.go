@@ -745,7 +745,7 @@ func TestConsoleNotifierQuotesDisplayText(t *testing.T) {
 	n := activities.ConsoleNotifier{W: &buf}
 	r := tasks.Record{Tool: "deploy_service", DisplayText: "Deploy \x1b[2Jevil\nsecond line",
 		Requirement: tasks.Requirement{Group: "approvers", Quorum: 2}}
-	if err := n.ApprovalRequested(context.Background(), r, "https://x/approve/apr_1"); err != nil {
+	if err := n.ApprovalRequested(context.Background(), r, "https://x/approve/apr_1", tasks.IdenticalCalls{}); err != nil {
 		t.Fatal(err)
 	}
 	out := buf.String()

@@ -13,16 +13,19 @@ import (
 )
 
 // Notifier tells approvers that a task awaits their decision, and follows the
-// task afterwards. approveURL is the approval page of the task.
+// task afterwards. approveURL is the approval page of the task; identical
+// are the requester's identical calls (tasks.Store.IdenticalCalls), looked
+// up when the notification is sent, for the notifier to show with their
+// warning.
 type Notifier interface {
 	// ApprovalRequested: the task r was created and awaits approval.
-	ApprovalRequested(ctx context.Context, r tasks.Record, approveURL string) error
+	ApprovalRequested(ctx context.Context, r tasks.Record, approveURL string, identical tasks.IdenticalCalls) error
 	// ApprovalUpdated: the task r moved on. Either an approval was accepted
 	// (r.Status is not terminal; r.Approvals has it), or the task ended
 	// (r.Status is terminal; r.Disposition and r.ApprovalState say how).
 	// The record is read when the notification is sent, so a late
 	// notification carries the newest state, never an older one.
-	ApprovalUpdated(ctx context.Context, r tasks.Record, approveURL string) error
+	ApprovalUpdated(ctx context.Context, r tasks.Record, approveURL string, identical tasks.IdenticalCalls) error
 }
 
 // NotifyKind is what a [NotifyUpdateInput] reports.
@@ -82,13 +85,13 @@ func (f *Fanout) each(ctx context.Context, op string, fn func(Notifier) error) e
 }
 
 // ApprovalRequested implements [Notifier].
-func (f *Fanout) ApprovalRequested(ctx context.Context, r tasks.Record, approveURL string) error {
-	return f.each(ctx, "requested", func(n Notifier) error { return n.ApprovalRequested(ctx, r, approveURL) })
+func (f *Fanout) ApprovalRequested(ctx context.Context, r tasks.Record, approveURL string, identical tasks.IdenticalCalls) error {
+	return f.each(ctx, "requested", func(n Notifier) error { return n.ApprovalRequested(ctx, r, approveURL, identical) })
 }
 
 // ApprovalUpdated implements [Notifier].
-func (f *Fanout) ApprovalUpdated(ctx context.Context, r tasks.Record, approveURL string) error {
-	return f.each(ctx, "updated", func(n Notifier) error { return n.ApprovalUpdated(ctx, r, approveURL) })
+func (f *Fanout) ApprovalUpdated(ctx context.Context, r tasks.Record, approveURL string, identical tasks.IdenticalCalls) error {
+	return f.each(ctx, "updated", func(n Notifier) error { return n.ApprovalUpdated(ctx, r, approveURL, identical) })
 }
 
 // ConsoleNotifier writes one line per request to W: the dev-mode notifier
@@ -99,11 +102,15 @@ type ConsoleNotifier struct {
 }
 
 // ApprovalRequested implements [Notifier]. The display text is quoted so that
-// argument-derived text cannot inject terminal control sequences.
-func (n ConsoleNotifier) ApprovalRequested(_ context.Context, r tasks.Record, approveURL string) error {
+// argument-derived text cannot inject terminal control sequences. The
+// identical calls' warning, when there is one, follows on a line of its own.
+func (n ConsoleNotifier) ApprovalRequested(_ context.Context, r tasks.Record, approveURL string, identical tasks.IdenticalCalls) error {
 	line := fmt.Sprintf("countersign: approval requested for %s %q: %d of group %q, expires %s; approve at %s\n",
 		r.Tool, r.DisplayText, r.Requirement.Quorum, r.Requirement.Group,
 		r.ExpiresAt.UTC().Format(time.RFC3339), approveURL)
+	if w := identical.Warning(); w != "" {
+		line += "countersign: WARNING: " + w + "\n"
+	}
 	if _, err := io.WriteString(n.W, line); err != nil {
 		return fmt.Errorf("activities: console notify: %w", err)
 	}
@@ -112,7 +119,7 @@ func (n ConsoleNotifier) ApprovalRequested(_ context.Context, r tasks.Record, ap
 
 // ApprovalUpdated implements [Notifier]: one line per accepted approval and
 // one when the task ends.
-func (n ConsoleNotifier) ApprovalUpdated(_ context.Context, r tasks.Record, approveURL string) error {
+func (n ConsoleNotifier) ApprovalUpdated(_ context.Context, r tasks.Record, approveURL string, _ tasks.IdenticalCalls) error {
 	var line string
 	if r.Status.Terminal() {
 		how := string(r.Disposition)

@@ -24,14 +24,14 @@ type countingNotifier struct {
 	block     chan struct{} // when set, ApprovalUpdated waits on it or ctx
 }
 
-func (n *countingNotifier) ApprovalRequested(_ context.Context, r tasks.Record, _ string) error {
+func (n *countingNotifier) ApprovalRequested(_ context.Context, r tasks.Record, _ string, _ tasks.IdenticalCalls) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.requested = append(n.requested, r)
 	return n.err
 }
 
-func (n *countingNotifier) ApprovalUpdated(ctx context.Context, r tasks.Record, _ string) error {
+func (n *countingNotifier) ApprovalUpdated(ctx context.Context, r tasks.Record, _ string, _ tasks.IdenticalCalls) error {
 	if n.block != nil {
 		select {
 		case <-n.block:
@@ -54,7 +54,7 @@ func TestFanoutOneFailingChannelDoesNotStopTheOthers(t *testing.T) {
 		Names:     []string{"slack", "console", "nats"},
 	}
 	r := tasks.Record{TaskID: "tsk_x", Tool: "transfer_funds", DisplayText: "Transfer 5", Requirement: tasks.Requirement{Quorum: 1}}
-	err := f.ApprovalRequested(context.Background(), r, "http://localhost:8080/approve/apr_x")
+	err := f.ApprovalRequested(context.Background(), r, "http://localhost:8080/approve/apr_x", tasks.IdenticalCalls{})
 	if err == nil || !strings.Contains(err.Error(), "slack: slack down") {
 		t.Fatalf("err = %v, want the Slack failure, named", err)
 	}
@@ -70,7 +70,7 @@ func TestFanoutSlowChannelDoesNotDelayTheOthers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	r := tasks.Record{TaskID: "tsk_x", Status: tasks.StatusCompleted}
-	err := f.ApprovalUpdated(ctx, r, "u")
+	err := f.ApprovalUpdated(ctx, r, "u", tasks.IdenticalCalls{})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("err = %v, want the slow channel's deadline", err)
 	}
@@ -84,11 +84,11 @@ func TestConsoleNotifierUpdates(t *testing.T) {
 	n := activities.ConsoleNotifier{W: &buf}
 	r := tasks.Record{Tool: "transfer_funds", DisplayText: "Transfer\x1b[2J 5", Requirement: tasks.Requirement{Quorum: 2},
 		Approvals: []tasks.ApprovalEntry{{Decision: tasks.DecisionApprove}}}
-	if err := n.ApprovalUpdated(context.Background(), r, "http://localhost:8080/approve/apr_x"); err != nil {
+	if err := n.ApprovalUpdated(context.Background(), r, "http://localhost:8080/approve/apr_x", tasks.IdenticalCalls{}); err != nil {
 		t.Fatal(err)
 	}
 	r.Status, r.Disposition, r.ApprovalState = tasks.StatusCompleted, tasks.ApprovedExecuted, tasks.ApprovalExecuted
-	if err := n.ApprovalUpdated(context.Background(), r, "http://localhost:8080/approve/apr_x"); err != nil {
+	if err := n.ApprovalUpdated(context.Background(), r, "http://localhost:8080/approve/apr_x", tasks.IdenticalCalls{}); err != nil {
 		t.Fatal(err)
 	}
 	out := buf.String()

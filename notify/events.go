@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/countersign/countersign/internal/approverapi"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -32,7 +33,9 @@ const eventsDedupWindow = time.Hour
 // It carries no arguments field, no task ID (the agent's handle), no tokens
 // or assertions. The display text stands for the arguments: an upstream
 // tool's holds their JSON (gateway/upstream), so a subscriber learns what
-// the call asks, as an approver does.
+// the call asks, as an approver does. IdenticalCalls are the requester's
+// identical calls as the approver API shows them, looked up when the event
+// is published.
 type Event struct {
 	V           int                 `json:"v"`
 	Type        string              `json:"type"` // requested | resolved
@@ -49,6 +52,8 @@ type Event struct {
 	At          time.Time           `json:"at"`
 	Status      tasks.Status        `json:"status"`
 	State       tasks.ApprovalState `json:"approvalState"`
+	// IdenticalCalls: see the approver API's approval.
+	IdenticalCalls approverapi.IdenticalCalls `json:"identicalCalls"`
 	// Resolved only.
 	Disposition tasks.Disposition `json:"disposition,omitempty"`
 	Message     string            `json:"message,omitempty"`
@@ -128,13 +133,13 @@ func ToolToken(tool string) string {
 	return b.String()
 }
 
-func newEvent(typ string, r tasks.Record, approveURL string) Event {
+func newEvent(typ string, r tasks.Record, approveURL string, identical tasks.IdenticalCalls) Event {
 	e := Event{
 		V: EventVersion, Type: typ, Ref: r.ApprovalRef, Tool: r.Tool,
 		DisplayText: r.DisplayText, Requester: r.Owner, Reason: r.Requirement.Reason,
 		Group: r.Requirement.Group, Quorum: r.Requirement.Quorum, ActionHash: r.ActionHash,
 		ExpiresAt: r.ExpiresAt, ApproveURL: approveURL, At: r.LastUpdatedAt,
-		Status: r.Status, State: r.ApprovalState,
+		Status: r.Status, State: r.ApprovalState, IdenticalCalls: approverapi.NewIdenticalCalls(identical),
 	}
 	if e.At.IsZero() {
 		e.At = r.CreatedAt
@@ -164,15 +169,15 @@ func (ev *Events) publish(ctx context.Context, subject string, e Event) error {
 }
 
 // ApprovalRequested implements activities.Notifier.
-func (ev *Events) ApprovalRequested(ctx context.Context, r tasks.Record, approveURL string) error {
-	return ev.publish(ctx, SubjectRequested, newEvent(EventTypeRequested, r, approveURL))
+func (ev *Events) ApprovalRequested(ctx context.Context, r tasks.Record, approveURL string, identical tasks.IdenticalCalls) error {
+	return ev.publish(ctx, SubjectRequested, newEvent(EventTypeRequested, r, approveURL, identical))
 }
 
 // ApprovalUpdated implements activities.Notifier: it publishes the resolved
 // event when the task has ended and nothing for progress.
-func (ev *Events) ApprovalUpdated(ctx context.Context, r tasks.Record, approveURL string) error {
+func (ev *Events) ApprovalUpdated(ctx context.Context, r tasks.Record, approveURL string, identical tasks.IdenticalCalls) error {
 	if !r.Status.Terminal() {
 		return nil
 	}
-	return ev.publish(ctx, SubjectResolved, newEvent(EventTypeResolved, r, approveURL))
+	return ev.publish(ctx, SubjectResolved, newEvent(EventTypeResolved, r, approveURL, identical))
 }

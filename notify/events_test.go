@@ -23,17 +23,17 @@ func TestEventsRequestedAndResolved(t *testing.T) {
 	url := "http://localhost:8080/approve/" + r.ApprovalRef
 	// Twice each: the activity's retries must be stored once.
 	for range 2 {
-		if err := ev.ApprovalRequested(ctx, r, url); err != nil {
+		if err := ev.ApprovalRequested(ctx, r, url, tasks.IdenticalCalls{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	r.Approvals = []tasks.ApprovalEntry{{ApproverID: "a1", ApproverName: "alice", CredentialID: "cred", Decision: tasks.DecisionApprove, At: t0}}
-	if err := ev.ApprovalUpdated(ctx, r, url); err != nil { // progress: no event
+	if err := ev.ApprovalUpdated(ctx, r, url, tasks.IdenticalCalls{}); err != nil { // progress: no event
 		t.Fatal(err)
 	}
 	r.Status, r.Disposition, r.ApprovalState, r.StatusMessage = tasks.StatusCompleted, tasks.ApprovedExecuted, tasks.ApprovalExecuted, "Approved; transfer_funds ran once"
 	for range 2 {
-		if err := ev.ApprovalUpdated(ctx, r, url); err != nil {
+		if err := ev.ApprovalUpdated(ctx, r, url, tasks.IdenticalCalls{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -140,19 +140,19 @@ func validChannel(c string) bool {
 
 // ApprovalRequested implements activities.Notifier: it posts the task's
 // message, or updates it if an earlier attempt posted it.
-func (s *Slack) ApprovalRequested(ctx context.Context, r tasks.Record, approveURL string) error {
-	return s.upsert(ctx, r, approveURL)
+func (s *Slack) ApprovalRequested(ctx context.Context, r tasks.Record, approveURL string, identical tasks.IdenticalCalls) error {
+	return s.upsert(ctx, r, approveURL, identical)
 }
 
 // ApprovalUpdated implements activities.Notifier: it updates the task's
 // message in place (or posts it, when the first post never succeeded).
-func (s *Slack) ApprovalUpdated(ctx context.Context, r tasks.Record, approveURL string) error {
-	return s.upsert(ctx, r, approveURL)
+func (s *Slack) ApprovalUpdated(ctx context.Context, r tasks.Record, approveURL string, identical tasks.IdenticalCalls) error {
+	return s.upsert(ctx, r, approveURL, identical)
 }
 
-func (s *Slack) upsert(ctx context.Context, r tasks.Record, approveURL string) error {
-	blocks := s.blocks(r, approveURL)
-	text := fallbackText(r)
+func (s *Slack) upsert(ctx context.Context, r tasks.Record, approveURL string, identical tasks.IdenticalCalls) error {
+	blocks := s.blocks(r, approveURL, identical)
+	text := fallbackText(r, identical)
 	msg, err := s.message(ctx, r.TaskID)
 	if err != nil {
 		return err
@@ -211,9 +211,14 @@ func (s *Slack) message(ctx context.Context, taskID string) (*slackMessage, erro
 // it as mrkdwn, and it carries the display text, which comes from the call:
 // it is sent escaped (&, <, > as entities; slack.MsgOptionText with escape),
 // so it cannot mention users or channels or fake links, as the blocks'
-// plain_text cannot.
-func fallbackText(r tasks.Record) string {
-	return clip(stateLabel(r)+": "+r.DisplayText, 300)
+// plain_text cannot. When an identical call ran or may have run, the state
+// says so before the display text.
+func fallbackText(r tasks.Record, identical tasks.IdenticalCalls) string {
+	label := stateLabel(r)
+	if identical.MayHaveRun() {
+		label += " (an identical call already ran or may have run)"
+	}
+	return clip(label+": "+r.DisplayText, 300)
 }
 
 // stateLabel says where the task is, in words.
@@ -282,12 +287,13 @@ func mrkdwn(s string) *slack.TextBlockObject {
 // blocks renders the task. Everything that comes from the call or the
 // requester (display text, arguments, names, comments) goes in plain_text,
 // so it cannot mention users or channels or fake links.
-func (s *Slack) blocks(r tasks.Record, approveURL string) []slack.Block {
+func (s *Slack) blocks(r tasks.Record, approveURL string, identical tasks.IdenticalCalls) []slack.Block {
 	bs := []slack.Block{
 		slack.NewHeaderBlock(plain(clip(r.DisplayText, 150))),
 		slack.NewSectionBlock(mrkdwn(stateEmoji(r)+" *"+stateLabel(r)+"*"), nil, nil),
 	}
-	expires := fmt.Sprintf("<!date^%d^{date_short_pretty} {time}|%s>", r.ExpiresAt.Unix(), r.ExpiresAt.UTC().Format(time.RFC3339))
+	bs = append(bs, identicalBlocks(identical)...)
+	expires := slackDate(r.ExpiresAt)
 	bs = append(bs,
 		slack.NewSectionBlock(nil, []*slack.TextBlockObject{
 			mrkdwn("*Tool*"), mrkdwn("*Requester*"),
@@ -339,6 +345,40 @@ func (s *Slack) blocks(r tasks.Record, approveURL string) []slack.Block {
 			slack.NewButtonBlockElement(ActionReview, r.ApprovalRef, plain("View")).WithURL(approveURL)))
 	}
 	return bs
+}
+
+// identicalBlocks renders the requester's identical calls: the warning when
+// one ran or may have run (or the look-up failed), then one line per call,
+// newest first; nothing when there are none. Every word in it is ours (the
+// warning, references, dispositions, dates), so it is mrkdwn.
+func identicalBlocks(identical tasks.IdenticalCalls) []slack.Block {
+	if len(identical.Calls) == 0 && !identical.Unknown {
+		return nil
+	}
+	var b strings.Builder
+	if w := identical.Warning(); w != "" {
+		b.WriteString(":warning: *" + w + "*")
+	}
+	if len(identical.Calls) > 0 {
+		if b.Len() > 0 {
+			b.WriteString("\n")
+		}
+		fmt.Fprintf(&b, "*Identical calls* (same requester, tool and arguments; open, or ended in the last %d hours):", int(tasks.IdenticalWindow/time.Hour))
+		for _, c := range identical.Calls {
+			verb, at := "ended", c.EndedAt
+			if at.IsZero() {
+				verb, at = "requested", c.CreatedAt
+			}
+			fmt.Fprintf(&b, "\n• `%s` %s, %s %s", c.Ref, c.Outcome(), verb, slackDate(at))
+		}
+	}
+	return []slack.Block{slack.NewSectionBlock(mrkdwn(b.String()), nil, nil)}
+}
+
+// slackDate shows t in the reader's time zone, with RFC 3339 as the
+// fallback.
+func slackDate(t time.Time) string {
+	return fmt.Sprintf("<!date^%d^{date_short_pretty} {time}|%s>", t.Unix(), t.UTC().Format(time.RFC3339))
 }
 
 // keyArguments renders up to max top-level arguments as field pairs (a

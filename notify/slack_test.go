@@ -54,7 +54,7 @@ func TestSlackPostsOnceThenUpdatesTheSameMessage(t *testing.T) {
 	r := pendingRecord()
 	url := "https://approve.example.com/approve/" + r.ApprovalRef
 
-	if err := s.ApprovalRequested(ctx, r, url); err != nil {
+	if err := s.ApprovalRequested(ctx, r, url, tasks.IdenticalCalls{}); err != nil {
 		t.Fatal(err)
 	}
 	calls := f.Calls()
@@ -84,18 +84,18 @@ func TestSlackPostsOnceThenUpdatesTheSameMessage(t *testing.T) {
 	}
 
 	// A retried request (the activity's next attempt) updates, not reposts.
-	if err := s.ApprovalRequested(ctx, r, url); err != nil {
+	if err := s.ApprovalRequested(ctx, r, url, tasks.IdenticalCalls{}); err != nil {
 		t.Fatal(err)
 	}
 	// One approval arrives.
 	r.Approvals = append(r.Approvals, tasks.ApprovalEntry{ApproverID: "a1", ApproverName: "alice", Decision: tasks.DecisionApprove, At: t0})
-	if err := s.ApprovalUpdated(ctx, r, url); err != nil {
+	if err := s.ApprovalUpdated(ctx, r, url, tasks.IdenticalCalls{}); err != nil {
 		t.Fatal(err)
 	}
 	// The task ends.
 	r.Status, r.Disposition, r.ApprovalState = tasks.StatusCompleted, tasks.ApprovedExecuted, tasks.ApprovalExecuted
 	r.StatusMessage = "Approved; transfer_funds ran once"
-	if err := s.ApprovalUpdated(ctx, r, url); err != nil {
+	if err := s.ApprovalUpdated(ctx, r, url, tasks.IdenticalCalls{}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -152,11 +152,11 @@ func TestSlackEndings(t *testing.T) {
 			s := newSlack(t, f, false)
 			ctx := testCtx(t)
 			r := pendingRecord()
-			if err := s.ApprovalRequested(ctx, r, "http://localhost:8080/approve/"+r.ApprovalRef); err != nil {
+			if err := s.ApprovalRequested(ctx, r, "http://localhost:8080/approve/"+r.ApprovalRef, tasks.IdenticalCalls{}); err != nil {
 				t.Fatal(err)
 			}
 			tc.edit(&r)
-			if err := s.ApprovalUpdated(ctx, r, "http://localhost:8080/approve/"+r.ApprovalRef); err != nil {
+			if err := s.ApprovalUpdated(ctx, r, "http://localhost:8080/approve/"+r.ApprovalRef, tasks.IdenticalCalls{}); err != nil {
 				t.Fatal(err)
 			}
 			calls := f.Calls()
@@ -175,7 +175,7 @@ func TestSlackPolicyChannelWins(t *testing.T) {
 	s := newSlack(t, f, false)
 	r := pendingRecord()
 	r.Requirement.SlackChannel = "#payments"
-	if err := s.ApprovalRequested(testCtx(t), r, "http://localhost:8080/approve/x"); err != nil {
+	if err := s.ApprovalRequested(testCtx(t), r, "http://localhost:8080/approve/x", tasks.IdenticalCalls{}); err != nil {
 		t.Fatal(err)
 	}
 	if got := f.Calls()[0].Form.Get("channel"); got != "#payments" {
@@ -194,13 +194,13 @@ func TestSlackOutageThenRetryPostsOnce(t *testing.T) {
 	ctx := testCtx(t)
 	r := pendingRecord()
 	f.failFor(1)
-	if err := s.ApprovalRequested(ctx, r, "http://localhost:8080/approve/x"); err == nil {
+	if err := s.ApprovalRequested(ctx, r, "http://localhost:8080/approve/x", tasks.IdenticalCalls{}); err == nil {
 		t.Fatal("no error while Slack is down")
 	}
-	if err := s.ApprovalRequested(ctx, r, "http://localhost:8080/approve/x"); err != nil {
+	if err := s.ApprovalRequested(ctx, r, "http://localhost:8080/approve/x", tasks.IdenticalCalls{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.ApprovalRequested(ctx, r, "http://localhost:8080/approve/x"); err != nil {
+	if err := s.ApprovalRequested(ctx, r, "http://localhost:8080/approve/x", tasks.IdenticalCalls{}); err != nil {
 		t.Fatal(err)
 	}
 	if n := f.count("chat.postMessage"); n != 1 {
@@ -215,7 +215,7 @@ func TestSlackNoChannel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = s.ApprovalRequested(testCtx(t), pendingRecord(), "http://localhost:8080/approve/x")
+	err = s.ApprovalRequested(testCtx(t), pendingRecord(), "http://localhost:8080/approve/x", tasks.IdenticalCalls{})
 	if err == nil || !strings.Contains(err.Error(), "no Slack channel") {
 		t.Errorf("err = %v, want a clear no-channel error", err)
 	}
@@ -245,11 +245,11 @@ func TestSlackFallbackTextIsEscaped(t *testing.T) {
 	r := pendingRecord()
 	r.DisplayText = "Pay <!channel> & <@U0ADMIN> at <https://evil.example|https://bank.example>"
 	url := "https://approve.example.com/approve/" + r.ApprovalRef
-	if err := s.ApprovalRequested(ctx, r, url); err != nil {
+	if err := s.ApprovalRequested(ctx, r, url, tasks.IdenticalCalls{}); err != nil {
 		t.Fatal(err)
 	}
 	r.Approvals = append(r.Approvals, tasks.ApprovalEntry{ApproverID: "a1", ApproverName: "alice", Decision: tasks.DecisionApprove, At: t0})
-	if err := s.ApprovalUpdated(ctx, r, url); err != nil {
+	if err := s.ApprovalUpdated(ctx, r, url, tasks.IdenticalCalls{}); err != nil {
 		t.Fatal(err)
 	}
 	calls := f.Calls()
