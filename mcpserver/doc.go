@@ -105,7 +105,10 @@
 // another [approval-pending] result; countersign_cancel {taskId} has
 // tasks/cancel's rules; countersign_pending {} lists the caller's open
 // tasks, and those that ended in the last 24 hours (so that an agent that
-// never got a task's ID learns how its call ended). Another principal's task answers exactly as an unknown one
+// never got a task's ID learns how its call ended; one that makes the call
+// again anyway gets a new task once the first has ended, and its approvers
+// are shown the first: tasks.Store.IdenticalCalls). Another principal's
+// task answers exactly as an unknown one
 // ([unknown-task]); bad arguments are -32602 naming the argument. A tool of
 // the registry may not take one of these names (New refuses it; a later
 // one is left out of tools/list and logged).

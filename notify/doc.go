@@ -9,11 +9,14 @@
 //     names (tasks.Requirement.SlackChannel) or the default one, and updates
 //     that same message (chat.update) as approvals arrive and when the task
 //     ends. The message links to the approval page; approving never happens
-//     in Slack. Channel and ts are kept per task in NATS KV, so an activity
-//     retry updates instead of posting twice.
+//     in Slack. It shows the requester's identical calls, looked up when it
+//     is sent, and their warning when one ran or may have run. Channel and
+//     ts are kept per task in NATS KV, so an activity retry updates instead
+//     of posting twice.
 //   - [Events] publishes JSON events (v:1; no arguments field, though an
 //     upstream tool's display text holds their JSON; no task ID, tokens or
-//     assertions) to the JetStream stream COUNTERSIGN_APPROVALS on
+//     assertions; the requester's identical calls as the approver API shows
+//     them) to the JetStream stream COUNTERSIGN_APPROVALS on
 //     countersign.approvals.requested.<tool> and
 //     countersign.approvals.resolved.<tool>, with Nats-Msg-Id
 //     "<ref>.<type>" so retries are stored once.

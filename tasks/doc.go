@@ -76,6 +76,16 @@
 // that turns an event into words. Records written before the structured
 // fields have only Detail, which Text then returns as is.
 //
+// # Identical calls
+//
+// [Store.IdenticalCalls] (identical.go) lists, for an approval, the other
+// tasks of its owner for the same call (same tool, same action hash) that
+// have not ended or ended within [IdenticalWindow], at most
+// [MaxIdenticalCalls], each named by its approval reference, never its
+// task ID. It walks the owner's index newest first ([Store.Recent]: one
+// scan, then at most [MaxRecentReads] records) and is information for
+// approvers only: no decision reads it.
+//
 // # Ownership
 //
 // Every record names the principal that created it. [Store.GetOwned] answers a

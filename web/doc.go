@@ -39,7 +39,10 @@
 //
 // Approvers address a call by its approval reference (Record.ApprovalRef),
 // never by its MCP task ID: the task ID is the agent's handle and appears in
-// no approver response or page. A reference that is not shaped like one
+// no approver response or page. The requester's identical calls, which the
+// approval page and GET /approver/v1/approvals/{ref} show (looked up each
+// time they are served, with a warning when one ran or may have run), are
+// named by their references too. A reference that is not shaped like one
 // ([tasks.ValidID]) is answered 404 before any store access, like an unknown
 // one. Seeing a reference lets one read the call; only a passkey assertion
 // from an eligible approver moves it.
