@@ -383,3 +383,71 @@ func acctName(t *testing.T, suffix string) string {
 	sum := sha256.Sum256([]byte(t.Name() + "/" + suffix))
 	return "acct-" + hex.EncodeToString(sum[:8])
 }
+
+// An agent that never got its answer makes the same call again after the
+// first ran: the second opens a new approval (the first no longer holds
+// the dedup slot), and its approver is shown the first, approved-executed,
+// with the warning, in the API and on the page; a call with other
+// arguments, or another principal's same call, is not shown.
+func TestIdenticalCallShownAfterRun(t *testing.T) {
+	s := startStack(t, "", 0)
+	alice := s.Enroll("alice", "approvers")
+	c := newGoSDKClient(t, s, s.AgentToken)
+	other := newGoSDKClient(t, s, addAgent(t, s, "mallory"))
+	args := gated(acctName(t, "twice"))
+
+	first, _ := call(t, c, "transfer_funds", args).pending(t)
+	firstRef := s.RefOf(first)
+	if r := s.Approve(alice, firstRef, "approve"); !r.Accepted {
+		t.Fatalf("approve: %+v", r)
+	}
+	if final := call(t, c, "countersign_await", map[string]any{"taskId": first, "waitSeconds": 30}); !strings.HasPrefix(final.Text, "[approved-executed]") {
+		t.Fatalf("await: %+v", final)
+	}
+
+	second, _ := call(t, c, "transfer_funds", args).pending(t)
+	if second == first {
+		t.Fatal("the identical call joined the ended task")
+	}
+	otherArgs, _ := call(t, c, "transfer_funds", gated(acctName(t, "other"))).pending(t)
+	foreign, _ := call(t, other, "transfer_funds", args).pending(t)
+
+	var view struct {
+		IdenticalCalls struct {
+			Checked bool   `json:"checked"`
+			Warning string `json:"warning"`
+			Calls   []struct {
+				Ref         string            `json:"ref"`
+				Disposition tasks.Disposition `json:"disposition"`
+				MayHaveRun  bool              `json:"mayHaveRun"`
+			} `json:"calls"`
+		} `json:"identicalCalls"`
+	}
+	ref := s.RefOf(second)
+	if code := s.HTTPJSON("GET", "/approver/v1/approvals/"+ref, "", nil, &view); code != http.StatusOK {
+		t.Fatalf("approval: %d", code)
+	}
+	ic := view.IdenticalCalls
+	if !ic.Checked || !strings.Contains(ic.Warning, "already ran or may have run") || len(ic.Calls) != 1 ||
+		ic.Calls[0].Ref != firstRef || ic.Calls[0].Disposition != tasks.ApprovedExecuted || !ic.Calls[0].MayHaveRun {
+		t.Fatalf("identical calls of the second: %+v", ic)
+	}
+	res, err := http.Get(s.Base + "/approve/" + ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var page bytes.Buffer
+	if _, err := page.ReadFrom(res.Body); err != nil {
+		t.Fatal(err)
+	}
+	html := page.String()
+	if !strings.Contains(html, "This call may already have run") || !strings.Contains(html, "/approve/"+firstRef) || !strings.Contains(html, "approved-executed") {
+		t.Errorf("the page of the second does not show the first:\n%s", html)
+	}
+	for _, id := range []string{otherArgs, foreign} {
+		if r := s.RefOf(id); strings.Contains(html, r) {
+			t.Errorf("the page lists %s (%s)", r, id)
+		}
+	}
+}
