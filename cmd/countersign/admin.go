@@ -161,6 +161,16 @@ func splitPositional(args []string) (string, []string) {
 	return "", args
 }
 
+// adminCommands are the commands runAdmin serves besides runManage's.
+var adminCommands = map[string]bool{
+	"approvers add":                 true,
+	"approvers invite":              true,
+	"agents add":                    true,
+	"transaction-tokens issue":      true,
+	"transaction-tokens rotate-key": true,
+	"approvals list":                true,
+}
+
 func runAdmin(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) < 2 {
 		return usageError{"missing subcommand; see countersign -h"}
@@ -169,6 +179,11 @@ func runAdmin(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	cmd := args[0] + " " + args[1]
+	// An unknown command is named before the admin token is looked for or
+	// --server checked, whose errors would hide the typo.
+	if !adminCommands[cmd] {
+		return usageError{fmt.Sprintf("unknown command %q; see countersign -h", cmd)}
+	}
 	name, rest := splitPositional(args[2:])
 	fs, server, dataDir := newAdminFlags(cmd)
 	var groups, principals stringList
@@ -279,8 +294,6 @@ func runAdmin(ctx context.Context, args []string, stdout io.Writer) error {
 			fmt.Fprintf(tw, "%s\t%s\t%q\t%s\n", a.Tool, a.Status, a.DisplayText, a.ApproveURL)
 		}
 		return tw.Flush()
-	default:
-		return usageError{fmt.Sprintf("unknown command %q; see countersign -h", cmd)}
 	}
 	return nil
 }

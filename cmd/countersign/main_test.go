@@ -85,6 +85,11 @@ func TestUsageErrors(t *testing.T) {
 	}{
 		{"no command", nil, 2, "Usage"},
 		{"unknown command", []string{"frobnicate"}, 2, "unknown command"},
+		// An admin command that does not exist is named as such, before
+		// the admin token is looked for or the server URL checked.
+		{"unknown admin command", []string{"approvers", "ad", "x", "--data-dir", t.TempDir()}, 2, `unknown command "approvers ad"`},
+		{"admin command without its verb", []string{"agents", "--data-dir", t.TempDir()}, 2, `unknown command "agents --data-dir"`},
+		{"unknown admin command to a plain http server", []string{"approvals", "lsit", "--server", "http://example.com"}, 2, `unknown command "approvals lsit"`},
 		{"approver without group", []string{"approvers", "add", "x", "--data-dir", t.TempDir()}, 1, "admin token"},
 		{"no admin token", []string{"approvals", "list", "--data-dir", t.TempDir()}, 1, "admin token"},
 		{"bad flag", []string{"dev", "--no-such-flag"}, 2, "flag provided but not defined"},
