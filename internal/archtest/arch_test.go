@@ -41,6 +41,59 @@ func TestArchitectureTableMatchesImports(t *testing.T) {
 	}
 }
 
+// TestArchitectureNamesTestOnlyPackages: the packages without code of
+// their own are not in the table, so the document's paragraph that begins
+// "Test-only packages" names each of them, and a package with only tests
+// is one of them.
+func TestArchitectureNamesTestOnlyPackages(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile(filepath.Join(root, "docs", "architecture.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, para, ok := strings.Cut(string(doc), "\nTest-only packages")
+	if !ok {
+		t.Fatal(`docs/architecture.md: no paragraph begins "Test-only packages"`)
+	}
+	para, _, _ = strings.Cut(para, "\n\n")
+	for _, pkg := range testOnly {
+		if !strings.Contains(para, "`"+pkg+"`") {
+			t.Errorf("docs/architecture.md: the paragraph on test-only packages does not name %s", pkg)
+		}
+	}
+	err = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return err
+		}
+		name := d.Name()
+		if path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "node_modules") {
+			return filepath.SkipDir
+		}
+		p, err := build.ImportDir(path, 0)
+		if err != nil {
+			if _, ok := err.(*build.NoGoError); ok {
+				return nil
+			}
+			return err
+		}
+		rel, err := filepath.Rel(root, path)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		if len(p.GoFiles) == 0 && !slices.Contains(testOnly, rel) {
+			t.Errorf("%s has only tests: add it to testOnly and name it in docs/architecture.md", rel)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // readTable parses the rows "| `pkg` | owns | `a`, `b` |" of the package
 // table: package → sorted module imports.
 func readTable(t *testing.T, path string) map[string][]string {
