@@ -83,6 +83,8 @@ for target in \
   "FuzzSealLine ./audit" \
   "FuzzVerifyResponse ./passkey" \
   "FuzzEvidence ./mcpserver" \
+  "FuzzVerifiedCall ./mcpserver" \
+  "FuzzOpenInputState ./mcpserver" \
   "FuzzJSONRPC ./mcpserver" \
   "FuzzLeanTaskGet ./mcpserver" \
   "FuzzVerify ./internal/oauth" \

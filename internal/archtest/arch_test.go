@@ -2,9 +2,11 @@ package archtest
 
 import (
 	"bufio"
+	"fmt"
 	"go/build"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -175,4 +177,51 @@ func modulePackages(t *testing.T, root string) map[string][]string {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// TestTestCommandFuzzesEveryTarget: scripts/test.sh runs a short fuzz of
+// every fuzz target in the module (the README says so), so a new target
+// cannot be left out of it.
+func TestTestCommandFuzzesEveryTarget(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script, err := os.ReadFile(filepath.Join(root, "scripts", "test.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fuzzFunc := regexp.MustCompile(`(?m)^func (Fuzz\w+)\(`)
+	err = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "node_modules") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, filepath.Dir(path))
+		if err != nil {
+			return err
+		}
+		for _, m := range fuzzFunc.FindAllSubmatch(src, -1) {
+			entry := fmt.Sprintf("%q", string(m[1])+" ./"+filepath.ToSlash(rel))
+			if !strings.Contains(string(script), entry) {
+				t.Errorf("scripts/test.sh does not fuzz %s (no line %s)", m[1], entry)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
