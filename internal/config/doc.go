@@ -65,7 +65,7 @@
 //
 // Exactly one of command and url must be given.
 //
-// demo_tools turns the four built-in demo tools on or off. When absent the
+// demo_tools turns the five built-in demo tools on or off. When absent the
 // command decides: on in dev, off in server (see [File.DemoToolsOr]).
 //
 // inline_wait is how long a gated tools/call from a client that does not
