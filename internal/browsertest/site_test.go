@@ -95,6 +95,30 @@ func TestApproverSite(t *testing.T) {
 		}
 	})
 
+	t.Run("the same transfer again shows that it ran", func(t *testing.T) {
+		annPhone := annPhone.in(t)
+		before := s.Transfers()
+		task := s.createTask("transfer_funds", transferArgs)
+		ref := s.RefOf(task)
+		annPhone.open(s.Base + "/approve/" + ref)
+		annPhone.waitText("#identical", "already ran or may have run")
+		annPhone.waitText("#identical", "approved-executed")
+		if !annPhone.present("#identical a[href^='/approve/']") {
+			t.Error("the identical call is not linked to its approval page")
+		}
+		annPhone.screenshot("identical-phone", "#identical")
+		annPhone.click("#deny")
+		annPhone.do(chromedp.SendKeys(chromedp.ID("comment"), "Already paid"))
+		annPhone.click("#deny-confirm")
+		annPhone.waitText("#state", "Denied")
+		if res := s.waitTerminal(task); res.disposition() != tasks.DeniedNotExecuted {
+			t.Fatalf("disposition %s: %s", res.disposition(), res.text())
+		}
+		if s.Transfers() != before {
+			t.Fatal("the denied second transfer ran")
+		}
+	})
+
 	t.Run("deny with a comment", func(t *testing.T) {
 		annPhone := annPhone.in(t)
 		before := s.Transfers()
