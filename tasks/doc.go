@@ -60,7 +60,7 @@
 // A task is readable until CreatedAt+TTL; after that tasks/get answers it
 // expired and [Store.List] leaves it out. [RetentionGrace] later, and that
 // long after its last write, [Store.Sweep] deletes the record of a
-// finished task with all its keys (t, o, r, d, and a p key a crash left),
+// finished task with all its keys (t, o, r, d, h, and a p key a crash left),
 // by compare-and-delete on the revisions it read, so a record written
 // since stays. A task that has not ended is never deleted. retention.go
 // says why nothing writes to or relies on a record that old.
@@ -82,8 +82,10 @@
 // tasks of its owner for the same call (same tool, same action hash) that
 // have not ended or ended within [IdenticalWindow], at most
 // [MaxIdenticalCalls], each named by its approval reference, never its
-// task ID. It walks the owner's index newest first ([Store.Recent]: one
-// scan, then at most [MaxRecentReads] records) and is information for
+// task ID. It scans the index of that call (an h key per task, under a
+// prefix of owner and action hash, written by [Store.Index]) and reads at
+// most 200 of its records, newest first, so its cost follows how often the
+// call was made, not how many tasks the owner has. It is information for
 // approvers only: no decision reads it.
 //
 // # Ownership

@@ -3,6 +3,7 @@ package tasks
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -103,24 +104,51 @@ func (ic IdenticalCalls) Warning() string {
 	return ""
 }
 
+// maxIdenticalReads bounds the records one [Store.IdenticalCalls] reads:
+// an agent that made one call thousands of times costs no more than this.
+const maxIdenticalReads = 200
+
 // IdenticalCalls returns r's identical calls: the other tasks of r's owner
 // with r's tool and action hash that have not ended or ended within
-// [IdenticalWindow], newest first, at most [MaxIdenticalCalls]. It walks
-// the owner's recent tasks ([Store.Recent]) and stops at the cap. On an
-// error it returns the error and Unknown set, for the caller to show.
+// [IdenticalWindow], newest first, at most [MaxIdenticalCalls]. It scans
+// the index of that one call (owner and action hash, written at creation
+// by [Store.Index]) and reads at most maxIdenticalReads of its records,
+// newest first: its cost follows the times the call was made, not how many
+// tasks the owner has. A task created before this index existed (by a
+// version without it) is not in it, and not listed. On an error it returns
+// the error and Unknown set, for the caller to show.
 func (s *Store) IdenticalCalls(ctx context.Context, r Record) (IdenticalCalls, error) {
 	var out IdenticalCalls
 	if r.ActionHash == "" {
 		return out, nil
 	}
-	err := s.Recent(ctx, r.Owner, s.now().Add(-IdenticalWindow), func(o Record) bool {
-		if o.TaskID != r.TaskID && o.Tool == r.Tool && o.ActionHash == r.ActionHash {
-			out.Calls = append(out.Calls, identicalCall(o))
-		}
-		return len(out.Calls) < MaxIdenticalCalls
-	})
-	if err != nil {
+	fail := func(err error) (IdenticalCalls, error) {
 		return IdenticalCalls{Unknown: true}, fmt.Errorf("tasks: identical calls of %s: %w", r.TaskID, err)
+	}
+	slots, read, err := s.indexSlots(ctx, callIndexPrefix(r.Owner, r.ActionHash))
+	if err != nil {
+		return fail(err)
+	}
+	slots = slices.DeleteFunc(slots, func(sl indexSlot) bool { return sl.id == r.TaskID })
+	slots = slots[:min(len(slots), maxIdenticalReads)]
+	now := s.now()
+	since := now.Add(-IdenticalWindow)
+	for i := 0; i < len(slots) && len(out.Calls) < MaxIdenticalCalls; i += MaxIdenticalCalls {
+		batch := slots[i:min(i+MaxIdenticalCalls, len(slots))]
+		if err := s.readSlots(ctx, batch, read); err != nil {
+			return fail(err)
+		}
+		for _, sl := range batch {
+			o, ok := read[sl.id]
+			switch {
+			case !ok, o.Owner != r.Owner, o.Tool != r.Tool, o.ActionHash != r.ActionHash, o.Expired(now),
+				o.Status.Terminal() && o.LastUpdatedAt.Before(since):
+				continue
+			}
+			if len(out.Calls) < MaxIdenticalCalls {
+				out.Calls = append(out.Calls, identicalCall(o))
+			}
+		}
 	}
 	return out, nil
 }

@@ -129,6 +129,53 @@ func TestIdenticalCallsCapped(t *testing.T) {
 	}
 }
 
+// The look-up reads the tasks of that one call, not the owner's: an
+// identical call is found behind more of the owner's newer tasks than any
+// walk of the owner's index would read, and the ones a test or crash left
+// half made (an index entry without its record, a record of another
+// owner under a colliding key) are skipped.
+func TestIdenticalCallsBehindManyTasks(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	asked := newRecord("alice")
+	asked.ActionHash = strings.Repeat("ab", 32)
+	if err := s.Create(ctx, asked); err != nil {
+		t.Fatal(err)
+	}
+	ran := ended(identicalTo(asked, 2*time.Hour), ApprovedExecuted, ApprovalExecuted, now.Add(-time.Hour))
+	if err := s.Create(ctx, ran); err != nil {
+		t.Fatal(err)
+	}
+	// More newer tasks of other calls than MaxRecentReads.
+	for i := range MaxRecentReads + 100 {
+		o := identicalTo(asked, time.Hour-time.Duration(i)*time.Millisecond)
+		o.ActionHash = fmt.Sprintf("%064x", i)
+		if err := s.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An index entry whose record is gone, newer than ran.
+	orphan := identicalTo(asked, time.Minute)
+	if _, err := s.kv.Put(ctx, callIndexKey(orphan), []byte(indexStamp(orphan.CreatedAt))); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.IdenticalCalls(ctx, asked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Calls) != 1 || got.Calls[0].Ref != ran.ApprovalRef || !got.MayHaveRun() {
+		t.Fatalf("identical calls: %+v", got)
+	}
+	// Deleting a task takes it out of the index.
+	if err := s.Delete(ctx, ran); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.kv.Get(ctx, callIndexKey(ran)); err == nil {
+		t.Error("the deleted task is still in the index of identical calls")
+	}
+}
+
 // A failed look-up is an error and Unknown, whose warning says so.
 func TestIdenticalCallsUnknown(t *testing.T) {
 	s := newStore(t)

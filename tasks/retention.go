@@ -177,13 +177,14 @@ func (s *Store) retireRecord(ctx context.Context, r Record, rev uint64) (bool, e
 		{pendingKey(owner, r.TaskID), func([]byte) bool { return false }},
 		{"r." + r.ApprovalRef, func(v []byte) bool { return string(v) == r.TaskID }},
 		{"d." + r.DedupKey, func(v []byte) bool { return string(v) == r.TaskID }},
+		{callIndexKey(r), func([]byte) bool { return true }},
 	}
 	// The keys are independent of each other: one round trip for all.
 	var wg sync.WaitGroup
 	errs := make([]error, len(index))
 	for i, ix := range index {
-		if strings.HasSuffix(ix.key, ".") {
-			continue // no approval reference, or no dedup slot
+		if ix.key == "" || strings.HasSuffix(ix.key, ".") {
+			continue // no approval reference, dedup slot or action hash
 		}
 		wg.Go(func() { errs[i] = s.dropKey(ctx, ix.key, ix.ours) })
 	}

@@ -78,6 +78,9 @@ func taskKeys(r Record) []string {
 	if r.DedupKey != "" {
 		keys = append(keys, "d."+r.DedupKey)
 	}
+	if r.ActionHash != "" {
+		keys = append(keys, callIndexKey(r))
+	}
 	return keys
 }
 
@@ -101,6 +104,11 @@ func wantKept(t *testing.T, s *Store, r Record) {
 	}
 	if _, err := s.kv.Get(ctx, "o."+OwnerKey(r.Owner)+"."+r.TaskID); err != nil {
 		t.Errorf("task %s: owner index: %v", r.TaskID, err)
+	}
+	if k := callIndexKey(r); k != "" {
+		if _, err := s.kv.Get(ctx, k); err != nil {
+			t.Errorf("task %s: index of identical calls: %v", r.TaskID, err)
+		}
 	}
 }
 
@@ -142,6 +150,9 @@ func TestSweepDeletesFinishedTasksPastRetention(t *testing.T) {
 	var gone, kept, listed []Record
 	for i := range 25 {
 		r := finished("alice", now.Add(-RetentionGrace-time.Duration(i+1)*time.Hour))
+		if i%2 == 0 {
+			r.ActionHash = fmt.Sprintf("%064x", i) // in the index of identical calls
+		}
 		switch i % 5 {
 		case 0: // retired normally: dedup slot and reservation released (markers)
 			r.DedupKey = DedupKey(r.Owner, NewID("act_"))
@@ -180,6 +191,7 @@ func TestSweepDeletesFinishedTasksPastRetention(t *testing.T) {
 	// Not ended, past their TTL: never deleted, with or without the claim.
 	for _, claimed := range []bool{false, true} {
 		r := finished("alice", now.Add(-RetentionGrace-time.Hour))
+		r.ActionHash = fmt.Sprintf("%064x", 999)
 		r.Status, r.Disposition, r.ApprovalState = StatusWorking, "", ApprovalApproved
 		if claimed {
 			r.ExecutionClaimedAt, r.ExecutionClaim = r.CreatedAt, "claim"

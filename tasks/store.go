@@ -191,6 +191,11 @@ func (s *Store) unindexTaken(ctx context.Context, r Record) {
 			}
 		}
 	}
+	if k := callIndexKey(r); k != "" && k != callIndexKey(cur) {
+		if err := s.kv.Delete(ctx, k); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			s.log.Warn("tasks: drop call index", "task_id", r.TaskID, "err", err)
+		}
+	}
 	if r.ApprovalRef != "" && cur.ApprovalRef != r.ApprovalRef {
 		if err := s.kv.Delete(ctx, "r."+r.ApprovalRef); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 			s.log.Warn("tasks: drop approval ref index", "task_id", r.TaskID, "err", err)
@@ -198,7 +203,8 @@ func (s *Store) unindexTaken(ctx context.Context, r Record) {
 	}
 }
 
-// Index writes a record's indexes (owner, pending, approval reference).
+// Index writes a record's indexes (owner, pending, approval reference, and
+// identical calls).
 // Create writes them after the record; Index again repairs what a crash in
 // between left out, and changes nothing when they are there.
 //
@@ -207,12 +213,19 @@ func (s *Store) unindexTaken(ctx context.Context, r Record) {
 func (s *Store) Index(ctx context.Context, r Record) error {
 	owner := OwnerKey(r.Owner)
 	var wg sync.WaitGroup
-	var ownerErr, pendingErr, refErr error
+	var ownerErr, pendingErr, refErr, callErr error
 	wg.Go(func() {
 		if _, err := s.kv.Put(ctx, "o."+owner+"."+r.TaskID, []byte(indexStamp(r.CreatedAt))); err != nil {
 			ownerErr = fmt.Errorf("tasks: index owner: %w", err)
 		}
 	})
+	if k := callIndexKey(r); k != "" {
+		wg.Go(func() {
+			if _, err := s.kv.Put(ctx, k, []byte(indexStamp(r.CreatedAt))); err != nil {
+				callErr = fmt.Errorf("tasks: index call: %w", err)
+			}
+		})
+	}
 	if !r.Status.Terminal() {
 		// A reservation (ReservePending) already wrote the key; otherwise
 		// the task is indexed without one.
@@ -230,7 +243,21 @@ func (s *Store) Index(ctx context.Context, r Record) error {
 		})
 	}
 	wg.Wait()
-	return errors.Join(ownerErr, pendingErr, refErr)
+	return errors.Join(ownerErr, pendingErr, refErr, callErr)
+}
+
+// callIndexKey is r's entry in the index of identical calls: one prefix per
+// owner and action hash ([DedupKey]), so [Store.IdenticalCalls] reads only
+// the tasks of that one call. "" for a record without an action hash.
+func callIndexKey(r Record) string {
+	if r.ActionHash == "" {
+		return ""
+	}
+	return callIndexPrefix(r.Owner, r.ActionHash) + r.TaskID
+}
+
+func callIndexPrefix(owner, actionHash string) string {
+	return "h." + DedupKey(owner, actionHash) + "."
 }
 
 // Delete removes a record and its indexes, and gives back its pending
@@ -242,8 +269,8 @@ func (s *Store) Delete(ctx context.Context, r Record) error {
 	if err := s.ReleasePending(ctx, r.Owner, r.TaskID); err != nil {
 		errs = append(errs, err)
 	}
-	for _, k := range []string{"o." + owner + "." + r.TaskID, "r." + r.ApprovalRef, "t." + r.TaskID} {
-		if strings.HasSuffix(k, ".") {
+	for _, k := range []string{"o." + owner + "." + r.TaskID, "r." + r.ApprovalRef, callIndexKey(r), "t." + r.TaskID} {
+		if k == "" || strings.HasSuffix(k, ".") {
 			continue
 		}
 		if err := s.kv.Delete(ctx, k); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -888,7 +915,16 @@ type indexSlot struct {
 // written before the index held the creation time, which only their
 // records tell.
 func (s *Store) ownerIndex(ctx context.Context, owner string) ([]indexSlot, map[string]Record, error) {
-	entries, err := s.entries(ctx, "o."+OwnerKey(owner)+".>")
+	return s.indexSlots(ctx, "o."+OwnerKey(owner)+".")
+}
+
+// indexSlots scans the index entries under prefix (each keyed prefix+task
+// ID, valued with the task's creation time) and returns their tasks newest
+// first (by creation, then ID), with the records it read: those of entries
+// written before the index held the creation time, which only their
+// records tell.
+func (s *Store) indexSlots(ctx context.Context, prefix string) ([]indexSlot, map[string]Record, error) {
+	entries, err := s.entries(ctx, prefix+">")
 	if err != nil {
 		return nil, nil, err
 	}
