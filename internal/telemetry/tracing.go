@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -25,8 +26,9 @@ const (
 // Exporter, tracing is off.
 type TracingOptions struct {
 	// Endpoint is the OTLP collector's URL, e.g. http://otel-collector:4317
-	// (gRPC) or http://otel-collector:4318 (HTTP); an http URL sends
-	// without TLS. The exporter reads the other standard OTEL_EXPORTER_OTLP_*
+	// (gRPC) or http://otel-collector:4318 (HTTP, whose spans go to the
+	// path plus /v1/traces, as with OTEL_EXPORTER_OTLP_ENDPOINT); an http
+	// URL sends without TLS. The exporter reads the other standard OTEL_EXPORTER_OTLP_*
 	// variables (headers, certificates, timeout) itself.
 	Endpoint string
 	// Protocol is ProtocolGRPC or ProtocolHTTPProtobuf (the default, as
@@ -68,7 +70,7 @@ func NewTracing(ctx context.Context, o TracingOptions) (*Tracing, error) {
 		case ProtocolGRPC:
 			exp, err = otlptracegrpc.New(ctx, otlptracegrpc.WithEndpointURL(o.Endpoint))
 		case ProtocolHTTPProtobuf, "":
-			exp, err = otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(o.Endpoint))
+			exp, err = otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(tracesURL(u)))
 		default:
 			return nil, fmt.Errorf("telemetry: OTLP protocol %q: use %s or %s", o.Protocol, ProtocolGRPC, ProtocolHTTPProtobuf)
 		}
@@ -96,6 +98,23 @@ func NewTracing(ctx context.Context, o TracingOptions) (*Tracing, error) {
 		opts = append(opts, sdktrace.WithSyncer(exp))
 	}
 	return &Tracing{provider: sdktrace.NewTracerProvider(opts...)}, nil
+}
+
+// tracesPath is where an OTLP/HTTP collector takes traces.
+const tracesPath = "/v1/traces"
+
+// tracesURL is the URL OTLP/HTTP trace exports go to. The endpoint is a base
+// URL, as OTEL_EXPORTER_OTLP_ENDPOINT is: the exporter's own option would
+// post to its path as it is ("/" for http://collector:4318), where a
+// collector answers 404, so /v1/traces is appended to the path, unless the
+// path already ends with it.
+func tracesURL(endpoint *url.URL) string {
+	u := *endpoint
+	if !strings.HasSuffix(u.Path, tracesPath) {
+		u.Path = strings.TrimSuffix(u.Path, "/") + tracesPath
+		u.RawPath = ""
+	}
+	return u.String()
 }
 
 // On reports whether spans are recorded and exported.
