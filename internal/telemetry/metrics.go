@@ -147,7 +147,19 @@ func NewMetrics() (*Metrics, error) {
 	if err != nil {
 		return nil, err
 	}
-	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
+	// The SDK's timers record seconds, and OpenTelemetry's default
+	// buckets (5, 10, 25 … 10000) are meant for milliseconds: every
+	// latency under 5 s would fall in the first one. These go from a
+	// millisecond (a workflow task, a poll) to a day (an approval
+	// workflow from start to end).
+	seconds := sdkmetric.NewView(
+		sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindHistogram, Unit: "s"},
+		sdkmetric.Stream{Aggregation: sdkmetric.AggregationExplicitBucketHistogram{Boundaries: []float64{
+			0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+			300, 1800, 3600, 4 * 3600, 24 * 3600,
+		}}},
+	)
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp), sdkmetric.WithView(seconds))
 	m.temporal = temporalotel.NewMetricsHandler(temporalotel.MetricsHandlerOptions{
 		Meter:                meters.Meter("temporal-sdk-go"),
 		UseMonotonicCounters: true,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -145,4 +146,32 @@ func TestNilMetrics(t *testing.T) {
 	if err := m.WatchUpstreams(nil); err != nil {
 		t.Error(err)
 	}
+}
+
+// The Temporal SDK's timers are histograms in seconds, bucketed for
+// seconds: a 20 ms workflow-task latency falls in a bucket of 50 ms or
+// less, not in OpenTelemetry's default first bucket (5, meant for
+// milliseconds), where every latency under 5 s would look the same.
+func TestTemporalTimerBuckets(t *testing.T) {
+	m := newTestMetrics(t)
+	m.Temporal().Timer("temporal_workflow_task_execution_latency").Record(20 * time.Millisecond)
+	families, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "temporal_workflow_task_execution_latency_seconds"
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		var bounds []float64
+		for _, b := range f.GetMetric()[0].GetHistogram().GetBucket() {
+			bounds = append(bounds, b.GetUpperBound())
+			if b.GetUpperBound() <= 0.05 && b.GetCumulativeCount() == 1 {
+				return
+			}
+		}
+		t.Fatalf("%s: no bucket of 50 ms or less holds the 20 ms sample; bounds %v", name, bounds)
+	}
+	t.Fatalf("%s not exported", name)
 }
