@@ -22,10 +22,11 @@ const (
 )
 
 // startAudit opens the audit log. Processes that run the worker hold the
-// signing keys. An HTTP-only server signs only transaction-token records
-// (it is the process that issues and consumes tokens): it opens its key
-// directory when it can, and without one it serves no transaction tokens
-// (token-mode calls are denied) and reads the log read-only.
+// signing keys. An HTTP-only server signs admin and transaction-token
+// records (it is the process that takes admin changes and issues and
+// consumes tokens): it opens its key directory when it can, and without one
+// it serves no transaction tokens (token-mode calls are denied), refuses
+// admin changes and reads the log read-only.
 func (a *App) startAudit(ctx context.Context, js jetstream.JetStream) error {
 	opts := audit.Options{Redact: a.cfg.AuditRedact, Replicas: a.cfg.NATSReplicas, Logger: a.log}
 	dir := a.cfg.AuditKeyDir
