@@ -121,6 +121,53 @@ func TestChallengeCapacity(t *testing.T) {
 	}
 }
 
+// TestChallengeAdmissionCountsEncodedSize: a display text that JSON
+// escapes (4,000 bytes of "<" are stored as 24,000) still leaves the
+// bucket's last eighth to consumes: admission refuses at
+// ChallengeAdmitBytes, however fast the challenges come, and the bucket's
+// own cap never has to.
+func TestChallengeAdmissionCountsEncodedSize(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const capBytes = passkey.MinChallengeMaxBytes
+	svc, err := passkey.New(ctx, e.js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin},
+		Now: e.clock.Now, ChallengeMaxBytes: capBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.svc = svc
+	e.enroll(t, "alice", []string{"finance"})
+	req := passkey.ChallengeRequest{Tool: "delete_resource", ActionHash: hashOf(t, "delete_resource", "{}"),
+		Group: "finance", DisplayText: strings.Repeat("<", passkey.MaxDisplayText)}
+	for i := 0; ; i++ {
+		if i > 400 {
+			t.Fatal("the bucket never filled")
+		}
+		req.TaskID = fmt.Sprintf("task-%d", i)
+		_, err := svc.IssueChallenge(ctx, req)
+		if errors.Is(err, passkey.ErrChallengeCapacity) {
+			if strings.Contains(err.Error(), "the bucket refused") {
+				t.Fatalf("the bucket's own cap refused challenge %d: %v", i, err)
+			}
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	kv, err := e.js.KeyValue(ctx, passkey.BucketChallenges)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := kv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if admit := uint64(passkey.ChallengeAdmitBytes(capBytes)); s.Bytes() < admit || s.Bytes() >= admit+32<<10 {
+		t.Fatalf("refused at %d bytes; the admission limit is %d", s.Bytes(), admit)
+	}
+}
+
 func TestChallengeMaxBytesTooSmall(t *testing.T) {
 	e := newEnv(t)
 	_, err := passkey.New(context.Background(), e.js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin},
