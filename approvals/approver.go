@@ -110,6 +110,7 @@ func (s *Service) Challenge(ctx context.Context, ref, decision string) (passkey.
 		// takes, and its approvers must still be able to decide it.
 		DisplayText: passkey.ClipDisplayText(rec.DisplayText),
 		Decision:    decision,
+		Asker:       passkey.AskerApprover,
 	})
 	if err != nil && passkey.ReasonOf(err) == "" {
 		// Invalid arguments here come from our own record: internal.

@@ -261,8 +261,10 @@
 // as received, ServerID), listed only for the principal's passkeys that the
 // class allows (no_eligible_credential when none), and usable only by the
 // same principal; they expire after passkey.Options.InBandChallengeTTL
-// (default 60 s, --verified-challenge-ttl). While the challenges bucket is
-// full (passkey.ErrChallengeCapacity, --challenge-max-bytes),
+// (default 60 s, --verified-challenge-ttl). While the challenges bucket
+// holds half its cap or more (passkey.AgentChallengeAdmitBytes; the rest
+// up to seven eighths is the approver site's alone;
+// passkey.ErrChallengeCapacity, --challenge-max-bytes),
 // approval/challenge/create answers
 // CodeTooManyRequests (-31029) "Server at capacity for approval
 // challenges: …" and creates nothing.

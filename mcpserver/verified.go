@@ -224,6 +224,7 @@ func (s *Server) challengeCreate(ctx context.Context, info *callInfo, raw json.R
 		Principal:          info.principal,
 		AuthenticatorClass: d.AuthenticatorClass,
 		DisplayText:        displayText(s.opts.Tools, tool.Name, p.Arguments),
+		Asker:              passkey.AskerAgent,
 	})
 	if err != nil {
 		return nil, fromPasskey(err)

@@ -52,6 +52,7 @@ func TestChallengeCapacity(t *testing.T) {
 
 	req := early.Req
 	req.DisplayText = strings.Repeat("x", 4000)
+	req.Asker = passkey.AskerApprover
 	var issued []passkey.Challenge
 	for i := 0; ; i++ {
 		if i > 400 {
@@ -138,7 +139,7 @@ func TestChallengeAdmissionCountsEncodedSize(t *testing.T) {
 	e.svc = svc
 	e.enroll(t, "alice", []string{"finance"})
 	req := passkey.ChallengeRequest{Tool: "delete_resource", ActionHash: hashOf(t, "delete_resource", "{}"),
-		Group: "finance", DisplayText: strings.Repeat("<", passkey.MaxDisplayText)}
+		Group: "finance", DisplayText: strings.Repeat("<", passkey.MaxDisplayText), Asker: passkey.AskerApprover}
 	for i := 0; ; i++ {
 		if i > 400 {
 			t.Fatal("the bucket never filled")
@@ -165,6 +166,146 @@ func TestChallengeAdmissionCountsEncodedSize(t *testing.T) {
 	}
 	if admit := uint64(passkey.ChallengeAdmitBytes(capBytes)); s.Bytes() < admit || s.Bytes() >= admit+32<<10 {
 		t.Fatalf("refused at %d bytes; the admission limit is %d", s.Bytes(), admit)
+	}
+}
+
+// TestChallengeRoomForApprovers: agents asking in-band, each challenge for
+// new arguments, fill the challenges bucket only to
+// AgentChallengeAdmitBytes; then they are refused with
+// ErrChallengeCapacity, storing nothing, while the approver site's
+// challenges are still admitted, up to ChallengeAdmitBytes.
+func TestChallengeRoomForApprovers(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const capBytes = passkey.MinChallengeMaxBytes
+	svc, err := passkey.New(ctx, e.js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin},
+		Now: e.clock.Now, ChallengeMaxBytes: capBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.svc = svc
+	e.enrollInBand(t, "agent-a", "usb")
+	e.enrollInBand(t, "agent-b", "usb")
+	e.enroll(t, "alice", []string{"finance"})
+	kv, err := e.js.KeyValue(ctx, passkey.BucketChallenges)
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := func() (bytes, values uint64) {
+		s, err := kv.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Bytes(), s.Values()
+	}
+
+	// The largest display text an agent's arguments make: escaped in
+	// the stored record, 4,000 bytes of "<" take six times as many.
+	display := strings.Repeat("<", passkey.MaxDisplayText)
+	agent := func(i int) error {
+		principal := []string{"agent-a", "agent-b"}[i%2]
+		args := fmt.Sprintf(`{"n":%d}`, i)
+		_, err := svc.IssueChallenge(ctx, passkey.ChallengeRequest{Tool: "place_trade",
+			ActionHash: hashOf(t, "place_trade", args), Principal: principal, DisplayText: display})
+		return err
+	}
+	approver := func(i int) error {
+		_, err := svc.IssueChallenge(ctx, passkey.ChallengeRequest{TaskID: fmt.Sprintf("task-%d", i),
+			Tool: "delete_resource", ActionHash: hashOf(t, "delete_resource", "{}"), Group: "finance",
+			DisplayText: display, Decision: "approve", Asker: passkey.AskerApprover})
+		return err
+	}
+
+	agents := 0
+	for ; ; agents++ {
+		if agents > 400 {
+			t.Fatal("agents were never refused")
+		}
+		err := agent(agents)
+		if errors.Is(err, passkey.ErrChallengeCapacity) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	bytes, values := status()
+	if limit := uint64(passkey.AgentChallengeAdmitBytes(capBytes)); bytes < limit || bytes >= limit+32<<10 {
+		t.Fatalf("agents were refused at %d bytes; their admission limit is %d", bytes, limit)
+	}
+	if err := agent(agents); !errors.Is(err, passkey.ErrChallengeCapacity) {
+		t.Fatalf("an agent at its admission limit: %v", err)
+	}
+	if _, v := status(); v != values {
+		t.Fatalf("%d values, want %d: a refused challenge was stored", v, values)
+	}
+
+	// The approver site still has room, to seven eighths.
+	approvers := 0
+	for ; ; approvers++ {
+		if approvers > 400 {
+			t.Fatal("the approver site was never refused")
+		}
+		err := approver(approvers)
+		if errors.Is(err, passkey.ErrChallengeCapacity) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if approvers < 10 {
+		t.Fatalf("the approver site got %d challenges after the agents' flood", approvers)
+	}
+	if bytes, _ := status(); bytes < uint64(passkey.ChallengeAdmitBytes(capBytes)) {
+		t.Fatalf("the approver site was refused at %d bytes; its admission limit is %d", bytes, passkey.ChallengeAdmitBytes(capBytes))
+	}
+	if err := agent(agents); !errors.Is(err, passkey.ErrChallengeCapacity) {
+		t.Fatalf("an agent over its admission limit: %v", err)
+	}
+}
+
+// TestChallengeAsker: an unknown asker, or an in-band challenge that
+// claims to be the approver site's, is refused and stores nothing.
+func TestChallengeAsker(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.enrollInBand(t, "agent-a", "usb")
+	e.enroll(t, "alice", []string{"finance"})
+	inBand := passkey.ChallengeRequest{Tool: "place_trade", ActionHash: hashOf(t, "place_trade", "{}"),
+		Principal: "agent-a", DisplayText: "Buy 1 AAPL"}
+	group := passkey.ChallengeRequest{TaskID: "task-1", Tool: "delete_resource",
+		ActionHash: hashOf(t, "delete_resource", "{}"), Group: "finance", DisplayText: "Delete"}
+	for _, tc := range []struct {
+		name  string
+		req   passkey.ChallengeRequest
+		asker string
+		want  string
+	}{
+		{"in-band as the approver site", inBand, passkey.AskerApprover, "in-band challenge is an agent's"},
+		{"in-band, unknown asker", inBand, "admin", `asker "admin"`},
+		{"group, unknown asker", group, "Approver", `asker "Approver"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.req.Asker = tc.asker
+			_, err := e.svc.IssueChallenge(ctx, tc.req)
+			if !errors.Is(err, passkey.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want ErrInvalidArgument naming %s", err, tc.want)
+			}
+		})
+	}
+	kv, err := e.js.KeyValue(ctx, passkey.BucketChallenges)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := kv.Status(ctx); err != nil || s.Values() != 0 {
+		t.Fatalf("%v values stored (%v)", s.Values(), err)
+	}
+	for _, asker := range []string{"", passkey.AskerAgent} {
+		inBand.Asker = asker
+		if _, err := e.svc.IssueChallenge(ctx, inBand); err != nil {
+			t.Fatalf("asker %q: %v", asker, err)
+		}
 	}
 }
 

@@ -30,6 +30,20 @@ const (
 	ClassPlatform = "platform"
 )
 
+// Who asks for a challenge (ChallengeRequest.Asker). It decides how full
+// the challenges bucket may be for the challenge to be admitted, so that
+// agents can never take the room approvers need.
+const (
+	// AskerAgent is an agent asking in-band (approval/challenge/create):
+	// admitted while the bucket holds less than AgentChallengeAdmitBytes.
+	// An empty Asker means AskerAgent.
+	AskerAgent = "agent"
+	// AskerApprover is the approver site (an approval's page or an
+	// approver's inbox): admitted while the bucket holds less than
+	// ChallengeAdmitBytes.
+	AskerApprover = "approver"
+)
+
 // normalizeClass maps "" to the SEP default and rejects unknown values.
 func normalizeClass(c string) (string, error) {
 	switch c {
@@ -82,6 +96,10 @@ type ChallengeRequest struct {
 	// decision: an assertion over it counts only for the same decision, so a
 	// signed denial can never be replayed or rewritten as an approval.
 	Decision string
+	// Asker is AskerAgent or AskerApprover ("" means AskerAgent): who asks
+	// for the challenge, set by each caller. An in-band challenge
+	// (Principal set) is always an agent's.
+	Asker string
 }
 
 // Challenge is what the approver's browser needs for navigator.credentials.get().
@@ -172,6 +190,10 @@ func validateChallengeRequest(req *ChallengeRequest) error {
 		return fmt.Errorf("%w: action hash is zero", ErrInvalidArgument)
 	case req.DisplayText == "" || len(req.DisplayText) > maxDisplayTextLen || !utf8.ValidString(req.DisplayText):
 		return fmt.Errorf("%w: display text must be 1-%d bytes of UTF-8", ErrInvalidArgument, maxDisplayTextLen)
+	case req.Asker != "" && req.Asker != AskerAgent && req.Asker != AskerApprover:
+		return fmt.Errorf("%w: asker %q is neither %q nor %q", ErrInvalidArgument, req.Asker, AskerAgent, AskerApprover)
+	case inBand && req.Asker == AskerApprover:
+		return fmt.Errorf("%w: an in-band challenge is an agent's, not the approver site's", ErrInvalidArgument)
 	}
 	if inBand {
 		return nil
@@ -245,7 +267,7 @@ func (s *Service) IssueChallenge(ctx context.Context, req ChallengeRequest) (Cha
 	}
 	// The browser's own timeout is the challenge's lifetime.
 	assertion.Response.Timeout = int(ttl / time.Millisecond)
-	if err := s.admitChallenge(ctx); err != nil {
+	if err := s.admitChallenge(ctx, req.Asker); err != nil {
 		return Challenge{}, err
 	}
 	// Encoded, the display text may take up to six times its length (a
@@ -316,12 +338,20 @@ func inGroup(a Approver, group string) bool {
 }
 
 // ChallengeAdmitBytes is how much of a challenges bucket of maxBytes
-// (Options.ChallengeMaxBytes) new challenges may fill: seven eighths. The
-// last eighth is kept for the consumes of the challenges already issued:
-// a consume rewrites its record with the assertion (it grows), and NATS
-// stores a write, even one that replaces a record, only if the bucket has
-// room for the whole new record.
+// (Options.ChallengeMaxBytes) the approver site's challenges
+// (AskerApprover) may fill: seven eighths. The last eighth is kept for the
+// consumes of the challenges already issued: a consume rewrites its record
+// with the assertion (it grows), and NATS stores a write, even one that
+// replaces a record, only if the bucket has room for the whole new record.
 func ChallengeAdmitBytes(maxBytes int64) int64 { return maxBytes - maxBytes/8 }
+
+// AgentChallengeAdmitBytes is how much of a challenges bucket of maxBytes
+// agents' in-band challenges (AskerAgent) may fill: half. Agents choose
+// how many challenges they ask for and, through the arguments, how large
+// each one's display text is; the room from half to ChallengeAdmitBytes
+// is only the approver site's, so agents, however many, cannot starve
+// approvers of challenges.
+func AgentChallengeAdmitBytes(maxBytes int64) int64 { return maxBytes / 2 }
 
 // admissionRefresh is how long a reading of the challenges bucket's size
 // stands in for a new one while the bucket is far from its limit.
@@ -330,8 +360,10 @@ const admissionRefresh = time.Second
 // admission is what a process knows of the challenges bucket's size: the
 // last reading (when, and its bytes) plus an upper estimate of what this
 // process stored since. It spares IssueChallenge a stream-info request to
-// NATS on every challenge while the bucket is under three quarters of its
-// cap; near the limit, every challenge reads the size.
+// NATS on every challenge while the bucket is an eighth of its cap or more
+// below the asker's admission limit (under three eighths of the cap for
+// an agent, three quarters for the approver site); nearer, every
+// challenge of that asker reads the size.
 type admission struct {
 	mu    sync.Mutex
 	at    time.Time // monotonic; zero until the first reading
@@ -343,11 +375,17 @@ type admission struct {
 const challengeRecordOverhead = 1 << 10
 
 // admitChallenge refuses a new challenge, with ErrChallengeCapacity, once
-// the challenges bucket holds ChallengeAdmitBytes. Concurrent issuers (and
-// other replicas, between readings) may pass it together; the bucket's own
-// cap still bounds them.
-func (s *Service) admitChallenge(ctx context.Context) error {
-	admit := ChallengeAdmitBytes(s.challengeMax)
+// the challenges bucket holds the asker's admission limit:
+// AgentChallengeAdmitBytes for an agent, ChallengeAdmitBytes for the
+// approver site. Concurrent issuers (and other replicas, between readings)
+// may pass it together; the bucket's own cap still bounds them.
+func (s *Service) admitChallenge(ctx context.Context, asker string) error {
+	admit := AgentChallengeAdmitBytes(s.challengeMax)
+	if asker == AskerApprover {
+		admit = ChallengeAdmitBytes(s.challengeMax)
+	} else {
+		asker = AskerAgent
+	}
 	s.adm.mu.Lock()
 	far := !s.adm.at.IsZero() && time.Since(s.adm.at) < admissionRefresh &&
 		s.adm.bytes < uint64(admit-s.challengeMax/8)
@@ -363,8 +401,9 @@ func (s *Service) admitChallenge(ctx context.Context) error {
 	s.adm.at, s.adm.bytes = time.Now(), st.Bytes()
 	s.adm.mu.Unlock()
 	if st.Bytes() >= uint64(admit) {
-		s.log.WarnContext(ctx, "challenges bucket at capacity", "bytes", st.Bytes(), "admit_bytes", admit, "max_bytes", s.challengeMax)
-		return fmt.Errorf("%w: the challenges bucket holds %d bytes, its admission limit is %d of its cap %d", ErrChallengeCapacity, st.Bytes(), admit, s.challengeMax)
+		s.log.WarnContext(ctx, "challenges bucket at capacity", "asker", asker, "bytes", st.Bytes(), "admit_bytes", admit, "max_bytes", s.challengeMax)
+		return fmt.Errorf("%w: the challenges bucket holds %d bytes, the admission limit of an %s's challenge is %d of its cap %d",
+			ErrChallengeCapacity, st.Bytes(), asker, admit, s.challengeMax)
 	}
 	return nil
 }

@@ -104,11 +104,21 @@
 // as every NATS KV bucket, discards new writes, never old ones, when
 // full: a consumed challenge is never evicted to make room, so it never
 // becomes replayable. IssueChallenge refuses with ErrChallengeCapacity,
-// storing nothing, once the bucket holds ChallengeAdmitBytes (seven
-// eighths of the cap); the last eighth is for the consumes of challenges
-// already issued (a consume rewrites its record, larger, and NATS needs
-// room for the whole new record). A consume that finds no room is
-// ErrChallengeCapacity too and consumes nothing.
+// storing nothing, once the bucket holds the admission limit of who asks
+// (ChallengeRequest.Asker, set by each caller): AgentChallengeAdmitBytes
+// (half the cap) for an agent's in-band challenge, ChallengeAdmitBytes
+// (seven eighths) for the approver site's (an approval's page, the NATS
+// decision service, an approver's inbox). Agents choose how many
+// challenges they ask for and how large their display texts are, so the
+// room from half to seven eighths is the approver site's alone: agents,
+// however many, cannot starve approvers of challenges. The last eighth
+// is for the consumes of challenges already issued (a consume rewrites
+// its record, larger, and NATS needs room for the whole new record). A
+// consume that finds no room is ErrChallengeCapacity too and consumes
+// nothing. Admission counts each record at its encoded size (JSON escapes
+// a display text up to six times its length) and reads the bucket's size
+// from NATS at most once a second while it is an eighth of the cap or
+// more below the limit; nearer, at every challenge.
 //
 // # Reasons
 //

@@ -80,10 +80,11 @@ type Options struct {
 	InviteTTL time.Duration
 	// ChallengeMaxBytes caps the challenges bucket (its MaxBytes, applied
 	// to an existing bucket too). IssueChallenge refuses with
-	// ErrChallengeCapacity once the bucket holds ChallengeAdmitBytes of
-	// it; the rest is kept for the consumes of the challenges already
-	// issued. Nothing stored is ever evicted. Zero means
-	// DefaultChallengeMaxBytes; at least MinChallengeMaxBytes.
+	// ErrChallengeCapacity an agent's challenge once the bucket holds
+	// AgentChallengeAdmitBytes of it, and the approver site's once it
+	// holds ChallengeAdmitBytes; the rest is kept for the consumes of the
+	// challenges already issued. Nothing stored is ever evicted. Zero
+	// means DefaultChallengeMaxBytes; at least MinChallengeMaxBytes.
 	ChallengeMaxBytes int64
 	// Replicas is the JetStream replica count of the buckets. Zero means 1;
 	// use 3 on a production NATS cluster.

@@ -110,6 +110,7 @@ func (h *Handler) inboxChallenge(w http.ResponseWriter, r *http.Request) error {
 		Group:              inboxGroup(a),
 		AuthenticatorClass: inboxClass,
 		DisplayText:        "Show the pending approvals of " + a.Name,
+		Asker:              passkey.AskerApprover,
 	})
 	if err != nil {
 		if passkey.ReasonOf(err) == "" {

@@ -85,7 +85,7 @@ func serviceFlags(cmd string, cfg *app.Config, conformance bool) (fs *flag.FlagS
 	fs.StringVar(&cfg.ConfigFile, "config", "", e("config", "COUNTERSIGN_CONFIG", "YAML configuration file: upstream MCP servers, demo_tools and the settings of these flags (see the README); flags and environment variables win over it"))
 	fs.DurationVar(&cfg.InlineWait, "inline-wait", 0, e("inline-wait", "COUNTERSIGN_INLINE_WAIT", "hold a gated call from a client without MCP tasks this long for the approval decision (0s to 10m)"))
 	fs.DurationVar(&cfg.VerifiedChallengeTTL, "verified-challenge-ttl", 0, e("verified-challenge-ttl", "COUNTERSIGN_VERIFIED_CHALLENGE_TTL", "how long a SEP-2672 in-band challenge (approval/challenge/create) is accepted (default 60s, at most 24h)"))
-	fs.Int64Var(&cfg.ChallengeMaxBytes, "challenge-max-bytes", 0, e("challenge-max-bytes", "COUNTERSIGN_CHALLENGE_MAX_BYTES", "size cap in bytes of the passkey challenges bucket (default 256 MiB, at least 1 MiB); new challenges are refused, and none evicted, once it holds seven eighths of it"))
+	fs.Int64Var(&cfg.ChallengeMaxBytes, "challenge-max-bytes", 0, e("challenge-max-bytes", "COUNTERSIGN_CHALLENGE_MAX_BYTES", "size cap in bytes of the passkey challenges bucket (default 256 MiB, at least 1 MiB); agents' new challenges are refused once it holds half of it, the approver site's once it holds seven eighths, and none is evicted"))
 	fs.Func("verified-origins", e("verified-origins", "COUNTERSIGN_VERIFIED_ORIGINS", "comma-separated origins of MCP client pages that run the SEP-2672 in-band passkey ceremony, within the RP ID (dev on localhost: "+app.DevVerifiedOrigin+")"), func(v string) error {
 		cfg.VerifiedOrigins = splitList(v)
 		return nil
