@@ -267,7 +267,13 @@
 // passkey.ErrChallengeCapacity, --challenge-max-bytes),
 // approval/challenge/create answers
 // CodeTooManyRequests (-31029) "Server at capacity for approval
-// challenges: …" and creates nothing.
+// challenges: …" and creates nothing. Each principal's challenges are
+// bounded too, per process (Options.ChallengesPerMinute and
+// ChallengeBurst; the server sets --rate-per-minute and --rate-burst,
+// counted apart from task creations), since every challenge stays stored
+// for passkey.ChallengeRetention whether it is answered or not; over the
+// bound the answer is -32001 challenge_rate_limited, and nothing is
+// created.
 //
 // A tools/call whose decision is "verify" is checked in SEP-2672 §4.8
 // order: evidence present and shaped {method, challengeId, response}

@@ -126,6 +126,16 @@ type Options struct {
 	// KeepAlive is the interval of the SSE comments on a quiet
 	// notification stream (default DefaultKeepAlive).
 	KeepAlive time.Duration
+	// ChallengesPerMinute and ChallengeBurst bound the in-band challenges
+	// (approval/challenge/create) one principal creates, per process
+	// (default 30 a minute, burst 10: approvals.DefaultRatePerMinute and
+	// DefaultBurst; the server sets them to --rate-per-minute and
+	// --rate-burst). Each stays stored for
+	// passkey.ChallengeRetention whether it is answered or not. Over the
+	// bound the answer is -32001 challenge_rate_limited, and nothing is
+	// created.
+	ChallengesPerMinute int
+	ChallengeBurst      int
 
 	// Tokens issues and redeems single-use transaction tokens for calls
 	// policy puts in the "token" mode (countersign/transactionToken, and
@@ -172,7 +182,9 @@ type Server struct {
 	log    *slog.Logger
 	now    func() time.Time
 	budget *ratelimit.Budget
-	recent recentPrincipals
+	// challengeRate bounds each principal's in-band challenges.
+	challengeRate *ratelimit.Limiter
+	recent        recentPrincipals
 	// working holds a slot for each request doing its store work (see
 	// enter).
 	working  chan struct{}
@@ -217,7 +229,7 @@ func New(opts Options) (*Server, error) {
 	case opts.Authenticate == nil && !opts.NoAuth:
 		return nil, errors.New("mcpserver: Authenticate is required unless NoAuth is set")
 	case opts.MaxBodyBytes < 0, opts.RequestsPerSecond < 0, opts.RequestBurst < 0, opts.MaxInFlightPerPrincipal < 0,
-		opts.MaxStreamsPerPrincipal < 0, opts.KeepAlive < 0:
+		opts.MaxStreamsPerPrincipal < 0, opts.KeepAlive < 0, opts.ChallengesPerMinute < 0, opts.ChallengeBurst < 0:
 		return nil, errors.New("mcpserver: limits must not be negative")
 	case opts.InlineWait < 0 || opts.InlineWait > MaxInlineWait:
 		return nil, fmt.Errorf("mcpserver: InlineWait must be from 0 to %v, not %v", MaxInlineWait, opts.InlineWait)
@@ -240,6 +252,12 @@ func New(opts Options) (*Server, error) {
 	if opts.KeepAlive == 0 {
 		opts.KeepAlive = DefaultKeepAlive
 	}
+	if opts.ChallengesPerMinute == 0 {
+		opts.ChallengesPerMinute = approvals.DefaultRatePerMinute
+	}
+	if opts.ChallengeBurst == 0 {
+		opts.ChallengeBurst = approvals.DefaultBurst
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -249,14 +267,15 @@ func New(opts Options) (*Server, error) {
 	}
 
 	s := &Server{
-		opts:     opts,
-		log:      log,
-		now:      time.Now,
-		budget:   ratelimit.NewBudget(opts.RequestsPerSecond, opts.RequestBurst, opts.MaxInFlightPerPrincipal),
-		working:  make(chan struct{}, maxWorking),
-		shares:   map[string]int{},
-		pageSize: listPageSize,
-		stateKey: make([]byte, 32),
+		opts:          opts,
+		log:           log,
+		now:           time.Now,
+		budget:        ratelimit.NewBudget(opts.RequestsPerSecond, opts.RequestBurst, opts.MaxInFlightPerPrincipal),
+		challengeRate: ratelimit.New(opts.ChallengesPerMinute, opts.ChallengeBurst),
+		working:       make(chan struct{}, maxWorking),
+		shares:        map[string]int{},
+		pageSize:      listPageSize,
+		stateKey:      make([]byte, 32),
 	}
 	if _, err := rand.Read(s.stateKey); err != nil {
 		return nil, fmt.Errorf("mcpserver: request state key: %w", err)

@@ -189,8 +189,9 @@ func (s *Server) enrollFinish(ctx context.Context, info *callInfo, raw json.RawM
 }
 
 // challengeCreate answers approval/challenge/create (§4.4.3): policy must
-// decide "verify" for this exact call (else tool_not_approved_required);
-// the challenge binds the action hash of the arguments as received and
+// decide "verify" for this exact call (else tool_not_approved_required),
+// and the principal must be within its challenge rate (else
+// challenge_rate_limited); the challenge binds the action hash of the arguments as received and
 // lists the caller's passkeys that the tool's authenticator class allows
 // (none: no_eligible_credential).
 func (s *Server) challengeCreate(ctx context.Context, info *callInfo, raw json.RawMessage) (mcp.Result, error) {
@@ -217,6 +218,12 @@ func (s *Server) challengeCreate(ctx context.Context, info *callInfo, raw json.R
 	}
 	if d.Effect != pdp.EffectVerify {
 		return nil, approvalError(passkey.ReasonToolNotApprovalRequired, nil)
+	}
+	// Every challenge stays stored, answered or not, until it ages out
+	// (passkey.ChallengeRetention): this bounds what one agent can store.
+	if !s.challengeRate.Allow(info.principal, s.now()) {
+		s.log.WarnContext(ctx, "mcpserver: in-band challenge rate limit reached", "principal", info.principal)
+		return nil, approvalError(passkey.ReasonChallengeRateLimited, nil)
 	}
 	ch, err := s.opts.Passkeys.IssueChallenge(ctx, passkey.ChallengeRequest{
 		Tool:               tool.Name,

@@ -511,6 +511,28 @@ func TestVerifiedHappyTamperReplay(t *testing.T) {
 	}
 }
 
+// TestVerifiedChallengeRate: one principal's in-band challenges are
+// bounded (ChallengesPerMinute, ChallengeBurst), new arguments or not;
+// over the bound approval/challenge/create answers -32001
+// challenge_rate_limited and creates nothing, while another principal is
+// not slowed. A call policy does not gate spends nothing.
+func TestVerifiedChallengeRate(t *testing.T) {
+	h := newVerifiedHarness(t, func(o *Options) { o.ChallengesPerMinute, o.ChallengeBurst = 1, 3 })
+	p, q := freshPrincipal(t, "a"), freshPrincipal(t, "b")
+	h.enroll(t, p, "usb")
+	h.enroll(t, q, "usb")
+	wantReason(t, h.challengeRPC(t, p, "list_transfers", map[string]any{}), passkey.ReasonToolNotApprovalRequired)
+	for i := range 3 {
+		h.challenge(t, p, trade(float64(100+i)))
+	}
+	r := h.challengeRPC(t, p, "place_trade", trade(200))
+	wantReason(t, r, passkey.ReasonChallengeRateLimited)
+	if r.Error.Message != passkey.MessageOf(passkey.ReasonChallengeRateLimited) {
+		t.Errorf("message %q", r.Error.Message)
+	}
+	h.challenge(t, q, trade(200))
+}
+
 // An assertion over quantity 100 binds the action hash of 100; a quantity
 // that JCS rounds to 100 would have carried the same hash. Neither a
 // challenge nor a verified call accepts it, and the challenge stays

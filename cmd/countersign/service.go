@@ -96,8 +96,8 @@ func serviceFlags(cmd string, cfg *app.Config, conformance bool) (fs *flag.FlagS
 	if cmd == "dev" {
 		fs.StringVar(&cfg.SQLiteSync, "sqlite-sync", def.SQLiteSync, e("sqlite-sync", "COUNTERSIGN_SQLITE_SYNC", "embedded Temporal SQLite synchronous mode: FULL or NORMAL"))
 	}
-	fs.IntVar(&cfg.RatePerMinute, "rate-per-minute", def.RatePerMinute, e("rate-per-minute", "COUNTERSIGN_RATE_PER_MINUTE", "approval requests per principal per minute"))
-	fs.IntVar(&cfg.RateBurst, "rate-burst", def.RateBurst, e("rate-burst", "COUNTERSIGN_RATE_BURST", "approval requests a principal may make at once before the per-minute rate applies"))
+	fs.IntVar(&cfg.RatePerMinute, "rate-per-minute", def.RatePerMinute, e("rate-per-minute", "COUNTERSIGN_RATE_PER_MINUTE", "approval requests per principal per minute; also, counted apart, in-band challenges (approval/challenge/create)"))
+	fs.IntVar(&cfg.RateBurst, "rate-burst", def.RateBurst, e("rate-burst", "COUNTERSIGN_RATE_BURST", "approval requests (and, counted apart, in-band challenges) a principal may make at once before the per-minute rate applies"))
 	fs.IntVar(&cfg.MaxPendingPerPrincipal, "max-pending", def.MaxPendingPerPrincipal, e("max-pending", "COUNTERSIGN_MAX_PENDING", "pending tasks per principal"))
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", def.PollInterval, e("poll-interval", "COUNTERSIGN_POLL_INTERVAL", "pollIntervalMs suggested to clients"))
 	fs.DurationVar(&cfg.ResultRetention, "result-retention", def.ResultRetention, e("result-retention", "COUNTERSIGN_RESULT_RETENTION", "how long a finished task and its result stay readable after the task ends"))

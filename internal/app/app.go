@@ -626,6 +626,10 @@ func (a *App) startHTTP(ctx context.Context) error {
 		RequestBurst:            a.cfg.RequestBurst,
 		MaxInFlightPerPrincipal: a.cfg.MaxInFlightPerPrincipal,
 		MaxStreamsPerPrincipal:  maxStreams,
+		// An in-band challenge is the first half of a verified call: it
+		// gets the task creation rate, counted apart.
+		ChallengesPerMinute: a.cfg.RatePerMinute,
+		ChallengeBurst:      a.cfg.RateBurst,
 	})
 	if err != nil {
 		return fmt.Errorf("mcp endpoint: %w", err)

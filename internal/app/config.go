@@ -128,7 +128,9 @@ type Config struct {
 
 	// Limits. Defaults fills zero values with the MCP endpoint's defaults
 	// (mcpserver.Default*); with Conformance, RatePerMinute and the
-	// request budget are lifted instead.
+	// request budget are lifted instead. RatePerMinute and RateBurst
+	// bound a principal's task creations and, counted apart, its in-band
+	// challenges.
 	RatePerMinute          int
 	RateBurst              int
 	MaxPendingPerPrincipal int
