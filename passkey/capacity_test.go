@@ -216,19 +216,7 @@ func TestChallengeRoomForApprovers(t *testing.T) {
 		return err
 	}
 
-	agents := 0
-	for ; ; agents++ {
-		if agents > 400 {
-			t.Fatal("agents were never refused")
-		}
-		err := agent(agents)
-		if errors.Is(err, passkey.ErrChallengeCapacity) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	agents := issueUntilFull(t, "agents", agent)
 	bytes, values := status()
 	if limit := uint64(passkey.AgentChallengeAdmitBytes(capBytes)); bytes < limit || bytes >= limit+32<<10 {
 		t.Fatalf("agents were refused at %d bytes; their admission limit is %d", bytes, limit)
@@ -241,19 +229,7 @@ func TestChallengeRoomForApprovers(t *testing.T) {
 	}
 
 	// The approver site still has room, to seven eighths.
-	approvers := 0
-	for ; ; approvers++ {
-		if approvers > 400 {
-			t.Fatal("the approver site was never refused")
-		}
-		err := approver(approvers)
-		if errors.Is(err, passkey.ErrChallengeCapacity) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	approvers := issueUntilFull(t, "the approver site", approver)
 	if approvers < 10 {
 		t.Fatalf("the approver site got %d challenges after the agents' flood", approvers)
 	}
@@ -316,4 +292,21 @@ func TestChallengeMaxBytesTooSmall(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "ChallengeMaxBytes") {
 		t.Fatalf("got %v", err)
 	}
+}
+
+// issueUntilFull calls issue(0), issue(1), … until the challenges bucket
+// refuses one for its capacity, and returns how many it admitted.
+func issueUntilFull(t *testing.T, who string, issue func(i int) error) int {
+	t.Helper()
+	for i := 0; i <= 400; i++ {
+		err := issue(i)
+		if errors.Is(err, passkey.ErrChallengeCapacity) {
+			return i
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Fatalf("%s: no challenge refused in 401", who)
+	return 0
 }

@@ -66,26 +66,7 @@ func TestArchitectureNamesTestOnlyPackages(t *testing.T) {
 			t.Errorf("docs/architecture.md: the paragraph on test-only packages does not name %s", pkg)
 		}
 	}
-	err = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-		if err != nil || !d.IsDir() {
-			return err
-		}
-		name := d.Name()
-		if path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "node_modules") {
-			return filepath.SkipDir
-		}
-		p, err := build.ImportDir(path, 0)
-		if err != nil {
-			if _, ok := err.(*build.NoGoError); ok {
-				return nil
-			}
-			return err
-		}
-		rel, err := filepath.Rel(root, path)
-		if err != nil {
-			return err
-		}
-		rel = filepath.ToSlash(rel)
+	err = walkPackages(root, func(rel string, p *build.Package) error {
 		if len(p.GoFiles) == 0 && !slices.Contains(testOnly, rel) {
 			t.Errorf("%s has only tests: add it to testOnly and name it in docs/architecture.md", rel)
 		}
@@ -132,17 +113,13 @@ func readTable(t *testing.T, path string) map[string][]string {
 	return out
 }
 
-// modulePackages walks the module and returns each package with non-test
-// Go files and its sorted imports of other module packages.
-func modulePackages(t *testing.T, root string) map[string][]string {
-	t.Helper()
-	out := map[string][]string{}
-	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-		if err != nil {
+// walkPackages calls visit with each Go package of the module under root
+// (its path relative to root, with slashes), skipping hidden directories,
+// testdata and node_modules.
+func walkPackages(root string, visit func(rel string, p *build.Package) error) error {
+	return filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
 			return err
-		}
-		if !d.IsDir() {
-			return nil
 		}
 		name := d.Name()
 		if path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "node_modules") {
@@ -159,7 +136,16 @@ func modulePackages(t *testing.T, root string) map[string][]string {
 		if err != nil {
 			return err
 		}
-		rel = filepath.ToSlash(rel)
+		return visit(filepath.ToSlash(rel), p)
+	})
+}
+
+// modulePackages walks the module and returns each package with non-test
+// Go files and its sorted imports of other module packages.
+func modulePackages(t *testing.T, root string) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	err := walkPackages(root, func(rel string, p *build.Package) error {
 		if slices.Contains(testOnly, rel) || len(p.GoFiles) == 0 {
 			return nil
 		}
