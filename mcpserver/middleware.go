@@ -73,6 +73,12 @@ func (s *Server) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		}
 		ctx = context.WithValue(ctx, callInfoKey{}, info)
 
+		if toolsOnly(method) {
+			// Countersign serves tools only and declares no prompts,
+			// resources or completions capability: the SDK would answer
+			// these with empty lists or its own errors, as if it had them.
+			return nil, s.wireError(ctx, method, methodNotFound(method, info.era))
+		}
 		switch method {
 		case "tools/call":
 			call, ok := req.(*mcp.CallToolRequest)
@@ -107,12 +113,6 @@ func (s *Server) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 				return legacyInitialize(init), nil
 			}
 			return res, err
-		case "prompts/list", "prompts/get", "resources/list", "resources/read", "resources/templates/list",
-			"resources/subscribe", "resources/unsubscribe", "completion/complete":
-			// Countersign serves tools only and declares no prompts,
-			// resources or completions capability: the SDK would answer
-			// these with empty lists or its own errors, as if it had them.
-			return nil, s.wireError(ctx, method, methodNotFound(method, info.era))
 		case "tools/list":
 			res, err := next(ctx, method, req)
 			list, ok := res.(*mcp.ListToolsResult)

@@ -128,34 +128,20 @@ func TestChallengeCapacity(t *testing.T) {
 // ChallengeAdmitBytes, however fast the challenges come, and the bucket's
 // own cap never has to.
 func TestChallengeAdmissionCountsEncodedSize(t *testing.T) {
-	e := newEnv(t)
+	e, svc := newSmallBucketEnv(t)
 	ctx := context.Background()
 	const capBytes = passkey.MinChallengeMaxBytes
-	svc, err := passkey.New(ctx, e.js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin},
-		Now: e.clock.Now, ChallengeMaxBytes: capBytes})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.svc = svc
 	e.enroll(t, "alice", []string{"finance"})
 	req := passkey.ChallengeRequest{Tool: "delete_resource", ActionHash: hashOf(t, "delete_resource", "{}"),
 		Group: "finance", DisplayText: strings.Repeat("<", passkey.MaxDisplayText), Asker: passkey.AskerApprover}
-	for i := 0; ; i++ {
-		if i > 400 {
-			t.Fatal("the bucket never filled")
-		}
+	issueUntilFull(t, "the bucket", func(i int) error {
 		req.TaskID = fmt.Sprintf("task-%d", i)
 		_, err := svc.IssueChallenge(ctx, req)
-		if errors.Is(err, passkey.ErrChallengeCapacity) {
-			if strings.Contains(err.Error(), "the bucket refused") {
-				t.Fatalf("the bucket's own cap refused challenge %d: %v", i, err)
-			}
-			break
+		if err != nil && strings.Contains(err.Error(), "the bucket refused") {
+			t.Fatalf("the bucket's own cap refused challenge %d: %v", i, err)
 		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+		return err
+	})
 	kv, err := e.js.KeyValue(ctx, passkey.BucketChallenges)
 	if err != nil {
 		t.Fatal(err)
@@ -175,15 +161,9 @@ func TestChallengeAdmissionCountsEncodedSize(t *testing.T) {
 // ErrChallengeCapacity, storing nothing, while the approver site's
 // challenges are still admitted, up to ChallengeAdmitBytes.
 func TestChallengeRoomForApprovers(t *testing.T) {
-	e := newEnv(t)
+	e, svc := newSmallBucketEnv(t)
 	ctx := context.Background()
 	const capBytes = passkey.MinChallengeMaxBytes
-	svc, err := passkey.New(ctx, e.js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin},
-		Now: e.clock.Now, ChallengeMaxBytes: capBytes})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.svc = svc
 	e.enrollInBand(t, "agent-a", "usb")
 	e.enrollInBand(t, "agent-b", "usb")
 	e.enroll(t, "alice", []string{"finance"})
@@ -309,4 +289,18 @@ func issueUntilFull(t *testing.T, who string, issue func(i int) error) int {
 	}
 	t.Fatalf("%s: no challenge refused in 401", who)
 	return 0
+}
+
+// newSmallBucketEnv is newEnv with its service on a challenges bucket of
+// MinChallengeMaxBytes.
+func newSmallBucketEnv(t *testing.T) (*env, *passkey.Service) {
+	t.Helper()
+	e := newEnv(t)
+	svc, err := passkey.New(context.Background(), e.js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin},
+		Now: e.clock.Now, ChallengeMaxBytes: passkey.MinChallengeMaxBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.svc = svc
+	return e, svc
 }
