@@ -270,9 +270,10 @@
 // challenges: …" and creates nothing. Each principal's challenges are
 // bounded too, per process (Options.ChallengesPerMinute and
 // ChallengeBurst; the server sets --rate-per-minute and --rate-burst,
-// counted apart from task creations), since every challenge stays stored
-// for passkey.ChallengeRetention whether it is answered or not; over the
-// bound the answer is -32001 challenge_rate_limited, and nothing is
+// counted apart from task creations), since each challenge is stored until
+// well after its lifetime even if never answered (twice its lifetime, at
+// most five minutes more; a consumed one passkey.ChallengeRetention); over
+// the bound the answer is -32001 challenge_rate_limited, and nothing is
 // created.
 //
 // A tools/call whose decision is "verify" is checked in SEP-2672 §4.8

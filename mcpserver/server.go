@@ -130,10 +130,9 @@ type Options struct {
 	// (approval/challenge/create) one principal creates, per process
 	// (default 30 a minute, burst 10: approvals.DefaultRatePerMinute and
 	// DefaultBurst; the server sets them to --rate-per-minute and
-	// --rate-burst). Each stays stored for
-	// passkey.ChallengeRetention whether it is answered or not. Over the
-	// bound the answer is -32001 challenge_rate_limited, and nothing is
-	// created.
+	// --rate-burst). Each stays stored until well after its lifetime
+	// even if never answered (passkey's challengeKeyTTL). Over the bound
+	// the answer is -32001 challenge_rate_limited, and nothing is created.
 	ChallengesPerMinute int
 	ChallengeBurst      int
 

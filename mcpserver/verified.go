@@ -220,7 +220,7 @@ func (s *Server) challengeCreate(ctx context.Context, info *callInfo, raw json.R
 		return nil, approvalError(passkey.ReasonToolNotApprovalRequired, nil)
 	}
 	// Every challenge stays stored, answered or not, until it ages out
-	// (passkey.ChallengeRetention): this bounds what one agent can store.
+	// (well after its lifetime): this bounds what one agent can store.
 	if !s.challengeRate.Allow(info.principal, s.now()) {
 		s.log.WarnContext(ctx, "mcpserver: in-band challenge rate limit reached", "principal", info.principal)
 		return nil, approvalError(passkey.ReasonChallengeRateLimited, nil)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -55,7 +56,7 @@ func TestChallengeCapacity(t *testing.T) {
 	req.Asker = passkey.AskerApprover
 	var issued []passkey.Challenge
 	for i := 0; ; i++ {
-		if i > 400 {
+		if i > 5000 {
 			t.Fatal("the bucket never filled")
 		}
 		req.TaskID = fmt.Sprintf("task-%d", i)
@@ -122,37 +123,109 @@ func TestChallengeCapacity(t *testing.T) {
 	}
 }
 
-// TestChallengeAdmissionCountsEncodedSize: a display text that JSON
-// escapes (4,000 bytes of "<" are stored as 24,000) still leaves the
-// bucket's last eighth to consumes: admission refuses at
-// ChallengeAdmitBytes, however fast the challenges come, and the bucket's
-// own cap never has to.
-func TestChallengeAdmissionCountsEncodedSize(t *testing.T) {
-	e, svc := newSmallBucketEnv(t)
+// TestChallengeRecordLeavesDisplayTextOut: the display text, which an
+// agent chooses through the arguments (4,000 bytes of "<" would be stored
+// as 24,000), is not stored: a challenge takes the same room whatever it
+// says, so the bucket's share of each asker is counted in challenges, not
+// in what an agent makes them say.
+func TestChallengeRecordLeavesDisplayTextOut(t *testing.T) {
+	e := newEnv(t)
 	ctx := context.Background()
-	const capBytes = passkey.MinChallengeMaxBytes
 	e.enroll(t, "alice", []string{"finance"})
-	req := passkey.ChallengeRequest{Tool: "delete_resource", ActionHash: hashOf(t, "delete_resource", "{}"),
-		Group: "finance", DisplayText: strings.Repeat("<", passkey.MaxDisplayText), Asker: passkey.AskerApprover}
-	issueUntilFull(t, "the bucket", func(i int) error {
-		req.TaskID = fmt.Sprintf("task-%d", i)
-		_, err := svc.IssueChallenge(ctx, req)
-		if err != nil && strings.Contains(err.Error(), "the bucket refused") {
-			t.Fatalf("the bucket's own cap refused challenge %d: %v", i, err)
-		}
-		return err
-	})
 	kv, err := e.js.KeyValue(ctx, passkey.BucketChallenges)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := kv.Status(ctx)
+	sizes := map[string]int{}
+	for _, display := range []string{"Delete", strings.Repeat("<", passkey.MaxDisplayText)} {
+		ch, err := e.svc.IssueChallenge(ctx, passkey.ChallengeRequest{TaskID: "task-1", Tool: "delete_resource",
+			ActionHash: hashOf(t, "delete_resource", "{}"), Group: "finance", DisplayText: display, Asker: passkey.AskerApprover})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ch.DisplayText != display {
+			t.Fatalf("the challenge says %.20q, want %.20q", ch.DisplayText, display)
+		}
+		entry, err := kv.Get(ctx, ch.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(entry.Value()), "Delete") || strings.Contains(string(entry.Value()), `\u003c`) {
+			t.Fatalf("the stored challenge holds its display text: %.200s", entry.Value())
+		}
+		sizes[display[:1]] = len(entry.Value())
+	}
+	if sizes["D"] != sizes["<"] || sizes["<"] > 1024 {
+		t.Fatalf("stored sizes %v: want one size, under 1 KiB", sizes)
+	}
+}
+
+// TestUnansweredChallengesAgeOut: a challenge never answered is purged by
+// NATS soon after its lifetime (here 1 s lifetimes, purged at 2 s), in a
+// bucket made before per-key TTLs as in a new one, while a consumed one is
+// kept (ChallengeRetention) and still refuses its replay. Before, every
+// challenge was kept 48 h, so asking for challenges and never answering
+// them filled the bucket.
+func TestUnansweredChallengesAgeOut(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	// The bucket as versions before per-key TTLs made it.
+	if err := e.js.DeleteKeyValue(ctx, passkey.BucketChallenges); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: passkey.BucketChallenges, History: 1,
+		TTL: passkey.ChallengeRetention, MaxBytes: passkey.DefaultChallengeMaxBytes, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := passkey.New(ctx, e.js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin}, Now: e.clock.Now,
+		ChallengeTTL: time.Second, InBandChallengeTTL: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if admit := uint64(passkey.ChallengeAdmitBytes(capBytes)); s.Bytes() < admit || s.Bytes() >= admit+32<<10 {
-		t.Fatalf("refused at %d bytes; the admission limit is %d", s.Bytes(), admit)
+	e.svc = svc
+	alice := e.enroll(t, "alice", []string{"finance"})
+	e.enrollInBand(t, "agent-a", "usb")
+
+	answered := e.issue(t, "task-answered", "finance", "")
+	unanswered := e.issue(t, "task-unanswered", "finance", "")
+	inBand, err := e.issueInBand(t, "agent-a", "")
+	if err != nil {
+		t.Fatal(err)
 	}
+	resp := alice.sign(t, e.rp, answered.Ch)
+	if _, err := svc.Verify(ctx, answered.verifyReq(resp)); err != nil {
+		t.Fatalf("the answered challenge: %v", err)
+	}
+
+	kv, err := e.js.KeyValue(ctx, passkey.BucketChallenges)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, id := range []string{unanswered.Ch.ID, inBand.Ch.ID} {
+		for {
+			_, err := kv.Get(ctx, id)
+			if errors.Is(err, jetstream.ErrKeyNotFound) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("challenge %s never answered is still stored 10 s after its 1 s lifetime", id)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if _, err := kv.Get(ctx, answered.Ch.ID); err != nil {
+		t.Fatalf("the consumed challenge: %v", err)
+	}
+	replay := answered.verifyReq(resp)
+	replay.ConsumerKey = "someone-else"
+	_, err = svc.Verify(ctx, replay)
+	wantReason(t, err, passkey.ReasonChallengeConsumed)
+	_, err = svc.Verify(ctx, unanswered.verifyReq(alice.sign(t, e.rp, unanswered.Ch)))
+	wantReason(t, err, passkey.ReasonChallengeUnknown)
 }
 
 // TestChallengeRoomForApprovers: agents asking in-band, each challenge for
@@ -179,8 +252,7 @@ func TestChallengeRoomForApprovers(t *testing.T) {
 		return s.Bytes(), s.Values()
 	}
 
-	// The largest display text an agent's arguments make: escaped in
-	// the stored record, 4,000 bytes of "<" take six times as many.
+	// The largest display text an agent's arguments make (not stored).
 	display := strings.Repeat("<", passkey.MaxDisplayText)
 	agent := func(i int) error {
 		principal := []string{"agent-a", "agent-b"}[i%2]
@@ -278,7 +350,7 @@ func TestChallengeMaxBytesTooSmall(t *testing.T) {
 // refuses one for its capacity, and returns how many it admitted.
 func issueUntilFull(t *testing.T, who string, issue func(i int) error) int {
 	t.Helper()
-	for i := 0; i <= 400; i++ {
+	for i := 0; i <= 5000; i++ {
 		err := issue(i)
 		if errors.Is(err, passkey.ErrChallengeCapacity) {
 			return i
@@ -287,7 +359,7 @@ func issueUntilFull(t *testing.T, who string, issue func(i int) error) int {
 			t.Fatal(err)
 		}
 	}
-	t.Fatalf("%s: no challenge refused in 401", who)
+	t.Fatalf("%s: no challenge refused in 5,001", who)
 	return 0
 }
 

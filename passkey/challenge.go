@@ -114,7 +114,11 @@ type Challenge struct {
 	RequestOptions protocol.PublicKeyCredentialRequestOptions `json:"requestOptions"`
 }
 
-// challengeRecord is the stored challenge, keyed by challenge id.
+// challengeRecord is the stored challenge, keyed by challenge id. The
+// display text is not stored: nothing reads it back (the task record has
+// the call), and an agent chooses it, through the arguments, up to
+// MaxDisplayText bytes, up to six times as many escaped. Records stored
+// before it was left out still have it (and decode: it is ignored).
 type challengeRecord struct {
 	TaskID             string    `json:"taskId"`
 	Tool               string    `json:"tool"`
@@ -123,7 +127,6 @@ type challengeRecord struct {
 	Group              string    `json:"group"`
 	Principal          string    `json:"principal,omitempty"`
 	AuthenticatorClass string    `json:"authenticatorClass"`
-	DisplayText        string    `json:"displayText"`
 	Decision           string    `json:"decision,omitempty"`
 	CreatedAt          time.Time `json:"createdAt"`
 	ExpiresAt          time.Time `json:"expiresAt"`
@@ -260,7 +263,6 @@ func (s *Service) IssueChallenge(ctx context.Context, req ChallengeRequest) (Cha
 		Group:              req.Group,
 		Principal:          req.Principal,
 		AuthenticatorClass: class,
-		DisplayText:        req.DisplayText,
 		Decision:           req.Decision,
 		CreatedAt:          now,
 		ExpiresAt:          now.Add(ttl),
@@ -270,15 +272,13 @@ func (s *Service) IssueChallenge(ctx context.Context, req ChallengeRequest) (Cha
 	if err := s.admitChallenge(ctx, req.Asker); err != nil {
 		return Challenge{}, err
 	}
-	// Encoded, the display text may take up to six times its length (a
-	// "<" is \u003c): admission counts the record as stored.
 	b, err := json.Marshal(&rec)
 	if err != nil {
 		return Challenge{}, fmt.Errorf("passkey: encode challenge: %w", err)
 	}
 	for range casAttempts {
 		id := randomID(challengeIDSize)
-		_, err := s.challenges.Create(ctx, id, b)
+		_, err := s.challenges.Create(ctx, id, b, jetstream.KeyTTL(challengeKeyTTL(ttl)))
 		if isConflict(err) {
 			continue // id collision: astronomically unlikely, try another
 		}
@@ -301,6 +301,20 @@ func (s *Service) IssueChallenge(ctx context.Context, req ChallengeRequest) (Cha
 		}, nil
 	}
 	return Challenge{}, errCASExhausted
+}
+
+// challengeKeyTTL is how long NATS keeps a challenge of lifetime ttl that
+// is never answered: its lifetime and as long again, at most five minutes
+// more, in whole seconds (at least one, NATS's least). Until then a late
+// answer is told challenge_expired, after it challenge_unknown; either
+// rejects. A consume rewrites the record without a TTL, so a consumed
+// challenge is kept ChallengeRetention (the bucket's MaxAge) and its replay
+// is challenge_consumed. Unanswered challenges, which anyone holding an
+// approval link or an agent's credentials can ask for, thus hold the
+// bucket minutes, not days.
+func challengeKeyTTL(ttl time.Duration) time.Duration {
+	d := ttl + min(ttl, 5*time.Minute)
+	return max((d + time.Second - 1).Truncate(time.Second), time.Second)
 }
 
 // eligibleDescriptors lists the credentials of the group's approvers that the

@@ -95,9 +95,14 @@
 // failed registration leaves the invite usable. Invites are stored under the
 // SHA-256 of the token, so the bucket alone does not let anyone enroll.
 //
-// Expiry is checked on read against the injected clock. The challenges
-// bucket has a MaxAge for housekeeping only; a purged challenge reads as
-// unknown, which still rejects.
+// Expiry is checked on read against the injected clock; NATS only purges.
+// A challenge is written with a per-key TTL of twice its lifetime (at
+// most five minutes more), so one never answered is gone soon after it
+// expires; a consume rewrites it without one, so a consumed challenge
+// stays for the bucket's MaxAge (ChallengeRetention, 48 h) and its replay
+// is challenge_consumed. A purged challenge reads as unknown, which still
+// rejects. Per-key TTLs need NATS server 2.11 or later: New refuses an
+// older one, naming its version.
 //
 // Bounded challenges. The challenges bucket has a size cap
 // (Options.ChallengeMaxBytes, applied to an existing bucket at New) and,
@@ -109,14 +114,15 @@
 // (half the cap) for an agent's in-band challenge, ChallengeAdmitBytes
 // (seven eighths) for the approver site's (an approval's page, the NATS
 // decision service, an approver's inbox). Agents choose how many
-// challenges they ask for and how large their display texts are, so the
-// room from half to seven eighths is the approver site's alone: agents,
+// challenges they ask for, so the room from half to seven eighths is the
+// approver site's alone: agents,
 // however many, cannot starve approvers of challenges. The last eighth
 // is for the consumes of challenges already issued (a consume rewrites
 // its record, larger, and NATS needs room for the whole new record). A
 // consume that finds no room is ErrChallengeCapacity too and consumes
-// nothing. Admission counts each record at its encoded size (JSON escapes
-// a display text up to six times its length) and reads the bucket's size
+// nothing. A record holds no display text (which an agent chooses through
+// the arguments): each takes the same room, under 1 KiB. Admission counts
+// each record at its encoded size and reads the bucket's size
 // from NATS at most once a second while it is an eighth of the cap or
 // more below the limit; nearer, at every challenge.
 //

@@ -136,6 +136,7 @@ var (
 	// ErrChallengeCapacity is returned, wrapped, when the challenges
 	// bucket is full (Options.ChallengeMaxBytes): IssueChallenge stores
 	// nothing, and a consume that finds no room consumes nothing. It is
-	// not final: space frees as challenges age out (ChallengeRetention).
+	// not final: space frees as challenges age out (unanswered ones soon
+	// after their lifetime, consumed ones after ChallengeRetention).
 	ErrChallengeCapacity = errors.New("passkey: the server is at capacity for approval challenges")
 )

@@ -40,13 +40,19 @@ const (
 	// enrollmentTTL is how long a registration challenge from BeginEnrollment
 	// stays valid (SEP-2672 §4.4.1 SHOULD default).
 	enrollmentTTL = 5 * time.Minute
-	// ChallengeRetention is the challenges bucket MaxAge: housekeeping only.
-	// Expiry is always checked on read; a purged challenge reads as unknown,
-	// which still rejects. A consumed challenge is purged this long after
-	// its consume; until then the same signed evidence is its own
-	// consumer's (VerifyRequest.ConsumerKey), so the task store keeps a
-	// verified call's task record longer (tasks.RetentionGrace).
+	// ChallengeRetention is the challenges bucket MaxAge: how long a
+	// consumed challenge is kept. Expiry is always checked on read; a
+	// purged challenge reads as unknown, which still rejects. A consumed
+	// challenge is purged this long after its consume; until then the same
+	// signed evidence is its own consumer's (VerifyRequest.ConsumerKey), so
+	// the task store keeps a verified call's task record longer
+	// (tasks.RetentionGrace). A challenge never answered goes much sooner:
+	// see challengeKeyTTL.
 	ChallengeRetention = 2 * MaxChallengeTTL
+	// challengeMarkerTTL is how long the challenges bucket keeps the delete
+	// marker NATS writes when a key ages out (KeyValueConfig.LimitMarkerTTL,
+	// which also turns on per-key TTLs). Nothing reads the markers.
+	challengeMarkerTTL = time.Minute
 	// casAttempts bounds compare-and-set retry loops.
 	casAttempts = 16
 	// DefaultChallengeMaxBytes is the challenges bucket's size cap when
@@ -224,7 +230,7 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 		{&s.challenges, BucketChallenges, "Countersign SEP-2672 challenges", ChallengeRetention, s.challengeMax},
 	}
 	for _, b := range buckets {
-		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		cfg := jetstream.KeyValueConfig{
 			Bucket:      b.name,
 			Description: b.desc,
 			History:     1,
@@ -232,7 +238,17 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 			MaxBytes:    b.maxBytes,
 			Storage:     jetstream.FileStorage,
 			Replicas:    replicas,
-		})
+		}
+		if b.name == BucketChallenges {
+			// An existing bucket gets per-key TTLs too: NATS allows
+			// turning them on, never off.
+			cfg.LimitMarkerTTL = challengeMarkerTTL
+		}
+		kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+		if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
+			return nil, fmt.Errorf("passkey: bucket %s: unanswered challenges age out by per-key TTL, which needs NATS server 2.11 or later; this one is %s: %w",
+				b.name, js.Conn().ConnectedServerVersion(), err)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("passkey: bucket %s: %w", b.name, err)
 		}
