@@ -48,11 +48,26 @@ func newPasskey(t testing.TB, id string) *passkey {
 	}
 }
 
-// approve signs a fresh challenge bound to hash.
+// approve signs a fresh challenge bound to hash and to decision, as
+// Countersign issues them.
 func (p *passkey) approve(t testing.TB, approver, decision string, hash canon.ActionHash, at time.Time) Approval {
+	t.Helper()
+	return p.signFor(t, approver, decision, decision, hash, at)
+}
+
+// signFor signs a fresh challenge bound to hash and to signed ("": a
+// random nonce, as challenges were before nonces were bound), recorded as
+// a decision to decision.
+func (p *passkey) signFor(t testing.TB, approver, decision, signed string, hash canon.ActionHash, at time.Time) Approval {
 	t.Helper()
 	nonce := make([]byte, 32)
 	rand.Read(nonce)
+	if signed != "" {
+		var err error
+		if nonce, err = canon.DecisionNonce(nonce[:16], signed); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ch := base64.RawURLEncoding.EncodeToString(append(nonce, hash[:]...))
 	cd, _ := json.Marshal(map[string]any{"type": "webauthn.get", "challenge": ch, "origin": "http://localhost:8080", "crossOrigin": false})
 	rp := sha256.Sum256([]byte("localhost"))

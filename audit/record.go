@@ -125,8 +125,10 @@ type Requested struct {
 
 // Approval is one accepted approver decision with the raw WebAuthn
 // assertion that carried it. Challenge is the base64url challenge the
-// authenticator signed (nonce ‖ action hash); PublicKey is the credential's
-// COSE key. Byte fields are base64 (standard) in JSON.
+// authenticator signed (nonce ‖ action hash; the nonce bound to Decision,
+// canon.DecisionNonce, for challenges issued since nonces were bound);
+// PublicKey is the credential's COSE key. Byte fields are base64
+// (standard) in JSON.
 type Approval struct {
 	Decision          string    `json:"decision"`
 	ApproverID        string    `json:"approverId"`

@@ -463,6 +463,9 @@ func verifyChain(taskID string, recs []Record, hashes []string, opts VerifyOptio
 				fail(RuleApprovalEvidence, i, "%s's %s: %v", a.ApproverName, d.Decision, err)
 				continue
 			}
+			if !AssertionShowsDecision(*a) {
+				v.Notes = append(v.Notes, fmt.Sprintf("%s's %s (record %d): the assertion does not show which decision it was made for (a challenge issued before decision-bound nonces)", a.ApproverName, d.Decision, i))
+			}
 			if a.ApproverID == "" || a.CredentialID == "" {
 				fail(RuleApproverIdentity, i, "accepted %s names no approver or no credential (approver %q, credential %q)", d.Decision, a.ApproverID, a.CredentialID)
 				continue
@@ -684,10 +687,13 @@ func checkEnvelope(env Envelope, want canon.ActionHash, fail func(string, ...any
 
 // VerifyAssertion re-verifies one approval's WebAuthn assertion offline:
 // clientDataJSON is a webauthn.get over the recorded challenge, whose last
-// 32 bytes are the task's action hash; the RP ID hash matches the origin's
-// host; user presence and verification are set; and the signature over
-// authenticatorData ‖ SHA-256(clientDataJSON) verifies with the recorded
-// COSE public key.
+// 32 bytes are the task's action hash and whose nonce, when bound to a
+// decision (canon.DecisionNonce), is bound to the recorded one; the RP ID
+// hash matches the origin's host; user presence and verification are set;
+// and the signature over authenticatorData ‖ SHA-256(clientDataJSON)
+// verifies with the recorded COSE public key. A nonce bound to no decision
+// (challenges issued before nonces were bound) passes;
+// [AssertionShowsDecision] tells them apart.
 func VerifyAssertion(a Approval, actionHash canon.ActionHash) error {
 	var cd struct {
 		Type      string `json:"type"`
@@ -709,6 +715,9 @@ func VerifyAssertion(a Approval, actionHash canon.ActionHash) error {
 	}
 	if !bytes.Equal(ch[32:], actionHash[:]) {
 		return errors.New("challenge is not bound to the task's action hash")
+	}
+	if bound := canon.NonceDecision(ch[:32], decisions...); bound != "" && bound != a.Decision {
+		return fmt.Errorf("the passkey signed a challenge for %s, recorded as %s", bound, a.Decision)
 	}
 	ad := a.AuthenticatorData
 	if len(ad) < 37 {
@@ -735,6 +744,19 @@ func VerifyAssertion(a Approval, actionHash canon.ActionHash) error {
 		return errors.New("assertion signature does not verify")
 	}
 	return nil
+}
+
+// decisions are the decisions an approver's nonce may be bound to.
+var decisions = []string{"approve", "deny"}
+
+// AssertionShowsDecision reports whether a's challenge nonce is bound to
+// its decision (canon.DecisionNonce), so that the assertion itself shows
+// whether the approver approved or denied; it is checked, with the rest,
+// by [VerifyAssertion]. Challenges issued before nonces were bound show
+// no decision.
+func AssertionShowsDecision(a Approval) bool {
+	ch, err := base64.RawURLEncoding.DecodeString(a.Challenge)
+	return err == nil && len(ch) == 32+canon.HashSize && canon.NonceDecision(ch[:32], decisions...) == a.Decision
 }
 
 // rpIDMatches reports whether hash is SHA-256 of host or of one of its

@@ -668,3 +668,35 @@ func TestVerifyReaderNamesFileLines(t *testing.T) {
 		t.Fatalf("the tampered record is on line 5 of the file:\n%s", b)
 	}
 }
+
+// TestVerifyDecisionBoundAssertions: an approver's passkey signs which
+// decision it was asked for (canon.DecisionNonce), so a signed deny
+// recorded as an approval fails, even in a chain sealed with the audit
+// key; an assertion over a random nonce (made before nonces were bound)
+// still verifies, with a note that it does not show its decision.
+func TestVerifyDecisionBoundAssertions(t *testing.T) {
+	k := testKeys(t)
+	keys := k.PublicKeys()
+	alice := newPasskey(t, "cred-alice")
+	build := func(signed string) *memChain {
+		c := newMemChain(t, k, "tsk_bound", 1)
+		a := alice.signFor(t, "alice", "approve", signed, c.hash, c.at)
+		c.add("decision/alice", KindDecision, Decision{Decision: "approve", Accepted: true, ChallengeID: a.ChallengeID, Approval: &a})
+		c.claim()
+		c.seal(KindExecuted, "completed", "approved-executed")
+		return c
+	}
+	unbound := func(v TaskVerdict) bool {
+		return slices.ContainsFunc(v.Notes, func(n string) bool { return strings.Contains(n, "does not show which decision") })
+	}
+
+	rep := Verify(build("approve").lines, keys, VerifyOptions{})
+	if !rep.OK || unbound(rep.Tasks[0]) {
+		t.Fatalf("a bound approval: %+v", rep)
+	}
+	rep = Verify(build("").lines, keys, VerifyOptions{})
+	if !rep.OK || !unbound(rep.Tasks[0]) {
+		t.Fatalf("an approval over a random nonce: %+v", rep)
+	}
+	mustFail(t, "a signed deny recorded as an approval", build("deny").lines, keys, "the passkey signed a challenge for deny, recorded as approve")
+}

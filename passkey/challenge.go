@@ -195,6 +195,10 @@ func validateChallengeRequest(req *ChallengeRequest) error {
 		return fmt.Errorf("%w: display text must be 1-%d bytes of UTF-8", ErrInvalidArgument, maxDisplayTextLen)
 	case req.Asker != "" && req.Asker != AskerAgent && req.Asker != AskerApprover:
 		return fmt.Errorf("%w: asker %q is neither %q nor %q", ErrInvalidArgument, req.Asker, AskerAgent, AskerApprover)
+	case req.Decision != "" && req.Decision != "approve" && req.Decision != "deny":
+		return fmt.Errorf("%w: decision %.32q is neither \"approve\" nor \"deny\"", ErrInvalidArgument, req.Decision)
+	case inBand && req.Decision != "":
+		return fmt.Errorf("%w: an in-band challenge can only approve its call; it names no decision", ErrInvalidArgument)
 	case inBand && req.Asker == AskerApprover:
 		return fmt.Errorf("%w: an in-band challenge is an agent's, not the approver site's", ErrInvalidArgument)
 	}
@@ -238,6 +242,11 @@ func (s *Service) IssueChallenge(ctx context.Context, req ChallengeRequest) (Cha
 	nonce, err := protocol.CreateChallenge()
 	if err != nil {
 		return Challenge{}, fmt.Errorf("passkey: nonce: %w", err)
+	}
+	if d := boundDecision(&req); d != "" {
+		if nonce, err = canon.DecisionNonce(nonce[:canon.NonceSize/2], d); err != nil {
+			return Challenge{}, fmt.Errorf("passkey: nonce: %w", err)
+		}
 	}
 	wire := make([]byte, 0, len(nonce)+canon.HashSize)
 	wire = append(append(wire, nonce...), req.ActionHash[:]...)
@@ -301,6 +310,18 @@ func (s *Service) IssueChallenge(ctx context.Context, req ChallengeRequest) (Cha
 		}, nil
 	}
 	return Challenge{}, errCASExhausted
+}
+
+// boundDecision is the decision a challenge's nonce is bound to
+// (canon.DecisionNonce), so that its assertion shows offline what the
+// approver signed: the request's Decision, or "approve" for an in-band
+// challenge (it can only approve its call). "" (a random nonce) for a
+// challenge that decides nothing, such as the inbox's.
+func boundDecision(req *ChallengeRequest) string {
+	if req.Principal != "" {
+		return "approve"
+	}
+	return req.Decision
 }
 
 // challengeKeyTTL is how long NATS keeps a challenge of lifetime ttl that

@@ -906,3 +906,54 @@ func TestErrorIs(t *testing.T) {
 		t.Error("ReasonOf invented a reason")
 	}
 }
+
+// TestChallengeNonceShowsDecision: a challenge issued for a decision
+// (approve or deny) or in-band (which only approves) has its nonce bound
+// to that decision (canon.DecisionNonce), so the assertion over it shows
+// offline which decision the approver signed; one that decides nothing
+// (the inbox's) has a random nonce. A decision other than approve or
+// deny, or an in-band challenge naming one, is refused.
+func TestChallengeNonceShowsDecision(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.enroll(t, "alice", []string{"finance"})
+	e.enrollInBand(t, "agent-a", "usb")
+	hash := hashOf(t, "delete_resource", "{}")
+	group := passkey.ChallengeRequest{TaskID: "task-1", Tool: "delete_resource", ActionHash: hash, Group: "finance",
+		DisplayText: "Delete", Asker: passkey.AskerApprover}
+	for _, tc := range []struct {
+		name     string
+		req      passkey.ChallengeRequest
+		decision string
+	}{
+		{"approve", withDecision(group, "approve"), "approve"},
+		{"deny", withDecision(group, "deny"), "deny"},
+		{"no decision", group, ""},
+		{"in-band", passkey.ChallengeRequest{Tool: "place_trade", ActionHash: hash, Principal: "agent-a", DisplayText: "Buy"}, "approve"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for range 20 { // a random nonce matches a tag once in 2^128
+				ch, err := e.svc.IssueChallenge(ctx, tc.req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := canon.NonceDecision(ch.RequestOptions.Challenge[:canon.NonceSize], "approve", "deny"); got != tc.decision {
+					t.Fatalf("the nonce shows %q, want %q", got, tc.decision)
+				}
+			}
+		})
+	}
+	for _, req := range []passkey.ChallengeRequest{
+		withDecision(group, "maybe"),
+		withDecision(passkey.ChallengeRequest{Tool: "place_trade", ActionHash: hash, Principal: "agent-a", DisplayText: "Buy"}, "deny"),
+	} {
+		if _, err := e.svc.IssueChallenge(ctx, req); !errors.Is(err, passkey.ErrInvalidArgument) {
+			t.Errorf("decision %q (principal %q): %v", req.Decision, req.Principal, err)
+		}
+	}
+}
+
+func withDecision(req passkey.ChallengeRequest, decision string) passkey.ChallengeRequest {
+	req.Decision = decision
+	return req
+}

@@ -16,6 +16,19 @@ import (
 	"github.com/countersign/countersign/tasks"
 )
 
+// unboundDecision returns the verifier's note on an approver's assertion
+// that does not show which decision it was made for, or "": every
+// challenge Countersign issues for a decision binds it
+// (canon.DecisionNonce).
+func unboundDecision(v audit.TaskVerdict) string {
+	for _, n := range v.Notes {
+		if strings.Contains(n, "does not show which decision") {
+			return n
+		}
+	}
+	return ""
+}
+
 // exportAudit fetches GET /admin/v1/audit as JSON Lines.
 func (s *stack) exportAudit(token string) (int, [][]byte) {
 	s.T.Helper()
@@ -104,6 +117,9 @@ func TestAuditExportVerifiesOfflineAndTamperingFails(t *testing.T) {
 	byTask := map[string]audit.TaskVerdict{}
 	for _, v := range rep.Tasks {
 		byTask[v.TaskID] = v
+		if n := unboundDecision(v); n != "" {
+			t.Errorf("task %s: %s", v.TaskID, n)
+		}
 	}
 	if v := byTask[executed.TaskID]; v.Disposition != "approved-executed" || v.Approvals != 1 || !v.Complete {
 		t.Fatalf("executed task verdict: %+v", v)

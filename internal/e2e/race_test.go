@@ -552,6 +552,9 @@ func (r *racer) round(t *testing.T, v raceVariant, round int) (out roundOutcome)
 		if !rep.OK {
 			fail("audit verify FAILED: %s", strings.Join(append(tv.Problems, rep.Problems...), "; "))
 		}
+		if n := unboundDecision(tv); n != "" {
+			fail("%s", n)
+		}
 		if vv := viewOf(tasks.Status(tv.Status), tasks.Disposition(tv.Disposition)); vv != view {
 			fail("tasks/get says %s, audit verify %s (verify ok=%t)", view, vv, rep.OK)
 		}
