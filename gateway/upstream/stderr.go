@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // A stdio upstream's stderr is logged one record per line, within bounds:
@@ -159,6 +160,8 @@ func (w *lineLogger) emit(cut bool, now time.Time) bool {
 	line := w.buf
 	if !cut {
 		line = bytes.TrimRight(line, "\r")
+	} else {
+		line = cutAtCharacter(line)
 	}
 	w.buf = w.buf[:0]
 	if len(line) == 0 {
@@ -177,4 +180,19 @@ func (w *lineLogger) flush() {
 	}
 	w.buf, w.skip = nil, false
 	w.lim.summarize()
+}
+
+// cutAtCharacter drops from line the start of a UTF-8 character that the
+// cut at maxStderrLine split (a log would show it as U+FFFD). Bytes that
+// are not UTF-8 anyway are left as they are.
+func cutAtCharacter(line []byte) []byte {
+	for i := len(line) - 1; i >= max(0, len(line)-utf8.UTFMax); i-- {
+		if utf8.RuneStart(line[i]) {
+			if !utf8.FullRune(line[i:]) {
+				return line[:i]
+			}
+			break
+		}
+	}
+	return line
 }

@@ -825,6 +825,28 @@ func TestLineLogger(t *testing.T) {
 	}
 }
 
+// A line cut at maxStderrLine is cut before a UTF-8 character the limit
+// falls inside, not through it (which a log shows as U+FFFD).
+func TestLineLoggerCutsAtACharacter(t *testing.T) {
+	for _, char := range []string{"é", "€", "😀"} {
+		// in: how many bytes of the second char fall before the limit.
+		for in := 1; in < len(char); in++ {
+			var logs logBuf
+			w := &lineLogger{lim: newStderrLimit(logs.logger(), time.Hour)}
+			head := strings.Repeat("a", maxStderrLine-len(char)-in) + char
+			fmt.Fprint(w, head+char+"tail\nnext\n")
+			w.flush()
+			var lines []string
+			for _, r := range logs.records() {
+				lines = append(lines, fmt.Sprint(r["line"]))
+			}
+			if want := []string{head + stderrCut, "next"}; !reflect.DeepEqual(lines, want) {
+				t.Errorf("%q cut after %d bytes: logged %d lines, the first ending %q", char, in, len(lines), lines[0][max(0, len(lines[0])-30):])
+			}
+		}
+	}
+}
+
 // An upstream's stderr is logged within its budget: stderrLineBurst lines
 // (stderrByteBurst bytes) at once, then stderrLinesPerSec lines
 // (stderrBytesPerSec bytes) a second. The lines over it are dropped and
