@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/go-webauthn/webauthn/protocol/webauthncose"
 	"github.com/gowebpki/jcs"
@@ -159,6 +160,12 @@ type VerifyOptions struct {
 	// pending when exported). Without it an unsealed chain fails: a dropped
 	// tail looks exactly like a pending task.
 	AllowIncomplete bool
+	// Checkpoints are earlier checkpoints of the same log ([NewCheckpoint],
+	// [ReadCheckpoint]): every chain one saw must be in the export, at least
+	// as long, with the same record at the checkpoint's head
+	// ([RuleCheckpoint]). The export must then be whole (no --since): a
+	// chain left out is reported missing.
+	Checkpoints []*Checkpoint
 }
 
 // MaxLineBytes bounds one record line in [VerifyReader].
@@ -166,16 +173,27 @@ const MaxLineBytes = 4 << 20
 
 // VerifyReader verifies a JSON Lines export.
 func VerifyReader(r io.Reader, pubkeys []ed25519.PublicKey, opts VerifyOptions) (Report, error) {
+	lines, err := ReadExport(r)
+	if err != nil {
+		return Report{}, err
+	}
+	return Verify(lines, pubkeys, opts), nil
+}
+
+// ReadExport reads a JSON Lines export as [Verify] and [NewCheckpoint]
+// take it: every line, blank ones too (they count in line numbers), each
+// at most MaxLineBytes.
+func ReadExport(r io.Reader) ([][]byte, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), MaxLineBytes)
 	var lines [][]byte
 	for sc.Scan() {
-		lines = append(lines, bytes.Clone(sc.Bytes())) // blank ones too: they count in line numbers
+		lines = append(lines, bytes.Clone(sc.Bytes()))
 	}
 	if err := sc.Err(); err != nil {
-		return Report{}, fmt.Errorf("audit: read export: %w", err)
+		return nil, fmt.Errorf("audit: read export: %w", err)
 	}
-	return Verify(lines, pubkeys, opts), nil
+	return lines, nil
 }
 
 // Verify checks every record of an export: canonical form, signature (by
@@ -229,6 +247,18 @@ func Verify(lines [][]byte, pubkeys []ed25519.PublicKey, opts VerifyOptions) Rep
 		}
 		acc.recs = append(acc.recs, r)
 		acc.hashes = append(acc.hashes, h)
+	}
+	for _, cp := range opts.Checkpoints {
+		for _, h := range cp.Chains {
+			acc := chains[h.Chain]
+			if acc == nil {
+				rep.OK = false
+				rep.Problems = append(rep.Problems, Failure{Rule: RuleCheckpoint, Record: -1,
+					Message: fmt.Sprintf("chain %s, %d records at the checkpoint of %s, is missing from the export", h.Chain, h.Records, cp.CreatedAt.UTC().Format(time.RFC3339))}.String())
+				continue
+			}
+			acc.bad = append(acc.bad, checkpointFailures(h, cp.CreatedAt, acc.recs, acc.hashes)...)
+		}
 	}
 	for _, id := range order {
 		acc := chains[id]

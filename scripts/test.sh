@@ -81,6 +81,7 @@ for target in \
   "FuzzNumber ./internal/canon" \
   "FuzzVerify ./audit" \
   "FuzzSealLine ./audit" \
+  "FuzzReadCheckpoint ./audit" \
   "FuzzVerifyResponse ./passkey" \
   "FuzzEvidence ./mcpserver" \
   "FuzzVerifiedCall ./mcpserver" \

@@ -24,7 +24,8 @@ import (
 const auditUsage = `usage:
   countersign audit show TASK [--server URL] [--data-dir DIR] [--json]
   countersign audit export [--since RFC3339] [--server URL] [--data-dir DIR] > audit.jsonl
-  countersign audit verify FILE --key PUBKEY [--key PUBKEY2] [--allow-incomplete] [--json]
+  countersign audit verify FILE --key PUBKEY [--key PUBKEY2] [--checkpoint CP] [--allow-incomplete] [--json]
+  countersign audit checkpoint FILE --key PUBKEY [--key PUBKEY2] [--allow-incomplete] > checkpoint.json
   countersign audit rotate-key [--audit-key-dir DIR | --data-dir DIR]`
 
 // errVerifyFailed makes `audit verify` exit 1 after printing its verdicts.
@@ -86,6 +87,8 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fs.SetOutput(stderr)
 		var keyFiles stringList
 		fs.Var(&keyFiles, "key", "audit public key file (PEM; repeatable; a file may hold several keys)")
+		var checkpoints stringList
+		fs.Var(&checkpoints, "checkpoint", "an earlier checkpoint of the log (audit checkpoint; repeatable): every chain it saw must be in FILE, a whole export, at least as long and unchanged")
 		allow := fs.Bool("allow-incomplete", false, "accept chains of tasks that had not ended when exported")
 		asJSON := fs.Bool("json", false, "print the report as JSON")
 		if err := fs.Parse(rest); err != nil {
@@ -97,7 +100,54 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if name == "" || len(keyFiles) == 0 {
 			return usageError{"usage: countersign audit verify FILE --key PUBKEY"}
 		}
-		return verifyExport(name, keyFiles, *allow, *asJSON, stdout)
+		opts := audit.VerifyOptions{AllowIncomplete: *allow}
+		for _, f := range checkpoints {
+			cp, err := readCheckpoint(f)
+			if err != nil {
+				return err
+			}
+			opts.Checkpoints = append(opts.Checkpoints, cp)
+		}
+		keys, lines, err := readKeysAndExport(keyFiles, name)
+		if err != nil {
+			return err
+		}
+		return printReport(audit.Verify(lines, keys, opts), *asJSON, stdout)
+	case "checkpoint":
+		fs := flag.NewFlagSet("audit checkpoint", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		var keyFiles stringList
+		fs.Var(&keyFiles, "key", "audit public key file (PEM; repeatable; a file may hold several keys)")
+		allow := fs.Bool("allow-incomplete", false, "accept chains of tasks that had not ended when exported")
+		if err := fs.Parse(rest); err != nil {
+			return parseError(err)
+		}
+		if name == "" && fs.NArg() > 0 {
+			name = fs.Arg(0)
+		}
+		if name == "" || len(keyFiles) == 0 {
+			return usageError{"usage: countersign audit checkpoint FILE --key PUBKEY > checkpoint.json"}
+		}
+		keys, lines, err := readKeysAndExport(keyFiles, name)
+		if err != nil {
+			return err
+		}
+		cp, rep, err := audit.NewCheckpoint(lines, keys, audit.VerifyOptions{AllowIncomplete: *allow}, time.Now())
+		if errors.Is(err, audit.ErrExportFailed) {
+			// The verdicts go to stderr: stdout is the checkpoint's.
+			fmt.Fprintln(stderr, "No checkpoint: the export does not verify.")
+			return printReport(rep, false, stderr)
+		}
+		if err != nil {
+			return err
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(cp); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "Checkpoint of %d chains. Keep it where Countersign cannot write; verify a later whole export against it with --checkpoint.\n", len(cp.Chains))
+		return nil
 	case "rotate-key":
 		fs := flag.NewFlagSet("audit rotate-key", flag.ContinueOnError)
 		fs.SetOutput(stderr)
@@ -235,28 +285,46 @@ func summarize(r audit.Record) string {
 	return ""
 }
 
-func verifyExport(file string, keyFiles []string, allowIncomplete, asJSON bool, w io.Writer) error {
+// readKeysAndExport reads the audit public keys in keyFiles and the
+// export's lines.
+func readKeysAndExport(keyFiles []string, file string) ([]ed25519.PublicKey, [][]byte, error) {
 	var keys []ed25519.PublicKey
 	for _, kf := range keyFiles {
 		b, err := os.ReadFile(kf)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		k, err := audit.ParsePublicKeys(b)
 		if err != nil {
-			return fmt.Errorf("%s: %w", kf, err)
+			return nil, nil, fmt.Errorf("%s: %w", kf, err)
 		}
 		keys = append(keys, k...)
 	}
 	f, err := os.Open(file)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	defer f.Close()
-	rep, err := audit.VerifyReader(f, keys, audit.VerifyOptions{AllowIncomplete: allowIncomplete})
+	lines, err := audit.ReadExport(f)
+	return keys, lines, err
+}
+
+func readCheckpoint(file string) (*audit.Checkpoint, error) {
+	f, err := os.Open(file)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	defer f.Close()
+	cp, err := audit.ReadCheckpoint(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	return cp, nil
+}
+
+// printReport prints rep, as text or JSON, and returns errVerifyFailed
+// when it is not OK.
+func printReport(rep audit.Report, asJSON bool, w io.Writer) error {
 	if asJSON {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")

@@ -63,6 +63,12 @@ func TestAuditVerifyCLI(t *testing.T) {
 	if code != 1 || !strings.Contains(out, "FAIL tsk_cli") {
 		t.Fatalf("tampered verify: exit %d\n%s", code, out)
 	}
+	// No checkpoint of an export that does not verify; the verdicts go
+	// to stderr, and stdout (the checkpoint's) stays empty.
+	code, out, errOut := runCLI("audit", "checkpoint", file, "--key", pub)
+	if code != 1 || out != "" || !strings.Contains(errOut, "No checkpoint: the export does not verify") || !strings.Contains(errOut, "FAIL tsk_cli") {
+		t.Fatalf("checkpoint of a tampered export: exit %d, out %q, err %q", code, out, errOut)
+	}
 	// Signed by the server's key but claimed without a quorum: the output
 	// names the rule, the task and the record.
 	if _, err := l.Append(ctx, "tsk_noquorum", audit.Step{ID: audit.StepRequested, Kind: audit.KindRequested, At: at,

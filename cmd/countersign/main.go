@@ -36,7 +36,8 @@ Usage:
   countersign transaction-tokens rotate-key [--server URL] [--data-dir DIR]
   countersign audit show TASK [--server URL] [--data-dir DIR]
   countersign audit export [--since RFC3339] [--server URL] [--data-dir DIR] > audit.jsonl
-  countersign audit verify FILE --key PUBKEY
+  countersign audit verify FILE --key PUBKEY [--checkpoint CP]
+  countersign audit checkpoint FILE --key PUBKEY > checkpoint.json   the head of every chain, to anchor later exports
   countersign audit rotate-key [--audit-key-dir DIR | --data-dir DIR]   a new audit signing key (restart the workers and servers)
   countersign upstreams list [--config FILE] [--policy DIR]   each upstream, its state, its tools and their policy decision
   countersign healthcheck [--timeout D] URL   exit 0 when GET URL answers 200 (a container probe: the image has no shell)

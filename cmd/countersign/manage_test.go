@@ -104,9 +104,62 @@ func TestManageCommands(t *testing.T) {
 	if err := os.WriteFile(export, []byte(out), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	code, out, stderr = runCLI("audit", "verify", export, "--key", filepath.Join(dir, "audit-key.pub"))
+	pub := filepath.Join(dir, "audit-key.pub")
+	code, out, stderr = runCLI("audit", "verify", export, "--key", pub)
 	if code != 0 || !strings.Contains(out, "admin-approver-"+ann.ID+" admin") {
 		t.Fatalf("audit verify: exit %d, out %q, err %q", code, out, stderr)
+	}
+
+	// A checkpoint of that export anchors the approver's admin chain: a
+	// later export verifies against it once the chain grew, and fails
+	// when its last record (the disable) is left out, which the export
+	// alone does not show.
+	checkpoint := filepath.Join(t.TempDir(), "checkpoint.json")
+	code, out, stderr = runCLI("audit", "checkpoint", export, "--key", pub)
+	if code != 0 || !strings.Contains(out, `"chain": "admin-approver-`+ann.ID+`"`) || !strings.Contains(stderr, "Checkpoint of") {
+		t.Fatalf("audit checkpoint: exit %d, out %q, err %q", code, out, stderr)
+	}
+	if err := os.WriteFile(checkpoint, []byte(out), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, stderr = runCLI("approvers", "enable", ann.ID, "--data-dir", dir); code != 0 {
+		t.Fatalf("approvers enable: exit %d, out %q, err %q", code, out, stderr)
+	}
+	code, out, stderr = runCLI("audit", "export", "--data-dir", dir)
+	if code != 0 {
+		t.Fatalf("audit export: exit %d, err %q", code, stderr)
+	}
+	later := out
+	if err := os.WriteFile(export, []byte(later), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, stderr = runCLI("audit", "verify", export, "--key", pub, "--checkpoint", checkpoint); code != 0 {
+		t.Fatalf("a grown export against the checkpoint: exit %d, out %q, err %q", code, out, stderr)
+	}
+	var kept []string
+	cut := 0
+	for _, line := range strings.Split(strings.TrimSpace(later), "\n") {
+		if strings.Contains(line, `"taskId":"admin-approver-`+ann.ID+`"`) && (strings.Contains(line, `"action":"disable"`) || strings.Contains(line, `"action":"enable"`)) && strings.Contains(line, `"type":"approver"`) {
+			cut++
+			continue
+		}
+		kept = append(kept, line)
+	}
+	if cut != 2 {
+		t.Fatalf("cut %d records (the disable and the enable of the approver), want 2:\n%s", cut, later)
+	}
+	if err := os.WriteFile(export, []byte(strings.Join(kept, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, _ = runCLI("audit", "verify", export, "--key", pub); code != 0 {
+		t.Fatalf("the cut export alone: exit %d, out %q; the test shows nothing", code, out)
+	}
+	code, out, _ = runCLI("audit", "verify", export, "--key", pub, "--checkpoint", checkpoint)
+	if code != 1 || !strings.Contains(out, "FAIL admin-approver-"+ann.ID) || !strings.Contains(out, "records were removed") {
+		t.Fatalf("the cut export against the checkpoint: exit %d, out %q", code, out)
+	}
+	if code, _, stderr = runCLI("audit", "verify", export, "--key", pub, "--checkpoint", export); code != 1 || !strings.Contains(stderr, "checkpoint") {
+		t.Fatalf("an export given as a checkpoint: exit %d, err %q", code, stderr)
 	}
 }
 
