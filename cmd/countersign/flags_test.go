@@ -56,6 +56,7 @@ func TestFlagDefaultsAreConfigDefaults(t *testing.T) {
 		{"slack-token", "SLACK_BOT_TOKEN", def.SlackToken},
 		{"slack-channel", "SLACK_CHANNEL", def.SlackChannel},
 		{"slack-signing-secret", "SLACK_SIGNING_SECRET", def.SlackSigningSecret},
+		{"slack-api-url", "SLACK_API_URL", def.SlackAPIURL},
 		{"config", "COUNTERSIGN_CONFIG", def.ConfigFile},
 		{"inline-wait", "COUNTERSIGN_INLINE_WAIT", def.InlineWait},
 		{"verified-challenge-ttl", "COUNTERSIGN_VERIFIED_CHALLENGE_TTL", def.VerifiedChallengeTTL},

@@ -81,6 +81,7 @@ func serviceFlags(cmd string, cfg *app.Config, conformance bool) (fs *flag.FlagS
 	fs.IntVar(&cfg.NATSReplicas, "nats-replicas", def.NATSReplicas, e("nats-replicas", "COUNTERSIGN_NATS_REPLICAS", "replicas of every JetStream bucket and stream, 1 to 5 (3 on a production cluster; the embedded NATS of dev takes only 1)"))
 	fs.StringVar(&cfg.SlackToken, "slack-token", "", e("slack-token", "SLACK_BOT_TOKEN", "Slack bot token (chat:write); Slack notifications are off without it"))
 	fs.StringVar(&cfg.SlackChannel, "slack-channel", "", e("slack-channel", "SLACK_CHANNEL", "default Slack channel for approval messages (a policy may name another)"))
+	fs.StringVar(&cfg.SlackAPIURL, "slack-api-url", "", e("slack-api-url", "SLACK_API_URL", "Slack's Web API base URL, for GovSlack (https://slack-gov.com/api/) or an egress proxy (default https://slack.com/api/)"))
 	fs.StringVar(&cfg.SlackSigningSecret, "slack-signing-secret", "", e("slack-signing-secret", "SLACK_SIGNING_SECRET", "Slack signing secret; enables /slack/interactivity and the Deny button"))
 	fs.StringVar(&cfg.ConfigFile, "config", "", e("config", "COUNTERSIGN_CONFIG", "YAML configuration file: upstream MCP servers, demo_tools and the settings of these flags (see the README); flags and environment variables win over it"))
 	fs.DurationVar(&cfg.InlineWait, "inline-wait", 0, e("inline-wait", "COUNTERSIGN_INLINE_WAIT", "hold a gated call from a client without MCP tasks this long for the approval decision (0s to 10m)"))

@@ -135,6 +135,11 @@ func TestConfigValidation(t *testing.T) {
 		{"shutdown delay too long", Config{ShutdownDelay: time.Hour}, "--shutdown-delay 1h0m0s must be from 0s to 5m0s"},
 		{"negative policy timeout", Config{PolicyTimeout: -time.Second}, "--policy-timeout -1s must be 0 (the default, 5s) or from 10ms to 20s"},
 		{"policy timeout too long", Config{PolicyTimeout: time.Minute}, "--policy-timeout 1m0s must be"},
+		{"slack api url without a token", Config{SlackAPIURL: "https://slack-gov.com/api/"}, "--slack-api-url need --slack-token"},
+		{"slack api url over http", Config{SlackToken: "xoxb-1", SlackAPIURL: "http://proxy.internal/api/"}, `--slack-api-url "http://proxy.internal/api/" must be an https URL (http only on a loopback host)`},
+		{"slack api url relative", Config{SlackToken: "xoxb-1", SlackAPIURL: "slack-gov.com/api/"}, "must be an absolute https URL"},
+		{"slack api url with a query", Config{SlackToken: "xoxb-1", SlackAPIURL: "https://slack-gov.com/api/?x=1"}, "without query or fragment"},
+		{"slack api url with a password", Config{SlackToken: "xoxb-1", SlackAPIURL: "https://u:s3cret@proxy/api/"}, "without user:password"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Defaults()
@@ -148,5 +153,12 @@ func TestConfigValidation(t *testing.T) {
 	ok.Defaults()
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("defaults do not validate: %v", err)
+	}
+	for _, u := range []string{"https://slack-gov.com/api/", "https://egress.internal:8443/slack/api", "http://127.0.0.1:9000/api/", "http://localhost/api/"} {
+		c := Config{SlackToken: "xoxb-1", SlackAPIURL: u}
+		c.Defaults()
+		if err := c.Validate(); err != nil {
+			t.Errorf("--slack-api-url %s: %v", u, err)
+		}
 	}
 }

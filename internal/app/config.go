@@ -76,8 +76,10 @@ type Config struct {
 	SlackToken         string
 	SlackChannel       string
 	SlackSigningSecret string
-	// SlackAPIURL overrides Slack's API base URL (tests: slacktest). Empty
-	// means https://slack.com/api/.
+	// SlackAPIURL is Slack's Web API base URL: GovSlack's
+	// (https://slack-gov.com/api/), an egress proxy's, a test server's.
+	// https, or http on a loopback host. Empty means
+	// https://slack.com/api/.
 	SlackAPIURL string
 
 	// ConfigFile is the YAML configuration file (internal/config): the
@@ -331,8 +333,11 @@ func (c *Config) Validate() error {
 	if err := config.CheckLogLevel(c.LogLevel); err != nil {
 		errs = append(errs, fmt.Errorf("--log-level: %w", err))
 	}
-	if c.SlackToken == "" && (c.SlackChannel != "" || c.SlackSigningSecret != "") {
-		errs = append(errs, errors.New("--slack-channel and --slack-signing-secret need --slack-token (SLACK_BOT_TOKEN)"))
+	if c.SlackToken == "" && (c.SlackChannel != "" || c.SlackSigningSecret != "" || c.SlackAPIURL != "") {
+		errs = append(errs, errors.New("--slack-channel, --slack-signing-secret and --slack-api-url need --slack-token (SLACK_BOT_TOKEN)"))
+	}
+	if err := checkSlackAPIURL(c.SlackAPIURL); err != nil {
+		errs = append(errs, err)
 	}
 	if c.SQLiteSync != "FULL" && c.SQLiteSync != "NORMAL" {
 		errs = append(errs, fmt.Errorf("--sqlite-sync %q must be FULL or NORMAL", c.SQLiteSync))
@@ -463,6 +468,9 @@ func (c *Config) Redacted() []any {
 		if c.SlackSigningSecret != "" {
 			slackState += ", interactivity on"
 		}
+		if c.SlackAPIURL != "" {
+			slackState += ", API " + c.SlackAPIURL
+		}
 	}
 	metrics := c.MetricsAddr
 	if metrics == "" {
@@ -479,4 +487,27 @@ func (c *Config) Redacted() []any {
 	return []any{"addr", c.Addr, "metrics_addr", metrics, "tracing", tracing, "public_url", c.PublicURL, "data_dir", c.DataDir,
 		"temporal", temporal, "namespace", c.TemporalNamespace, "nats", nats, "nats_replicas", c.NATSReplicas,
 		"policy", policy, "slack", slackState}
+}
+
+// checkSlackAPIURL accepts "" (Slack's own) or an absolute https URL
+// without credentials, query or fragment; http only on a loopback host.
+func checkSlackAPIURL(s string) error {
+	if s == "" {
+		return nil
+	}
+	u, err := url.Parse(s)
+	if strings.Contains(s, "@") || (err == nil && u.User != nil) {
+		// The value is not shown: it may hold a password.
+		return errors.New("--slack-api-url must be an https URL without user:password")
+	}
+	if err != nil || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
+		return fmt.Errorf("--slack-api-url %q must be an absolute https URL without query or fragment, such as https://slack-gov.com/api/", s)
+	}
+	switch h := u.Hostname(); {
+	case u.Scheme == "https":
+		return nil
+	case u.Scheme == "http" && (h == "localhost" || net.ParseIP(h).IsLoopback()):
+		return nil
+	}
+	return fmt.Errorf("--slack-api-url %q must be an https URL (http only on a loopback host): the bot token is sent to it", s)
 }

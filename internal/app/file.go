@@ -67,6 +67,7 @@ func (c *Config) ApplyFile(f *config.File, explicit func(flag string) bool) {
 	str("slack-token", &c.SlackToken, f.Slack.Token)
 	str("slack-channel", &c.SlackChannel, f.Slack.Channel)
 	str("slack-signing-secret", &c.SlackSigningSecret, f.Slack.SigningSecret)
+	str("slack-api-url", &c.SlackAPIURL, f.Slack.APIURL)
 
 	l := f.Limits
 	num("rate-per-minute", set, &c.RatePerMinute, l.RatePerMinute)
@@ -137,7 +138,7 @@ func (c *Config) Effective(mode Mode) *config.File {
 		},
 		NATS: config.NATS{Creds: c.NATSCreds, NKey: c.NATSNKey, Replicas: c.NATSReplicas,
 			TLS: config.NATSTLS{CA: c.NATSTLSCA, Cert: c.NATSTLSCert, Key: c.NATSTLSKey}},
-		Slack: config.Slack{Token: c.SlackToken, Channel: c.SlackChannel, SigningSecret: c.SlackSigningSecret},
+		Slack: config.Slack{Token: c.SlackToken, Channel: c.SlackChannel, SigningSecret: c.SlackSigningSecret, APIURL: c.SlackAPIURL},
 		Limits: config.Limits{RatePerMinute: c.RatePerMinute, RateBurst: c.RateBurst, MaxPending: c.MaxPendingPerPrincipal,
 			PollInterval: c.PollInterval, ResultRetention: c.ResultRetention, RequestsPerSecond: c.RequestsPerSecond,
 			RequestBurst: c.RequestBurst, MaxInFlight: c.MaxInFlightPerPrincipal, BodyReadTimeout: c.BodyReadTimeout,

@@ -38,3 +38,22 @@ func TestUpstreamTimeoutWithinExecuteTimeout(t *testing.T) {
 		t.Fatalf("config.MaxTimeout %v, workflows.ExecuteTimeout %v", config.MaxTimeout, workflows.ExecuteTimeout)
 	}
 }
+
+// slack.api_url in the file is --slack-api-url unless the flag (or its
+// environment variable) is set, and config check prints it back.
+func TestSlackAPIURLFromFile(t *testing.T) {
+	f := &config.File{Slack: config.Slack{Token: "xoxb-1", APIURL: "https://slack-gov.com/api/"}}
+	var c Config
+	c.ApplyFile(f, func(string) bool { return false })
+	if c.SlackAPIURL != "https://slack-gov.com/api/" || c.SlackToken != "xoxb-1" {
+		t.Fatalf("from the file: %q, token set %t", c.SlackAPIURL, c.SlackToken != "")
+	}
+	if out := c.Effective(ModeServer).String(); !strings.Contains(out, "api_url: https://slack-gov.com/api/") {
+		t.Fatalf("effective configuration lacks the API URL:\n%s", out)
+	}
+	c = Config{SlackAPIURL: "https://egress.internal/slack/"}
+	c.ApplyFile(f, func(flag string) bool { return flag == "slack-api-url" })
+	if c.SlackAPIURL != "https://egress.internal/slack/" {
+		t.Fatalf("the flag lost to the file: %q", c.SlackAPIURL)
+	}
+}

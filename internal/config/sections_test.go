@@ -38,6 +38,7 @@ slack:
   token: ${file:slack-token}
   channel: "#approvals"
   signing_secret: ${SLACK_SIGNING_SECRET}
+  api_url: https://slack-gov.com/api/
 limits:
   rate_per_minute: 60
   rate_burst: 20
@@ -93,7 +94,7 @@ func TestLoadSections(t *testing.T) {
 				Key: "/etc/countersign/client.key", ServerName: "temporal.internal"}},
 		NATS: NATS{URLs: []string{"nats://nats-0:4222", "tls://nats-1:4222"}, Creds: "/etc/countersign/countersign.creds",
 			TLS: NATSTLS{CA: "/etc/countersign/nats-ca.pem"}, Replicas: 3},
-		Slack: Slack{Token: tokenSecret, Channel: "#approvals", SigningSecret: signingSecret},
+		Slack: Slack{Token: tokenSecret, Channel: "#approvals", SigningSecret: signingSecret, APIURL: "https://slack-gov.com/api/"},
 		Limits: Limits{RatePerMinute: 60, RateBurst: 20, MaxPending: 50, PollInterval: 2 * time.Second,
 			ResultRetention: 24 * time.Hour, RequestsPerSecond: 12.5, RequestBurst: 40, MaxInFlight: 8,
 			BodyReadTimeout: 5 * time.Second, MaxSlowBodies: 64, MaxConnections: 1000},
@@ -173,6 +174,7 @@ slack:
   token: <redacted>
   channel: '#approvals'
   signing_secret: <redacted>
+  api_url: https://slack-gov.com/api/
 limits:
   rate_per_minute: 60
   rate_burst: 20
@@ -244,8 +246,9 @@ func TestSectionProblems(t *testing.T) {
 		{"nats tls unknown", "nats:\n  tls:\n    cafile: x\n", []string{"c.yaml:3: nats.tls.cafile: unknown field (known: ca, cert, key)"}},
 		{"nats tls key alone", "nats:\n  tls:\n    key: k\n", []string{"c.yaml:3: nats.tls.key: needs nats.tls.cert beside it"}},
 		{"slack not a token", "slack:\n  token: ${SIGNING}\n", []string{"c.yaml:2: slack.token: is not a Slack bot token (xoxb-…)"}},
-		{"slack channel without token", "slack:\n  channel: '#a'\n  signing_secret: s\n", []string{"c.yaml:2: slack.channel: needs slack.token", "c.yaml:3: slack.signing_secret: needs slack.token"}},
-		{"slack unknown", "slack:\n  token: xoxb-1\n  webhook: x\n", []string{"c.yaml:3: slack.webhook: unknown field (known: token, channel, signing_secret)"}},
+		{"slack channel without token", "slack:\n  channel: '#a'\n  signing_secret: s\n  api_url: https://slack-gov.com/api/\n", []string{"c.yaml:2: slack.channel: needs slack.token", "c.yaml:3: slack.signing_secret: needs slack.token", "c.yaml:4: slack.api_url: needs slack.token"}},
+		{"slack api url not a url", "slack:\n  token: xoxb-1\n  api_url: slack-gov.com\n", []string{`c.yaml:3: slack.api_url: must be an absolute https URL without user:password, not "slack-gov.com"`}},
+		{"slack unknown", "slack:\n  token: xoxb-1\n  webhook: x\n", []string{"c.yaml:3: slack.webhook: unknown field (known: token, channel, signing_secret, api_url)"}},
 		{"limits zero", "limits:\n  rate_per_minute: 0\n", []string{"c.yaml:2: limits.rate_per_minute: must be a whole number from 1 to 1000000, not 0"}},
 		{"limits negative float", "limits:\n  requests_per_second: -1\n", []string{"c.yaml:2: limits.requests_per_second: must be a number greater than 0"}},
 		{"limits duration", "limits:\n  poll_interval: 5\n", []string{`c.yaml:2: limits.poll_interval: "5" is not a duration`}},

@@ -12,14 +12,15 @@ import (
 //	  token: ${SLACK_BOT_TOKEN}                 # --slack-token; notifications are off without it
 //	  channel: "#approvals"                    # --slack-channel
 //	  signing_secret: ${file:/run/secrets/slack-signing-secret}   # --slack-signing-secret
+//	  api_url: https://slack-gov.com/api/      # --slack-api-url (GovSlack, a proxy)
 //
 // Token and SigningSecret are secrets: resolved from ${NAME} or ${file:…},
 // redacted when printed.
 type Slack struct {
-	Token, Channel, SigningSecret string
+	Token, Channel, SigningSecret, APIURL string
 }
 
-var slackFields = []string{"token", "channel", "signing_secret"}
+var slackFields = []string{"token", "channel", "signing_secret", "api_url"}
 
 func (d *decoder) slack(f *File, v *yaml.Node) {
 	s := &f.Slack
@@ -40,10 +41,12 @@ func (d *decoder) slack(f *File, v *yaml.Node) {
 			s.Channel = d.nonEmpty(v, sub)
 		case "signing_secret":
 			s.SigningSecret = d.secret(v, sub)
+		case "api_url":
+			s.APIURL = d.absURL(v, sub)
 		}
 	})
 	if tokenLine == 0 {
-		for _, key := range []string{"channel", "signing_secret"} {
+		for _, key := range []string{"channel", "signing_secret", "api_url"} {
 			if lines[key] != 0 {
 				d.addf(lines[key], "slack."+key, "needs slack.token")
 			}
@@ -55,6 +58,7 @@ type slackView struct {
 	Token         string `yaml:"token,omitempty"`
 	Channel       string `yaml:"channel,omitempty"`
 	SigningSecret string `yaml:"signing_secret,omitempty"`
+	APIURL        string `yaml:"api_url,omitempty"`
 }
 
 // view is the printed form of a redacted section; nil when it is empty.
@@ -62,5 +66,5 @@ func (s Slack) view() *slackView {
 	if s == (Slack{}) {
 		return nil
 	}
-	return &slackView{Token: s.Token, Channel: s.Channel, SigningSecret: s.SigningSecret}
+	return &slackView{Token: s.Token, Channel: s.Channel, SigningSecret: s.SigningSecret, APIURL: s.APIURL}
 }
