@@ -16,24 +16,56 @@ import (
 	"github.com/compose-spec/compose-go/v2/types"
 )
 
+// composeEnv is ./.env as the README makes it: the NATS passwords.
+var composeEnv = types.Mapping{
+	"COUNTERSIGN_NATS_PASSWORD":        testNATSPassword,
+	"COUNTERSIGN_NATS_CLIENT_PASSWORD": testNATSClientPassword,
+}
+
 // loadCompose loads docker-compose.yml as `docker compose` does (the
-// compose-spec loader: schema validation, interpolation with an empty
-// environment, so every ${VAR:-default} takes its default).
+// compose-spec loader: schema validation, interpolation with composeEnv
+// alone, so every ${VAR:-default} takes its default).
 func loadCompose(t *testing.T) *types.Project {
 	t.Helper()
-	dir, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := loader.LoadWithContext(context.Background(), types.ConfigDetails{
-		WorkingDir:  dir,
-		ConfigFiles: []types.ConfigFile{{Filename: filepath.Join(dir, "docker-compose.yml")}},
-		Environment: types.Mapping{},
-	}, func(o *loader.Options) { o.SetProjectName("countersign", true) })
+	p, err := loadComposeWith(composeEnv)
 	if err != nil {
 		t.Fatalf("docker-compose.yml: %v", err)
 	}
 	return p
+}
+
+// TestComposeNeedsNATSPasswords: without ./.env, docker compose stops
+// before it starts anything and says what to do.
+func TestComposeNeedsNATSPasswords(t *testing.T) {
+	for v := range composeEnv {
+		env := types.Mapping{}
+		for k, val := range composeEnv {
+			if k != v {
+				env[k] = val
+			}
+		}
+		if _, err := loadComposeWith(env); err == nil || !strings.Contains(err.Error(), "make ./.env first") {
+			t.Errorf("without %s: %v", v, err)
+		}
+	}
+	p := loadCompose(t)
+	for _, name := range []string{"countersign-server", "countersign-worker"} {
+		if u := service(t, p, name).Environment["NATS_URL"]; u == nil || *u != "nats://countersign:"+testNATSPassword+"@nats:4222" {
+			t.Errorf("%s: NATS_URL %v, want Countersign's user of deploy/nats/nats.conf", name, u)
+		}
+	}
+}
+
+func loadComposeWith(env types.Mapping) (*types.Project, error) {
+	dir, err := filepath.Abs("..")
+	if err != nil {
+		return nil, err
+	}
+	return loader.LoadWithContext(context.Background(), types.ConfigDetails{
+		WorkingDir:  dir,
+		ConfigFiles: []types.ConfigFile{{Filename: filepath.Join(dir, "docker-compose.yml")}},
+		Environment: env,
+	}, func(o *loader.Options) { o.SetProjectName("countersign", true) })
 }
 
 func service(t *testing.T, p *types.Project, name string) types.ServiceConfig {
