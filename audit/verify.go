@@ -493,7 +493,10 @@ func verifyChain(taskID string, recs []Record, hashes []string, opts VerifyOptio
 				fail(RuleApprovalEvidence, i, "%s's %s: %v", a.ApproverName, d.Decision, err)
 				continue
 			}
-			if !AssertionShowsDecision(*a) {
+			// An approver group's challenges bind their decision; an
+			// in-band call's (no group) can only approve and keep
+			// SEP-2672's random nonce.
+			if req.Requirement.Group != "" && !AssertionShowsDecision(*a) {
 				v.Notes = append(v.Notes, fmt.Sprintf("%s's %s (record %d): the assertion does not show which decision it was made for (a challenge issued before decision-bound nonces)", a.ApproverName, d.Decision, i))
 			}
 			if a.ApproverID == "" || a.CredentialID == "" {

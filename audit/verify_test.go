@@ -699,4 +699,20 @@ func TestVerifyDecisionBoundAssertions(t *testing.T) {
 		t.Fatalf("an approval over a random nonce: %+v", rep)
 	}
 	mustFail(t, "a signed deny recorded as an approval", build("deny").lines, keys, "the passkey signed a challenge for deny, recorded as approve")
+
+	// An in-band call (no approver group) keeps SEP-2672's random nonce:
+	// no note; a deny's assertion still cannot pass for its approval.
+	inBand := func(signed string) *memChain {
+		c := newMemChainGroup(t, k, "tsk_inband", "", 1)
+		a := alice.signFor(t, "alice", "approve", signed, c.hash, c.at)
+		c.add("decision/alice", KindDecision, Decision{Decision: "approve", Accepted: true, ChallengeID: a.ChallengeID, Approval: &a})
+		c.claim()
+		c.seal(KindExecuted, "completed", "approved-executed")
+		return c
+	}
+	rep = Verify(inBand("").lines, keys, VerifyOptions{})
+	if !rep.OK || unbound(rep.Tasks[0]) {
+		t.Fatalf("an in-band approval over a random nonce: %+v", rep)
+	}
+	mustFail(t, "a signed deny recorded as an in-band approval", inBand("deny").lines, keys, "the passkey signed a challenge for deny, recorded as approve")
 }

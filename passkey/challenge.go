@@ -314,12 +314,13 @@ func (s *Service) IssueChallenge(ctx context.Context, req ChallengeRequest) (Cha
 
 // boundDecision is the decision a challenge's nonce is bound to
 // (canon.DecisionNonce), so that its assertion shows offline what the
-// approver signed: the request's Decision, or "approve" for an in-band
-// challenge (it can only approve its call). "" (a random nonce) for a
-// challenge that decides nothing, such as the inbox's.
+// approver signed: the request's Decision. "" (the random nonce) for a
+// challenge that decides nothing, such as the inbox's, and for an in-band
+// one: SEP-2672 §4.4.3 wants its 32-byte nonce drawn from a CSPRNG, and
+// it can only approve its call (there is no in-band deny to pass off).
 func boundDecision(req *ChallengeRequest) string {
 	if req.Principal != "" {
-		return "approve"
+		return ""
 	}
 	return req.Decision
 }

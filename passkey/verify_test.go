@@ -908,10 +908,11 @@ func TestErrorIs(t *testing.T) {
 }
 
 // TestChallengeNonceShowsDecision: a challenge issued for a decision
-// (approve or deny) or in-band (which only approves) has its nonce bound
-// to that decision (canon.DecisionNonce), so the assertion over it shows
-// offline which decision the approver signed; one that decides nothing
-// (the inbox's) has a random nonce. A decision other than approve or
+// (approve or deny) has its nonce bound to that decision
+// (canon.DecisionNonce), so the assertion over it shows offline which
+// decision the approver signed; one that decides nothing (the inbox's)
+// and an in-band one (SEP-2672 §4.4.3: a CSPRNG nonce; it only approves)
+// have a random nonce. A decision other than approve or
 // deny, or an in-band challenge naming one, is refused.
 func TestChallengeNonceShowsDecision(t *testing.T) {
 	e := newEnv(t)
@@ -929,7 +930,7 @@ func TestChallengeNonceShowsDecision(t *testing.T) {
 		{"approve", withDecision(group, "approve"), "approve"},
 		{"deny", withDecision(group, "deny"), "deny"},
 		{"no decision", group, ""},
-		{"in-band", passkey.ChallengeRequest{Tool: "place_trade", ActionHash: hash, Principal: "agent-a", DisplayText: "Buy"}, "approve"},
+		{"in-band", passkey.ChallengeRequest{Tool: "place_trade", ActionHash: hash, Principal: "agent-a", DisplayText: "Buy"}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for range 20 { // a random nonce matches a tag once in 2^128
