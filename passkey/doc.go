@@ -49,7 +49,12 @@
 // Wire challenge. The challenge an authenticator signs is nonce ‖ actionHash
 // (64 bytes, 86 base64url characters). The 32-byte nonce comes from
 // protocol.CreateChallenge (crypto/rand) and is unique per challenge; the
-// action hash binds the call. The server keeps its own record of the
+// action hash binds the call. A challenge for a decision
+// (ChallengeRequest.Decision: the approver site, its inbox and NATS
+// service) keeps 16 of those random bytes as a salt and ends with a tag of
+// the decision (canon.DecisionNonce), so its assertion shows offline
+// whether the approver approved or denied; an in-band challenge keeps all
+// 32 random bytes (SEP-2672 §4.4.3). The server keeps its own record of the
 // challenge (task, tool, action hash, group, class, expiry, consumer) and
 // verifies against that record, never against what the client sends.
 //
