@@ -243,8 +243,14 @@ func (s *Service) IssueChallenge(ctx context.Context, req ChallengeRequest) (Cha
 	if err != nil {
 		return Challenge{}, fmt.Errorf("passkey: nonce: %w", err)
 	}
-	if d := boundDecision(&req); d != "" {
-		if nonce, err = canon.DecisionNonce(nonce[:canon.NonceSize/2], d); err != nil {
+	// A challenge for a decision binds it in its nonce (canon.DecisionNonce),
+	// so that its assertion shows offline what the approver signed. One
+	// that decides nothing (the inbox's) keeps the random nonce, and so does
+	// an in-band one, which validation keeps from naming a decision:
+	// SEP-2672 §4.4.3 wants its 32-byte nonce drawn from a CSPRNG, and it
+	// can only approve its call (there is no in-band deny to pass off).
+	if req.Decision != "" {
+		if nonce, err = canon.DecisionNonce(nonce[:canon.NonceSize/2], req.Decision); err != nil {
 			return Challenge{}, fmt.Errorf("passkey: nonce: %w", err)
 		}
 	}
@@ -310,19 +316,6 @@ func (s *Service) IssueChallenge(ctx context.Context, req ChallengeRequest) (Cha
 		}, nil
 	}
 	return Challenge{}, errCASExhausted
-}
-
-// boundDecision is the decision a challenge's nonce is bound to
-// (canon.DecisionNonce), so that its assertion shows offline what the
-// approver signed: the request's Decision. "" (the random nonce) for a
-// challenge that decides nothing, such as the inbox's, and for an in-band
-// one: SEP-2672 §4.4.3 wants its 32-byte nonce drawn from a CSPRNG, and
-// it can only approve its call (there is no in-band deny to pass off).
-func boundDecision(req *ChallengeRequest) string {
-	if req.Principal != "" {
-		return ""
-	}
-	return req.Decision
 }
 
 // challengeKeyTTL is how long NATS keeps a challenge of lifetime ttl that

@@ -220,31 +220,30 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 		desc     string
 		maxAge   time.Duration
 		maxBytes int64
+		// markerTTL (KeyValueConfig.LimitMarkerTTL) turns on per-key
+		// TTLs; an existing bucket gets them too: NATS allows turning
+		// them on, never off.
+		markerTTL time.Duration
 	}{
-		{&s.approvers, BucketApprovers, "Countersign approvers", 0, 0},
-		{&s.invites, BucketInvites, "Countersign enrollment invites (keyed by token hash)", 0, 0},
-		{&s.credentials, BucketCredentials, "Countersign WebAuthn credentials", 0, 0},
+		{&s.approvers, BucketApprovers, "Countersign approvers", 0, 0, 0},
+		{&s.invites, BucketInvites, "Countersign enrollment invites (keyed by token hash)", 0, 0, 0},
+		{&s.credentials, BucketCredentials, "Countersign WebAuthn credentials", 0, 0, 0},
 		// A KV bucket discards new writes when full (DiscardNew), never
 		// old ones: a consumed challenge is never evicted, so it is never
 		// replayable.
-		{&s.challenges, BucketChallenges, "Countersign SEP-2672 challenges", ChallengeRetention, s.challengeMax},
+		{&s.challenges, BucketChallenges, "Countersign SEP-2672 challenges", ChallengeRetention, s.challengeMax, challengeMarkerTTL},
 	}
 	for _, b := range buckets {
-		cfg := jetstream.KeyValueConfig{
-			Bucket:      b.name,
-			Description: b.desc,
-			History:     1,
-			TTL:         b.maxAge,
-			MaxBytes:    b.maxBytes,
-			Storage:     jetstream.FileStorage,
-			Replicas:    replicas,
-		}
-		if b.name == BucketChallenges {
-			// An existing bucket gets per-key TTLs too: NATS allows
-			// turning them on, never off.
-			cfg.LimitMarkerTTL = challengeMarkerTTL
-		}
-		kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:         b.name,
+			Description:    b.desc,
+			History:        1,
+			TTL:            b.maxAge,
+			MaxBytes:       b.maxBytes,
+			Storage:        jetstream.FileStorage,
+			Replicas:       replicas,
+			LimitMarkerTTL: b.markerTTL,
+		})
 		if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
 			return nil, fmt.Errorf("passkey: bucket %s: unanswered challenges age out by per-key TTL, which needs NATS server 2.11 or later; this one is %s: %w",
 				b.name, js.Conn().ConnectedServerVersion(), err)
