@@ -92,7 +92,11 @@ func (s *Service) Challenge(ctx context.Context, ref, decision string) (passkey.
 	if !s.pending(rec) {
 		return passkey.Challenge{}, ErrNotPending
 	}
-	if !s.challenges.Allow("ref:"+rec.ApprovalRef, s.now()) {
+	ok, err := s.challenges.Allow(ctx, "ref:"+rec.ApprovalRef, s.now())
+	if err != nil {
+		return passkey.Challenge{}, fmt.Errorf("approvals: challenge limit of approval %s: %w", rec.ApprovalRef, err)
+	}
+	if !ok {
 		return passkey.Challenge{}, ErrTooManyChallenges
 	}
 	hash, err := canon.ParseActionHash(rec.ActionHash)

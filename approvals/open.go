@@ -21,10 +21,11 @@ const startTimeout = 30 * time.Second
 
 // Texts of a [Refused] call. They state plainly that nothing ran.
 const (
-	reasonRateLimited  = "Too many approval requests from this caller; try again later. No approval was requested."
-	reasonTaskRate     = "Too many task requests from this caller; try again later."
-	reasonPendingCap   = "This caller has too many approval requests waiting; wait for them to finish. No approval was requested."
-	reasonLimitUnknown = "The approval request limits could not be checked, so the call is denied. No approval was requested."
+	reasonRateLimited      = "Too many approval requests from this caller; try again later. No approval was requested."
+	reasonTaskRate         = "Too many task requests from this caller; try again later."
+	reasonTaskLimitUnknown = "The task request limits could not be checked, so the call did not run; try again later."
+	reasonPendingCap       = "This caller has too many approval requests waiting; wait for them to finish. No approval was requested."
+	reasonLimitUnknown     = "The approval request limits could not be checked, so the call is denied. No approval was requested."
 )
 
 // Call is one tools/call that becomes a task: the exact call, who made it,
@@ -370,7 +371,13 @@ func (s *Service) admit(ctx context.Context, principal, taskID string, now time.
 		s.log.ErrorContext(ctx, "approvals: reserve a pending task", "err", err)
 		return &Refused{Reason: reasonLimitUnknown}
 	}
-	if !s.creations.Allow(principal, now) {
+	ok, err := s.creations.Allow(ctx, principal, now)
+	if err != nil {
+		s.log.ErrorContext(ctx, "approvals: check the task creation rate", "principal", principal, "err", err)
+		s.releasePending(ctx, principal, taskID)
+		return &Refused{Reason: reasonLimitUnknown}
+	}
+	if !ok {
 		s.log.WarnContext(ctx, "approvals: task creation rate limit reached", "principal", principal)
 		s.releasePending(ctx, principal, taskID)
 		return &Refused{Reason: reasonRateLimited}
@@ -380,11 +387,17 @@ func (s *Service) admit(ctx context.Context, principal, taskID string, now time.
 
 // Charge spends one task creation of principal's rate for a call decided at
 // once that its client asked to receive as a task (a 2025-11-25 client that
-// sent params.task): *Refused when the rate is spent. Charge before running
-// the call; then [Service.Completed] stores its result.
-func (s *Service) Charge(principal string, at time.Time) error {
-	if !s.creations.Allow(principal, at) {
-		s.log.Warn("approvals: task creation rate limit reached", "principal", principal)
+// sent params.task): *Refused when the rate is spent or cannot be checked.
+// Charge before running the call; then [Service.Completed] stores its
+// result.
+func (s *Service) Charge(ctx context.Context, principal string, at time.Time) error {
+	ok, err := s.creations.Allow(ctx, principal, at)
+	if err != nil {
+		s.log.ErrorContext(ctx, "approvals: check the task creation rate", "principal", principal, "err", err)
+		return &Refused{Reason: reasonTaskLimitUnknown}
+	}
+	if !ok {
+		s.log.WarnContext(ctx, "approvals: task creation rate limit reached", "principal", principal)
 		return &Refused{Reason: reasonTaskRate}
 	}
 	return nil

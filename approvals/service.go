@@ -81,6 +81,9 @@ type Options struct {
 	// (the signed chain); nil keeps the read model's timeline.
 	Audit AuditChains
 
+	// Rates is where the limits below are counted: one count for every
+	// replica sharing its NATS. Nil counts in this process alone (tests).
+	Rates *ratelimit.Store
 	// RatePerMinute and Burst limit task creation per principal. Over the
 	// limit a call is refused, not turned into a task (SEP-2848).
 	RatePerMinute int
@@ -111,9 +114,9 @@ type Service struct {
 	log        *slog.Logger
 	metrics    *telemetry.Metrics
 	now        func() time.Time
-	creations  *ratelimit.Limiter // task creations per principal
-	challenges *ratelimit.Limiter // challenges per approval
-	starts     *starts            // workflow starts in flight (start.go)
+	creations  ratelimit.Limiter // task creations per principal
+	challenges ratelimit.Limiter // challenges per approval
+	starts     *starts           // workflow starts in flight (start.go)
 }
 
 // New validates opts and returns the service.
@@ -151,8 +154,8 @@ func New(opts Options) (*Service, error) {
 		log:        opts.Logger,
 		metrics:    opts.Telemetry.M(),
 		now:        opts.Now,
-		creations:  ratelimit.New(opts.RatePerMinute, opts.Burst),
-		challenges: ratelimit.New(challengesPerMinute, challengeBurst),
+		creations:  opts.Rates.Limiter("task-creations", opts.RatePerMinute, opts.Burst),
+		challenges: opts.Rates.Limiter("approval-challenges", challengesPerMinute, challengeBurst),
 		starts:     newStarts(maxStartsInFlight),
 	}
 	if s.log == nil {

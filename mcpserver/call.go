@@ -186,7 +186,7 @@ func (s *Server) open(ctx context.Context, c *gatedCall, call approvals.Call) (m
 func (s *Server) answerNow(ctx context.Context, c *gatedCall, wait func(context.Context, json.RawMessage) error) (mcp.Result, error) {
 	asTask := c.legacyTaskAugmented()
 	if asTask {
-		if err := s.opts.Approvals.Charge(c.info.principal, c.now); err != nil {
+		if err := s.opts.Approvals.Charge(ctx, c.info.principal, c.now); err != nil {
 			return refusal(c, err)
 		}
 	}

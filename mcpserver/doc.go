@@ -49,7 +49,8 @@
 //     era, without spending rate or pending budget.
 //   - Limits: the per-principal pending cap (Store.ReservePending: exact,
 //     O(1), released when the task ends) and the
-//     creation rate (a token bucket per principal, per process). Over either,
+//     creation rate (per principal, counted in NATS for every replica:
+//     internal/ratelimit.Shared). Over either,
 //     it refuses (*approvals.Refused) and the answer is a plain denial
 //     result, not a task (SEP-2848).
 //   - The record (status working, approval reference, display text, expiry =
@@ -268,7 +269,7 @@
 // approval/challenge/create answers
 // CodeTooManyRequests (-31029) "Server at capacity for approval
 // challenges: …" and creates nothing. Each principal's challenges are
-// bounded too, per process (Options.ChallengesPerMinute and
+// bounded too, across replicas (Options.Rates, ChallengesPerMinute and
 // ChallengeBurst; the server sets --rate-per-minute and --rate-burst,
 // counted apart from task creations), since each challenge is stored until
 // well after its lifetime even if never answered (twice its lifetime, at
@@ -346,7 +347,7 @@
 // code outside -32768 to -32000, the range JSON-RPC reserves (MCP defines
 // its own codes in -32020 to -32099 and forbids emitting others there).
 // Buckets of idle principals are forgotten, so memory stays bounded. The
-// budget is per process, like the task creation rate.
+// budget is per process (the task creation rate is not: see Options.Rates).
 //
 // # Bridging the SDK
 //

@@ -126,9 +126,11 @@ type Options struct {
 	// KeepAlive is the interval of the SSE comments on a quiet
 	// notification stream (default DefaultKeepAlive).
 	KeepAlive time.Duration
+	// Rates is where ChallengesPerMinute is counted: one count for every
+	// replica sharing its NATS. Nil counts in this process alone (tests).
+	Rates *ratelimit.Store
 	// ChallengesPerMinute and ChallengeBurst bound the in-band challenges
-	// (approval/challenge/create) one principal creates, per process
-	// (default 30 a minute, burst 10: approvals.DefaultRatePerMinute and
+	// (approval/challenge/create) one principal creates (default 30 a minute, burst 10: approvals.DefaultRatePerMinute and
 	// DefaultBurst; the server sets them to --rate-per-minute and
 	// --rate-burst). Each stays stored until well after its lifetime
 	// even if never answered (passkey's challengeKeyTTL). Over the bound
@@ -159,7 +161,7 @@ type Approvals interface {
 	// Charge spends one task creation of the principal's rate for a
 	// 2025-11-25 call decided at once (*approvals.Refused when spent), and
 	// Completed then stores its result as a completed task.
-	Charge(principal string, at time.Time) error
+	Charge(ctx context.Context, principal string, at time.Time) error
 	Completed(ctx context.Context, c approvals.Call, result tasks.CallToolResult) (tasks.Record, error)
 	// The owner's side: approvals.ErrNotFound (also for another
 	// principal's task), approvals.ErrExpired, approvals.ErrUnknownCursor.
@@ -182,7 +184,7 @@ type Server struct {
 	now    func() time.Time
 	budget *ratelimit.Budget
 	// challengeRate bounds each principal's in-band challenges.
-	challengeRate *ratelimit.Limiter
+	challengeRate ratelimit.Limiter
 	recent        recentPrincipals
 	// working holds a slot for each request doing its store work (see
 	// enter).
@@ -270,7 +272,7 @@ func New(opts Options) (*Server, error) {
 		log:           log,
 		now:           time.Now,
 		budget:        ratelimit.NewBudget(opts.RequestsPerSecond, opts.RequestBurst, opts.MaxInFlightPerPrincipal),
-		challengeRate: ratelimit.New(opts.ChallengesPerMinute, opts.ChallengeBurst),
+		challengeRate: opts.Rates.Limiter("inband-challenges", opts.ChallengesPerMinute, opts.ChallengeBurst),
 		working:       make(chan struct{}, maxWorking),
 		shares:        map[string]int{},
 		pageSize:      listPageSize,

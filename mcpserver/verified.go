@@ -221,7 +221,11 @@ func (s *Server) challengeCreate(ctx context.Context, info *callInfo, raw json.R
 	}
 	// Every challenge stays stored, answered or not, until it ages out
 	// (well after its lifetime): this bounds what one agent can store.
-	if !s.challengeRate.Allow(info.principal, s.now()) {
+	allowed, err := s.challengeRate.Allow(ctx, info.principal, s.now())
+	if err != nil {
+		return nil, internal(fmt.Errorf("mcpserver: in-band challenge rate of %s: %w", info.principal, err))
+	}
+	if !allowed {
 		s.log.WarnContext(ctx, "mcpserver: in-band challenge rate limit reached", "principal", info.principal)
 		return nil, approvalError(passkey.ReasonChallengeRateLimited, nil)
 	}

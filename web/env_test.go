@@ -20,6 +20,7 @@ import (
 	"github.com/countersign/countersign/approvals/approvalstest"
 	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/internal/canon"
+	"github.com/countersign/countersign/internal/ratelimit"
 	"github.com/countersign/countersign/internal/testnats"
 	"github.com/countersign/countersign/internal/testpasskey"
 	"github.com/countersign/countersign/passkey"
@@ -88,9 +89,14 @@ func newEnv(t *testing.T, options ...envOption) *env {
 	if e.agent, err = e.tokens.Issue(ctx, testRequester, authn.KindAgent); err != nil {
 		t.Fatal(err)
 	}
+	// The limits are counted in NATS, as in a deployment.
+	rates, err := ratelimit.Open(ctx, js, ratelimit.StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	s := setup{
-		site: Options{PublicURL: testPublicURL, Passkeys: e.passkeys, Tokens: e.tokens},
-		svc:  approvals.Options{Store: e.store, Passkeys: e.passkeys},
+		site: Options{PublicURL: testPublicURL, Passkeys: e.passkeys, Tokens: e.tokens, Rates: rates},
+		svc:  approvals.Options{Store: e.store, Passkeys: e.passkeys, Rates: rates},
 		acts: &activities.Activities{Tasks: e.store, Passkeys: e.passkeys, PublicURL: testPublicURL},
 	}
 	for _, o := range options {

@@ -100,7 +100,11 @@ func (h *Handler) inboxChallenge(w http.ResponseWriter, r *http.Request) error {
 	if err := h.decodeJSON(w, r, &struct{}{}, false); err != nil {
 		return err
 	}
-	if !h.inboxChallenges.Allow("inbox:"+a.ID, h.now()) {
+	ok, err := h.inboxChallenges.Allow(r.Context(), "inbox:"+a.ID, h.now())
+	if err != nil {
+		return fmt.Errorf("web: inbox challenge limit of %s: %w", a.ID, err)
+	}
+	if !ok {
 		return errTooManyInboxChallenges
 	}
 	ch, err := h.passkeys.IssueChallenge(r.Context(), passkey.ChallengeRequest{

@@ -9,6 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/countersign/countersign/internal/ratelimit"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
 )
@@ -255,5 +259,39 @@ func TestInboxRevealsHiddenCharacters(t *testing.T) {
 	}
 	if page := html.UnescapeString(m[1]); page != got {
 		t.Errorf("approval page shows %q, the inbox %q", page, got)
+	}
+}
+
+// Two handlers whose limits share one NATS, as two replicas' do: an
+// inbox's burst of challenges is spent across both, not once per handler.
+func TestInboxChallengesAreRateLimitedAcrossReplicas(t *testing.T) {
+	e := newEnv(t)
+	ann := e.enroll(t, "Ann", "finance")
+	nc2, err := nats.Connect(e.nc.ConnectedUrl())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc2.Close)
+	js2, err := jetstream.New(nc2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rates2, err := ratelimit.Open(t.Context(), js2, ratelimit.StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2, err := New(Options{PublicURL: testPublicURL, Passkeys: e.passkeys, Tokens: e.tokens, Approvals: e.svc, Rates: rates2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handlers := []*Handler{e.h, h2}
+	for i := range inboxChallengeBurst {
+		e.h = handlers[i%2]
+		e.inboxChallenge(t, ann.id)
+	}
+	for _, h := range handlers {
+		e.h = h
+		wantError(t, e.do(t, "POST", "/approver/v1/inbox/"+ann.id+"/challenge", nil, "Origin", testPublicURL),
+			http.StatusTooManyRequests, "rate_limited")
 	}
 }

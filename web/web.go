@@ -54,6 +54,10 @@ type Options struct {
 	Transactions TokenIssuer
 	// MaxBodyBytes caps JSON request bodies. Zero means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// Rates is where the inbox challenge limit is counted: one count for
+	// every replica sharing its NATS. Nil counts in this process alone
+	// (tests).
+	Rates *ratelimit.Store
 	// Logger receives structured logs. Nil discards them.
 	Logger *slog.Logger
 }
@@ -79,7 +83,7 @@ type Handler struct {
 	// mint: challenges are stored (NATS KV) and the endpoint needs no
 	// authentication, so without it anyone holding an approver ID could
 	// fill the store. (The approvals service bounds an approval's.)
-	inboxChallenges *ratelimit.Limiter
+	inboxChallenges ratelimit.Limiter
 }
 
 // Challenge issuing limit per inbox: an inbox link is an approver's, opened
@@ -125,7 +129,7 @@ func New(opts Options) (*Handler, error) {
 		now:       time.Now,
 		pages:     p,
 
-		inboxChallenges: ratelimit.New(inboxChallengesPerMinute, inboxChallengeBurst),
+		inboxChallenges: opts.Rates.Limiter("inbox-challenges", inboxChallengesPerMinute, inboxChallengeBurst),
 	}
 	if h.maxBody == 0 {
 		h.maxBody = DefaultMaxBodyBytes

@@ -34,6 +34,7 @@ import (
 	"github.com/countersign/countersign/internal/httplimit"
 	"github.com/countersign/countersign/internal/natsrv"
 	"github.com/countersign/countersign/internal/oauth"
+	"github.com/countersign/countersign/internal/ratelimit"
 	"github.com/countersign/countersign/internal/telemetry"
 	"github.com/countersign/countersign/mcpserver"
 	"github.com/countersign/countersign/notify"
@@ -112,6 +113,8 @@ type App struct {
 
 	Store        *tasks.Store
 	Orchestrator *tasks.Orchestrator
+	// Rates counts the rate limits of every replica sharing this NATS.
+	Rates *ratelimit.Store
 	// Approvals is the one place that changes a task; every door (MCP,
 	// approver API, NATS decisions, Slack, admin) is an adapter over it.
 	Approvals *approvals.Service
@@ -189,6 +192,9 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	if a.Store, err = tasks.NewStore(ctx, js, tasks.StoreOptions{Replicas: cfg.NATSReplicas, Logger: log}); err != nil {
 		return nil, err
 	}
+	if a.Rates, err = ratelimit.Open(ctx, js, ratelimit.StoreOptions{Replicas: cfg.NATSReplicas}); err != nil {
+		return nil, err
+	}
 	if err := a.tel.M().WatchPending(a.Store.PendingTotal); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
@@ -261,6 +267,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		Engine:                 a.Orchestrator,
 		Passkeys:               a.Passkeys,
 		Audit:                  a.Audit,
+		Rates:                  a.Rates,
 		RatePerMinute:          cfg.RatePerMinute,
 		Burst:                  cfg.RateBurst,
 		MaxPendingPerPrincipal: cfg.MaxPendingPerPrincipal,
@@ -628,6 +635,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 		MaxStreamsPerPrincipal:  maxStreams,
 		// An in-band challenge is the first half of a verified call: it
 		// gets the task creation rate, counted apart.
+		Rates:               a.Rates,
 		ChallengesPerMinute: a.cfg.RatePerMinute,
 		ChallengeBurst:      a.cfg.RateBurst,
 	})
@@ -640,6 +648,7 @@ func (a *App) startHTTP(ctx context.Context) error {
 		Passkeys:  a.Passkeys,
 		Tokens:    a.Tokens,
 		Audit:     a.Audit,
+		Rates:     a.Rates,
 		Logger:    a.log,
 	}
 	if a.Transactions != nil {

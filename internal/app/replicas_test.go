@@ -17,6 +17,7 @@ import (
 	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/internal/authn"
+	"github.com/countersign/countersign/internal/ratelimit"
 	"github.com/countersign/countersign/notify"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
@@ -107,7 +108,7 @@ func TestNATSReplicasReachEveryBucketAndStream(t *testing.T) {
 	want := []string{audit.StreamName, notify.EventsStream}
 	for _, b := range []string{tasks.Bucket, authn.Bucket, gateway.LedgerBucket,
 		passkey.BucketApprovers, passkey.BucketInvites, passkey.BucketCredentials, passkey.BucketChallenges,
-		notify.SlackMessagesBucket, notify.SlackUsersBucket, notify.SlackReplayBucket} {
+		notify.SlackMessagesBucket, notify.SlackUsersBucket, notify.SlackReplayBucket, ratelimit.Bucket} {
 		want = append(want, "KV_"+b)
 	}
 	for _, w := range want {

@@ -8,7 +8,7 @@ import (
 
 // Budget is a per-key request budget: a token bucket (perSecond tokens a
 // second, at most burst saved up) and a cap on the key's concurrent
-// requests. Like [Limiter] it lives in one process.
+// requests. Like [Local] it lives in one process.
 //
 // Memory is bounded: once maxBuckets keys are tracked, keys with nothing in
 // flight and a full bucket are forgotten (which changes nothing), and if

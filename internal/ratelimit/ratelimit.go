@@ -1,15 +1,25 @@
-// Package ratelimit is a per-key token bucket, kept in process memory.
+// Package ratelimit limits how often a key (a principal, an approval) may do
+// something: [Shared] counts in a NATS KV bucket, so every replica of a
+// deployment shares one count; [Local] and [Budget] count in process memory.
 package ratelimit
 
 import (
+	"context"
 	"sync"
 	"time"
 )
 
-// Limiter is a token bucket per key: rate tokens a minute, at most burst
+// Limiter admits perMinute takes a minute per key, burst at most at once.
+type Limiter interface {
+	// Allow takes one from key's budget at now if it has one. An error
+	// means nothing was taken; callers refuse.
+	Allow(ctx context.Context, key string, now time.Time) (bool, error)
+}
+
+// Local is a token bucket per key: rate tokens a minute, at most burst
 // saved up. It lives in one process; with N replicas a key may spend up to N
-// times the rate.
-type Limiter struct {
+// times the rate. It never errs.
+type Local struct {
 	mu      sync.Mutex
 	perSec  float64
 	burst   float64
@@ -25,12 +35,16 @@ type bucket struct {
 const maxBuckets = 10_000
 
 // New returns a limiter of perMinute tokens a minute per key, burst at most.
-func New(perMinute, burst int) *Limiter {
-	return &Limiter{perSec: float64(perMinute) / 60, burst: float64(burst), buckets: map[string]*bucket{}}
+func New(perMinute, burst int) *Local {
+	return &Local{perSec: float64(perMinute) / 60, burst: float64(burst), buckets: map[string]*bucket{}}
 }
 
 // Allow takes a token for key if one is available at now.
-func (l *Limiter) Allow(key string, now time.Time) bool {
+func (l *Local) Allow(_ context.Context, key string, now time.Time) (bool, error) {
+	return l.allow(key, now), nil
+}
+
+func (l *Local) allow(key string, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	b, ok := l.buckets[key]
@@ -49,7 +63,7 @@ func (l *Limiter) Allow(key string, now time.Time) bool {
 	return true
 }
 
-func (l *Limiter) refillLocked(b *bucket, now time.Time) {
+func (l *Local) refillLocked(b *bucket, now time.Time) {
 	if now.After(b.last) {
 		b.tokens = min(l.burst, b.tokens+now.Sub(b.last).Seconds()*l.perSec)
 		b.last = now
@@ -58,7 +72,7 @@ func (l *Limiter) refillLocked(b *bucket, now time.Time) {
 
 // pruneLocked drops buckets that have refilled: forgetting them changes
 // nothing.
-func (l *Limiter) pruneLocked(now time.Time) {
+func (l *Local) pruneLocked(now time.Time) {
 	for k, b := range l.buckets {
 		l.refillLocked(b, now)
 		if b.tokens >= l.burst {
