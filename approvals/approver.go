@@ -78,7 +78,8 @@ func (s *Service) pending(rec tasks.Record) bool {
 // Challenge issues a fresh single-use SEP-2672 challenge (nonce ‖ action
 // hash) for one decision on the approval, bound to that decision, so that an
 // assertion signed to deny can never be submitted as an approval. Errors:
-// ErrNotFound, ErrInvalidDecision, ErrNotPending, ErrTooManyChallenges, and
+// ErrNotFound, ErrInvalidDecision, ErrNotPending, ErrTooManyChallenges,
+// ErrLimitUnavailable, and
 // the passkey service's rejections (*passkey.Error, such as
 // no_eligible_credential).
 func (s *Service) Challenge(ctx context.Context, ref, decision string) (passkey.Challenge, error) {
@@ -94,7 +95,7 @@ func (s *Service) Challenge(ctx context.Context, ref, decision string) (passkey.
 	}
 	ok, err := s.challenges.Allow(ctx, "ref:"+rec.ApprovalRef, s.now())
 	if err != nil {
-		return passkey.Challenge{}, fmt.Errorf("approvals: challenge limit of approval %s: %w", rec.ApprovalRef, err)
+		return passkey.Challenge{}, fmt.Errorf("%w: approval %s: %w", ErrLimitUnavailable, rec.ApprovalRef, err)
 	}
 	if !ok {
 		return passkey.Challenge{}, ErrTooManyChallenges

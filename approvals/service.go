@@ -181,6 +181,9 @@ var (
 	ErrNotPending = errors.New("approvals: the approval is no longer pending")
 	// ErrTooManyChallenges: the approval's challenge budget is spent for now.
 	ErrTooManyChallenges = errors.New("approvals: too many challenges for this approval")
+	// ErrLimitUnavailable: a rate limit could not be checked (its store is
+	// unreachable or contended), so nothing was done; try again.
+	ErrLimitUnavailable = errors.New("approvals: the rate limit could not be checked")
 	// ErrInvalidDecision: a decision other than approve or deny.
 	ErrInvalidDecision = errors.New("approvals: decision must be approve or deny")
 	// ErrVerificationUnavailable: the evidence could not be checked (the

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/internal/approverapi"
 	"github.com/countersign/countersign/internal/canon"
 	"github.com/countersign/countersign/passkey"
@@ -102,7 +103,7 @@ func (h *Handler) inboxChallenge(w http.ResponseWriter, r *http.Request) error {
 	}
 	ok, err := h.inboxChallenges.Allow(r.Context(), "inbox:"+a.ID, h.now())
 	if err != nil {
-		return fmt.Errorf("web: inbox challenge limit of %s: %w", a.ID, err)
+		return fmt.Errorf("%w: inbox of %s: %w", approvals.ErrLimitUnavailable, a.ID, err)
 	}
 	if !ok {
 		return errTooManyInboxChallenges

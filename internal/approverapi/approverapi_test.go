@@ -46,6 +46,7 @@ func TestErrorReply(t *testing.T) {
 		{"too many challenges", approvals.ErrTooManyChallenges, 429, "rate_limited", ""},
 		{"verification unavailable", wrap(approvals.ErrVerificationUnavailable), 503, "verification_unavailable", ""},
 		{"in progress", wrap(approvals.ErrInProgress), 503, "decision_in_progress", "2"},
+		{"limit unavailable", fmt.Errorf("%w: approval r: %w", approvals.ErrLimitUnavailable, errors.New("nats: timeout")), 503, "limit_unavailable", "2"},
 		{"edge error", BadRequest("comment contains control characters"), 400, "invalid_request", ""},
 		{"wrapped edge error", fmt.Errorf("x: %w", NotFound("no such approver")), 404, "not_found", ""},
 		{"no eligible credential", &passkey.Error{Reason: passkey.ReasonNoEligibleCredential, Message: "m"}, 409, passkey.ReasonNoEligibleCredential, ""},

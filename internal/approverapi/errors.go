@@ -25,6 +25,7 @@ const (
 	CodeVerificationUnavailable = tasks.ErrTypeVerificationUnavailable
 	CodeDecisionInProgress      = "decision_in_progress"
 	CodeAtCapacity              = "at_capacity"
+	CodeLimitUnavailable        = "limit_unavailable"
 	CodeInternal                = "internal"
 )
 
@@ -94,6 +95,8 @@ var passkeyStatus = map[string]int{
 //	approvals.ErrVerificationUnavailable  503 verification_unavailable (try again)
 //	approvals.ErrInProgress               503 decision_in_progress, Retry-After 2:
 //	                                      the same request again gets the outcome
+//	approvals.ErrLimitUnavailable         503 limit_unavailable, Retry-After 2:
+//	                                      the rate limit could not be checked
 //	passkey.ErrChallengeCapacity          503 at_capacity: no room for a challenge
 //	*passkey.Error                        by reason: 410, 409, 400, else 422, with
 //	                                      the reason as code
@@ -120,6 +123,11 @@ func ErrorReply(err error) Reply {
 	case errors.Is(err, approvals.ErrInProgress):
 		r := errReply(http.StatusServiceUnavailable, CodeDecisionInProgress,
 			"the decision is still being processed; send the same request again for its outcome")
+		r.RetryAfter = "2"
+		return r
+	case errors.Is(err, approvals.ErrLimitUnavailable):
+		r := errReply(http.StatusServiceUnavailable, CodeLimitUnavailable,
+			"the challenge limits could not be checked, so no challenge was made; try again")
 		r.RetryAfter = "2"
 		return r
 	case errors.Is(err, passkey.ErrChallengeCapacity):

@@ -5,10 +5,10 @@ import (
 	"time"
 )
 
-// limiterSteps is what a limiter of 60 a minute, burst 2, admits; Local
-// and Shared must agree on it.
+// limiterSteps is what a limiter of one take per unit u, burst 2, admits;
+// Local and Shared must agree on it. Times are in units.
 var limiterSteps = []struct {
-	at   time.Duration
+	at   float64
 	key  string
 	want bool
 }{
@@ -16,27 +16,27 @@ var limiterSteps = []struct {
 	{0, "a", true},
 	{0, "a", false}, // burst spent
 	{0, "b", true},  // per key
-	{500 * time.Millisecond, "a", false},
-	{time.Second, "a", true},
-	{time.Second, "a", false},
-	{time.Hour, "a", true}, // refills to the burst, not beyond
-	{time.Hour, "a", true},
-	{time.Hour, "a", false},
-	{time.Hour - time.Minute, "a", false}, // clock going back refills nothing
+	{0.5, "a", false},
+	{1, "a", true},
+	{1, "a", false},
+	{3600, "a", true}, // refills to the burst, not beyond
+	{3600, "a", true},
+	{3600, "a", false},
+	{3540, "a", false}, // clock going back refills nothing
 }
 
-func checkSteps(t *testing.T, allow func(key string, at time.Time) bool) {
+func checkSteps(t *testing.T, u time.Duration, allow func(key string, at time.Time) bool) {
 	t.Helper()
 	t0 := time.Unix(1_000_000, 0)
 	for i, s := range limiterSteps {
-		if got := allow(s.key, t0.Add(s.at)); got != s.want {
-			t.Fatalf("step %d (%v, %s): allow = %v, want %v", i, s.at, s.key, got, s.want)
+		if got := allow(s.key, t0.Add(time.Duration(s.at*float64(u)))); got != s.want {
+			t.Fatalf("step %d (%v units, %s): allow = %v, want %v", i, s.at, s.key, got, s.want)
 		}
 	}
 }
 
 func TestLimiter(t *testing.T) {
-	checkSteps(t, New(60, 2).allow) // one token a second, two saved up
+	checkSteps(t, time.Second, New(60, 2).allow) // one token a second, two saved up
 }
 
 func TestLimiterPrunesFullBuckets(t *testing.T) {

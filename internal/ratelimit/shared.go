@@ -8,9 +8,9 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"math/rand/v2"
 	"regexp"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -24,21 +24,30 @@ const Bucket = "countersign_rates"
 // out (KeyValueConfig.LimitMarkerTTL, which turns on per-key TTLs).
 const markerTTL = time.Minute
 
-// maxAttempts bounds the compare-and-set rounds of one Allow. Takes of one
-// key in one process queue on a lock, so only other processes' takes can
-// interleave: each lost round is another process's take succeeding.
-const maxAttempts = 16
+// Takes of one key in one process queue on a lock, so only other processes'
+// takes make a compare-and-set round lose; so does, on a replicated bucket,
+// a write to the key that is not yet applied (NATS answers it at once with
+// a wrong-last-sequence error). A lost round is tried again after a
+// jittered backoff, from minBackoff doubling to maxBackoff, for at most
+// contendedAfter.
+const (
+	minBackoff     = time.Millisecond
+	maxBackoff     = 64 * time.Millisecond
+	contendedAfter = 2 * time.Second
+)
 
-// ErrContended is returned when a key's takes kept interleaving with other
-// processes' for maxAttempts rounds. Callers refuse, as for any error.
+// ErrContended is returned when a key's compare-and-set kept losing for
+// contendedAfter. Callers refuse, as for any error.
 var ErrContended = errors.New("ratelimit: the key is written by other processes too often to take from it")
 
 // Store opens limiters whose counts every process sharing one NATS
 // deployment sees: N replicas admit what one would.
 type Store struct {
-	js    jetstream.JetStream
-	kv    jetstream.KeyValue
-	locks [64]sync.Mutex
+	js jetstream.JetStream
+	kv jetstream.KeyValue
+	// locks serialize a process's takes of one key (by stripe); each is
+	// a channel of one, so that waiting for it honours the context.
+	locks [64]chan struct{}
 }
 
 // StoreOptions configures Open.
@@ -66,7 +75,11 @@ func Open(ctx context.Context, js jetstream.JetStream, opts StoreOptions) (*Stor
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: bucket %s: %w", Bucket, err)
 	}
-	return &Store{js: js, kv: kv}, nil
+	s := &Store{js: js, kv: kv}
+	for i := range s.locks {
+		s.locks[i] = make(chan struct{}, 1)
+	}
+	return s, nil
 }
 
 var limiterName = regexp.MustCompile(`^[a-z0-9-]{1,32}$`)
@@ -102,7 +115,8 @@ func (s *Store) shared(name string, perMinute, burst int) *Shared {
 // left alone disappears; a refusal writes nothing.
 //
 // Processes must keep their clocks in step: a process whose clock runs
-// ahead makes the others stricter by the difference.
+// ahead by D makes the others stricter by D, one whose clock runs behind
+// lets the others admit up to D's worth of takes more.
 type Shared struct {
 	store     *Store
 	name      string
@@ -114,10 +128,16 @@ type Shared struct {
 // unreachable, ErrContended) means nothing was taken; callers refuse.
 func (l *Shared) Allow(ctx context.Context, key string, now time.Time) (bool, error) {
 	k := l.kvKey(key)
-	mu := l.store.lock(k)
-	mu.Lock()
-	defer mu.Unlock()
-	for range maxAttempts {
+	lock := l.store.lock(k)
+	select {
+	case lock <- struct{}{}:
+		defer func() { <-lock }()
+	case <-ctx.Done():
+		return false, fmt.Errorf("ratelimit: %s: %w", l.name, ctx.Err())
+	}
+	giveUp := time.Now().Add(contendedAfter)
+	backoff := minBackoff
+	for {
 		tat, rev, err := l.read(ctx, k)
 		if err != nil {
 			return false, err
@@ -127,15 +147,23 @@ func (l *Shared) Allow(ctx context.Context, key string, now time.Time) (bool, er
 			return false, nil
 		}
 		err = l.write(ctx, k, next, rev, keyTTL(next.Sub(now)))
-		if isConflict(err) {
-			continue
+		if err == nil {
+			return true, nil
 		}
-		if err != nil {
+		if !isConflict(err) {
 			return false, fmt.Errorf("ratelimit: %s: %w", l.name, err)
 		}
-		return true, nil
+		if time.Now().After(giveUp) {
+			return false, ErrContended
+		}
+		wait := backoff/2 + rand.N(backoff/2+1)
+		backoff = min(2*backoff, maxBackoff)
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return false, fmt.Errorf("ratelimit: %s: %w", l.name, ctx.Err())
+		}
 	}
-	return false, ErrContended
 }
 
 // read returns key's stored arrival time and revision; zero for a key not
@@ -177,10 +205,10 @@ func (l *Shared) kvKey(key string) string {
 	return l.name + "." + base64.RawURLEncoding.EncodeToString(sum[:])
 }
 
-func (s *Store) lock(k string) *sync.Mutex {
+func (s *Store) lock(k string) chan struct{} {
 	h := fnv.New32a()
 	h.Write([]byte(k))
-	return &s.locks[h.Sum32()%uint32(len(s.locks))]
+	return s.locks[h.Sum32()%uint32(len(s.locks))]
 }
 
 // maxKeyTTL bounds a key's TTL. Only a limit that takes longer than this

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -43,8 +44,10 @@ func secondProcess(t *testing.T, nc *nats.Conn) *Store {
 
 func TestSharedAdmitsWhatLocalAdmits(t *testing.T) {
 	js, _ := testnats.Start(t)
-	l := openStore(t, js).shared("steps", 60, 2)
-	checkSteps(t, func(key string, at time.Time) bool {
+	// One a minute: a take's key lives a minute or two, so the steps do
+	// not depend on how fast they run.
+	l := openStore(t, js).shared("steps", 1, 2)
+	checkSteps(t, time.Minute, func(key string, at time.Time) bool {
 		ok, err := l.Allow(context.Background(), key, at)
 		if err != nil {
 			t.Fatal(err)
@@ -129,19 +132,24 @@ func TestSharedKeysAgeOut(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	// Aged out, it starts full again; the update path keeps the TTL too.
-	later := time.Now()
-	for i, want := range []bool{true, false} {
-		if ok, err := l.Allow(context.Background(), "k", later); ok != want || err != nil {
-			t.Fatalf("take %d after aging out = %v, %v; want %v", i, ok, err, want)
+	// Aged out, it starts full again.
+	if ok, err := l.Allow(context.Background(), "k", time.Now()); !ok || err != nil {
+		t.Fatalf("take after aging out = %v, %v", ok, err)
+	}
+	// An update (the key stored) keeps a TTL too.
+	slow := s.shared("ageout-update", 1, 2)
+	t0 := time.Now()
+	for _, at := range []time.Time{t0, t0.Add(time.Minute)} {
+		if ok, err := slow.Allow(context.Background(), "k", at); !ok || err != nil {
+			t.Fatalf("take at %v = %v, %v", at, ok, err)
 		}
 	}
-	if ok, err := l.Allow(context.Background(), "k", later.Add(time.Second)); !ok || err != nil {
-		t.Fatalf("take a second later = %v, %v", ok, err)
-	}
-	e, err := s.kv.Get(context.Background(), l.kvKey("k"))
+	e, err := s.kv.Get(context.Background(), slow.kvKey("k"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if e.Revision() == 0 || e.Operation() != jetstream.KeyValuePut {
+		t.Fatalf("entry %+v", e)
 	}
 	stream, err := s.js.Stream(context.Background(), "KV_"+Bucket)
 	if err != nil {
@@ -151,8 +159,8 @@ func TestSharedKeysAgeOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ttl := msg.Header.Get("Nats-TTL"); ttl == "" {
-		t.Fatalf("an updated key has no TTL: headers %v", msg.Header)
+	if ttl := msg.Header.Get("Nats-TTL"); ttl != "1m0s" && ttl != "60s" && ttl != "60" {
+		t.Fatalf("an updated key's TTL is %q, want a minute (headers %v)", ttl, msg.Header)
 	}
 }
 
@@ -235,5 +243,61 @@ func TestSharedExtremeLimits(t *testing.T) {
 	}
 	if got := keyTTL(time.Duration(math.MaxInt64)); got != maxKeyTTL {
 		t.Fatalf("keyTTL(max) = %v", got)
+	}
+}
+
+// On a three-node cluster with a replicated bucket, two processes
+// connected to different nodes: takes within the budget are all admitted
+// (a write not yet applied on the key makes a round lose, and the round is
+// tried again), and takes beyond it are refused, exactly at the burst.
+func TestSharedOnReplicatedBucket(t *testing.T) {
+	urls := strings.Split(testnats.StartCluster(t, 3), ",")
+	var stores []*Store
+	for _, url := range urls[:2] {
+		nc, err := nats.Connect(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := Open(context.Background(), js, StoreOptions{Replicas: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stores = append(stores, s)
+	}
+	const perProcess = 10
+	for round := range 20 {
+		burst := 2 * perProcess // every take within the budget
+		if round%2 == 1 {
+			burst = 5
+		}
+		now := time.Unix(7_000_000+int64(round)*3600, 0)
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for _, s := range stores {
+			l := s.shared(fmt.Sprint("replicated-", burst), 1, burst)
+			for range perProcess {
+				wg.Go(func() {
+					<-start
+					ok, err := l.Allow(context.Background(), "agent", now)
+					if err != nil {
+						t.Errorf("round %d: %v", round, err)
+					}
+					if ok {
+						admitted.Add(1)
+					}
+				})
+			}
+		}
+		close(start)
+		wg.Wait()
+		if got := admitted.Load(); got != int64(burst) {
+			t.Fatalf("round %d: %d of %d takes admitted, want %d", round, got, 2*perProcess, burst)
+		}
 	}
 }
