@@ -50,13 +50,8 @@ func OpenKeyring(dir string) (*Keyring, error) {
 		return nil, err
 	}
 	k := &Keyring{dir: dir, keys: keys}
-	if b, err := os.ReadFile(filepath.Join(dir, currentFile)); err == nil {
-		k.current = strings.TrimSpace(string(b))
-		if _, ok := k.keys[k.current]; !ok {
-			return nil, fmt.Errorf("audit: current key %q is not in %s", k.current, dir)
-		}
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("audit: read current key: %w", err)
+	if k.current, err = readCurrent(dir, keys); err != nil {
+		return nil, err
 	}
 	if k.current == "" {
 		if _, err := k.Rotate(); err != nil {
@@ -64,6 +59,23 @@ func OpenKeyring(dir string) (*Keyring, error) {
 		}
 	}
 	return k, nil
+}
+
+// readCurrent returns the key ID the current file of dir names, "" when
+// there is no such file; the key must be among keys.
+func readCurrent(dir string, keys map[string]ed25519.PrivateKey) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, currentFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("audit: read current key: %w", err)
+	}
+	id := strings.TrimSpace(string(b))
+	if _, ok := keys[id]; !ok {
+		return "", fmt.Errorf("audit: current key %q is not in %s", id, dir)
+	}
+	return id, nil
 }
 
 // readKeys reads every key in dir, by key ID.
@@ -115,6 +127,37 @@ func (k *Keyring) reload() error {
 		}
 	}
 	return nil
+}
+
+// Refresh reads the directory again, as a rotation elsewhere changes it
+// (`countersign audit rotate-key`, or a new copy of a mounted secret): it
+// adds the keys written since, and signs from now on with the key the
+// current file names. It returns that key's ID and whether it changed. On
+// an error (a file that does not parse, a current file naming a key that
+// is not there, no current file) nothing changes and the keyring signs on
+// with the key it had.
+func (k *Keyring) Refresh() (current string, changed bool, err error) {
+	keys, err := readKeys(k.dir)
+	if err != nil {
+		return k.CurrentID(), false, err
+	}
+	id, err := readCurrent(k.dir, keys)
+	if err == nil && id == "" {
+		err = fmt.Errorf("audit: %s has no current key file", k.dir)
+	}
+	if err != nil {
+		return k.CurrentID(), false, err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for kid, priv := range keys {
+		if _, ok := k.keys[kid]; !ok {
+			k.keys[kid] = priv
+		}
+	}
+	changed = id != k.current
+	k.current = id
+	return id, changed, nil
 }
 
 // publicKeys returns the public half of every key, by key ID.

@@ -80,7 +80,7 @@ type App struct {
 	// then on, through Config.ShutdownDelay and the shutdown.
 	stopping atomic.Bool
 	// stopBG ends the background loops (the reconciler, the retention
-	// sweep), and bg waits for them.
+	// sweep, the audit key watch), and bg waits for them.
 	stopBG context.CancelFunc
 	bg     sync.WaitGroup
 	// stopWatch ends the watch that ends a disabled agent's streams.
@@ -110,6 +110,9 @@ type App struct {
 	// crash is the worker's activities.Activities.Crash: set only in a
 	// crash-trial build (crashpoints.go).
 	crash func(activities.CrashPoint, string)
+	// auditKeys signs the audit records; nil on a server without a key
+	// directory. startAuditKeyWatch follows its rotations.
+	auditKeys *audit.Keyring
 
 	Store        *tasks.Store
 	Orchestrator *tasks.Orchestrator
@@ -296,9 +299,10 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 			return nil, err
 		}
 	}
+	bg, cancel := context.WithCancel(context.Background())
+	a.stopBG = cancel
+	a.startAuditKeyWatch(bg)
 	if mode != ModeWorker {
-		bg, cancel := context.WithCancel(context.Background())
-		a.stopBG = cancel
 		a.startReconciler(bg)
 		a.startRetention(bg)
 		if a.Transactions != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -45,11 +46,8 @@ func (a *App) startAudit(ctx context.Context, js jetstream.JetStream) error {
 			return err
 		}
 		opts.Keys = keys
-		if a.mode == ModeDev {
-			p := filepath.Join(a.cfg.DataDir, AuditPubKeyFile)
-			if err := os.WriteFile(p, keys.PublicKeysPEM(), 0o644); err != nil {
-				return fmt.Errorf("audit: write public key: %w", err)
-			}
+		if err := a.writeAuditPublicKeys(keys); err != nil {
+			return err
 		}
 	}
 	l, err := audit.Open(ctx, js, opts)
@@ -57,5 +55,62 @@ func (a *App) startAudit(ctx context.Context, js jetstream.JetStream) error {
 		return err
 	}
 	a.Audit = l
+	a.auditKeys = opts.Keys
 	return nil
+}
+
+// writeAuditPublicKeys writes every public key to DATA_DIR/audit-key.pub,
+// in dev (where the keys live in the data dir).
+func (a *App) writeAuditPublicKeys(keys *audit.Keyring) error {
+	if a.mode != ModeDev {
+		return nil
+	}
+	// Written whole, then renamed: an auditor never reads half a file.
+	p := filepath.Join(a.cfg.DataDir, AuditPubKeyFile)
+	if err := os.WriteFile(p+".tmp", keys.PublicKeysPEM(), 0o644); err != nil {
+		return fmt.Errorf("audit: write public key: %w", err)
+	}
+	if err := os.Rename(p+".tmp", p); err != nil {
+		return fmt.Errorf("audit: write public key: %w", err)
+	}
+	return nil
+}
+
+// auditKeyPoll is how often a process reads its audit key directory again,
+// so that a rotation (`countersign audit rotate-key` on the directory, or a
+// new copy of a mounted secret) takes effect without a restart.
+var auditKeyPoll = 30 * time.Second
+
+// startAuditKeyWatch follows rotations of the audit signing key: every
+// auditKeyPoll the keyring reads its directory again and signs from then on
+// with the key its current file names. A directory that cannot be read, or
+// names a key it does not hold, changes nothing: the process signs on with
+// the key it has, and says so once until the directory reads again.
+func (a *App) startAuditKeyWatch(ctx context.Context) {
+	if a.auditKeys == nil {
+		return
+	}
+	a.bg.Go(func() {
+		failing := false
+		for sleep(ctx, auditKeyPoll) {
+			id, changed, err := a.auditKeys.Refresh()
+			if err != nil {
+				if !failing {
+					a.log.Warn("audit: cannot read the key directory again; signing on with the current key", "key", id, "err", err)
+				}
+				failing = true
+				continue
+			}
+			if failing {
+				a.log.Info("audit: the key directory reads again", "key", id)
+			}
+			failing = false
+			if changed {
+				a.log.Info("audit: signing with a new key (rotated)", "key", id)
+				if err := a.writeAuditPublicKeys(a.auditKeys); err != nil {
+					a.log.Warn("audit: public keys", "err", err)
+				}
+			}
+		}
+	})
 }

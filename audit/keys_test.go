@@ -1,0 +1,83 @@
+package audit
+
+import (
+	"crypto/ed25519"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A keyring picks up a rotation made by another process sharing its
+// directory: the new key signs from then on, the old keys stay, and a
+// directory that is broken or half-written changes nothing.
+func TestKeyringRefreshFollowsRotation(t *testing.T) {
+	dir := t.TempDir()
+	k, err := OpenKeyring(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := k.CurrentID()
+	if id, changed, err := k.Refresh(); err != nil || changed || id != first {
+		t.Fatalf("refresh with nothing new = %s, %v, %v", id, changed, err)
+	}
+
+	other, err := OpenKeyring(dir) // another process, or `countersign audit rotate-key`
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := other.Rotate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k.CurrentID() != first {
+		t.Fatal("the keyring switched keys before it was refreshed")
+	}
+	if id, changed, err := k.Refresh(); err != nil || !changed || id != second {
+		t.Fatalf("refresh after a rotation = %s, %v, %v; want %s, changed", id, changed, err, second)
+	}
+	keyID, sig := k.sign([]byte("msg"))
+	pubs := k.publicKeys()
+	if keyID != second || !ed25519.Verify(pubs[second], []byte("msg"), sig) {
+		t.Fatalf("signed with %s after the refresh, want %s", keyID, second)
+	}
+	if _, ok := pubs[first]; !ok {
+		t.Fatal("the old key's public half is gone after the refresh")
+	}
+
+	// A current file naming a key that is not (yet) in the directory: a
+	// copy half made. The keyring keeps signing with its key.
+	if err := os.WriteFile(filepath.Join(dir, currentFile), []byte("ed25519-00000000000000000000000000000000\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if id, changed, err := k.Refresh(); err == nil || changed || id != second || !strings.Contains(err.Error(), "is not in") {
+		t.Fatalf("refresh with a dangling current file = %s, %v, %v", id, changed, err)
+	}
+	// No current file at all.
+	if err := os.Remove(filepath.Join(dir, currentFile)); err != nil {
+		t.Fatal(err)
+	}
+	if id, changed, err := k.Refresh(); err == nil || changed || id != second {
+		t.Fatalf("refresh without a current file = %s, %v, %v", id, changed, err)
+	}
+	// A file that does not parse.
+	if err := os.WriteFile(filepath.Join(dir, currentFile), []byte(first+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "junk.pem"), []byte("not a key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if id, changed, err := k.Refresh(); err == nil || changed || id != second {
+		t.Fatalf("refresh with a broken key file = %s, %v, %v", id, changed, err)
+	}
+	if keyID, _ := k.sign([]byte("msg")); keyID != second {
+		t.Fatalf("signed with %s after failed refreshes, want %s", keyID, second)
+	}
+	// Fixed, the current file is followed back to the first key.
+	if err := os.Remove(filepath.Join(dir, "junk.pem")); err != nil {
+		t.Fatal(err)
+	}
+	if id, changed, err := k.Refresh(); err != nil || !changed || id != first {
+		t.Fatalf("refresh back to the first key = %s, %v, %v", id, changed, err)
+	}
+}

@@ -1,0 +1,84 @@
+package app
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/countersign/countersign/audit"
+)
+
+// TestAuditKeyRotationWithoutRestart: `countersign audit rotate-key` on a
+// running dev's key directory takes effect within the poll: the next
+// record is signed with the new key, and audit-key.pub holds both keys.
+// A broken directory afterwards changes nothing.
+func TestAuditKeyRotationWithoutRestart(t *testing.T) {
+	defer func(d time.Duration) { auditKeyPoll = d }(auditKeyPoll)
+	auditKeyPoll = 50 * time.Millisecond
+	dir := t.TempDir()
+	ctx := context.Background()
+	a, err := New(ctx, Config{DataDir: dir, Addr: freeAddr(t), SQLiteSync: "NORMAL"}, ModeDev, nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Shutdown(ctx)
+	record := func(n uint64) audit.Receipt {
+		t.Helper()
+		_, rc, err := a.Audit.RecordAdmin(ctx, audit.AdminAction{Action: audit.AdminDisable, Status: "disabled",
+			Target: audit.AdminTarget{Type: audit.TargetAgent, ID: "rotation-test"}, By: "admin:test"}, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rc
+	}
+	first := record(1).KeyID
+
+	rotator, err := audit.OpenKeyring(filepath.Join(dir, AuditKeyDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := rotator.Rotate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for a.auditKeys.CurrentID() != second {
+		if time.Now().After(deadline) {
+			t.Fatalf("still signing with %s 5 s after the rotation to %s", a.auditKeys.CurrentID(), second)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := record(2).KeyID; got != second || got == first {
+		t.Fatalf("record after the rotation signed with %s, want %s (was %s)", got, second, first)
+	}
+	pubKeys := func() int {
+		b, err := os.ReadFile(filepath.Join(dir, AuditPubKeyFile))
+		if err != nil {
+			return 0
+		}
+		keys, err := audit.ParsePublicKeys(b)
+		if err != nil {
+			return 0
+		}
+		return len(keys)
+	}
+	for pubKeys() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s holds %d keys after the rotation, want both", AuditPubKeyFile, pubKeys())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// A current file naming a key the directory lacks: signing goes on
+	// with the key in use.
+	if err := os.WriteFile(filepath.Join(dir, AuditKeyDir, "current"), []byte("ed25519-00000000000000000000000000000000\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * auditKeyPoll)
+	if got := record(3).KeyID; got != second {
+		t.Fatalf("record with a broken key directory signed with %s, want %s", got, second)
+	}
+}
