@@ -211,10 +211,12 @@ func (k *Keyring) CurrentID() string {
 	return k.current
 }
 
-func (k *Keyring) sign(msg []byte) (keyID string, sig []byte) {
+// signWith signs msg with the key id, one the keyring holds (it never
+// drops a key).
+func (k *Keyring) signWith(id string, msg []byte) []byte {
 	k.mu.RLock()
 	defer k.mu.RUnlock()
-	return k.current, ed25519.Sign(k.keys[k.current], msg)
+	return ed25519.Sign(k.keys[id], msg)
 }
 
 // PublicKeys returns the public halves of every key, oldest ID order aside,

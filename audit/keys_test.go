@@ -2,10 +2,14 @@ package audit
 
 import (
 	"crypto/ed25519"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // A keyring picks up a rotation made by another process sharing its
@@ -36,7 +40,8 @@ func TestKeyringRefreshFollowsRotation(t *testing.T) {
 	if id, changed, err := k.Refresh(); err != nil || !changed || id != second {
 		t.Fatalf("refresh after a rotation = %s, %v, %v; want %s, changed", id, changed, err, second)
 	}
-	keyID, sig := k.sign([]byte("msg"))
+	keyID := k.CurrentID()
+	sig := k.signWith(keyID, []byte("msg"))
 	pubs := k.publicKeys()
 	if keyID != second || !ed25519.Verify(pubs[second], []byte("msg"), sig) {
 		t.Fatalf("signed with %s after the refresh, want %s", keyID, second)
@@ -70,7 +75,7 @@ func TestKeyringRefreshFollowsRotation(t *testing.T) {
 	if id, changed, err := k.Refresh(); err == nil || changed || id != second {
 		t.Fatalf("refresh with a broken key file = %s, %v, %v", id, changed, err)
 	}
-	if keyID, _ := k.sign([]byte("msg")); keyID != second {
+	if keyID := k.CurrentID(); keyID != second {
 		t.Fatalf("signed with %s after failed refreshes, want %s", keyID, second)
 	}
 	// Fixed, the current file is followed back to the first key.
@@ -79,5 +84,55 @@ func TestKeyringRefreshFollowsRotation(t *testing.T) {
 	}
 	if id, changed, err := k.Refresh(); err != nil || !changed || id != first {
 		t.Fatalf("refresh back to the first key = %s, %v, %v", id, changed, err)
+	}
+}
+
+// Records sealed while the key rotates again and again (another process
+// rotating, this one refreshing) each name the key that signed them.
+func TestSealDuringRotations(t *testing.T) {
+	dir := t.TempDir()
+	k, err := OpenKeyring(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := OpenKeyring(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := other.Rotate(); err != nil {
+				t.Error(err)
+				return
+			}
+			if _, _, err := k.Refresh(); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	used := map[string]bool{}
+	for i := range 300 {
+		line, r, err := seal(Record{TaskID: "tsk_rotating", Seq: i, Kind: KindRequested, StepID: fmt.Sprint("s", i),
+			At: time.Unix(1_700_000_000, 0).UTC(), Body: json.RawMessage(`{}`)}, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := ParseRecord(line, k.publicKeys()); err != nil {
+			t.Fatalf("record %d (key %s): %v", i, r.KeyID, err)
+		}
+		used[r.KeyID] = true
+	}
+	close(stop)
+	wg.Wait()
+	if len(used) < 2 {
+		t.Fatalf("300 records used %d keys: the rotations did not interleave", len(used))
 	}
 }

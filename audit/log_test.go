@@ -358,7 +358,7 @@ func TestLogAppendCountsOnlyRecordsItVerifies(t *testing.T) {
 	}
 	zero := func([]byte) []byte { return make([]byte, ed25519.SignatureSize) }
 	other := testKeys(t)
-	byOther := func(u []byte) []byte { _, s := other.sign(u); return s }
+	byOther := func(u []byte) []byte { return other.signWith(other.CurrentID(), u) }
 
 	t.Run("another chain's records", func(t *testing.T) {
 		for task, line := range map[string][]byte{"tsk_outcome": donor[len(donor)-1], "tsk_claim": donor[2]} {

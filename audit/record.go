@@ -237,14 +237,9 @@ func seal(r Record, k *Keyring) ([]byte, Record, error) {
 	if err != nil {
 		return nil, r, fmt.Errorf("audit: encode record: %w", err)
 	}
-	keyID, sig := k.sign(unsigned)
-	if keyID != r.KeyID { // rotated in between: sign again
-		r.KeyID = keyID
-		if unsigned, err = canonical(r); err != nil {
-			return nil, r, err
-		}
-		_, sig = k.sign(unsigned)
-	}
+	// Signed with the key the record names, even if another became
+	// current meanwhile (a keyring never drops a key).
+	sig := k.signWith(r.KeyID, unsigned)
 	r.Sig = base64.RawURLEncoding.EncodeToString(sig)
 	if line, ok := withSig(unsigned, r.Sig); ok {
 		return line, r, nil
