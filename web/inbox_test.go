@@ -9,10 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/countersign/countersign/internal/ratelimit"
+	"github.com/countersign/countersign/internal/testnats"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
 )
@@ -267,15 +265,7 @@ func TestInboxRevealsHiddenCharacters(t *testing.T) {
 func TestInboxChallengesAreRateLimitedAcrossReplicas(t *testing.T) {
 	e := newEnv(t)
 	ann := e.enroll(t, "Ann", "finance")
-	nc2, err := nats.Connect(e.nc.ConnectedUrl())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc2.Close)
-	js2, err := jetstream.New(nc2)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js2, _ := testnats.Connect(t, e.nc.ConnectedUrl())
 	rates2, err := ratelimit.Open(t.Context(), js2, ratelimit.StoreOptions{})
 	if err != nil {
 		t.Fatal(err)

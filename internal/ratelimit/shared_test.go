@@ -30,15 +30,7 @@ func openStore(t *testing.T, js jetstream.JetStream) *Store {
 // secondProcess connects to the same NATS as nc, as another replica would.
 func secondProcess(t *testing.T, nc *nats.Conn) *Store {
 	t.Helper()
-	nc2, err := nats.Connect(nc.ConnectedUrl())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc2.Close)
-	js2, err := jetstream.New(nc2)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js2, _ := testnats.Connect(t, nc.ConnectedUrl())
 	return openStore(t, js2)
 }
 
@@ -65,31 +57,38 @@ func TestSharedCountsAcrossProcesses(t *testing.T) {
 	const burst, perProcess = 5, 20
 	for round := range 10 {
 		now := time.Unix(2_000_000+int64(round)*3600, 0) // a fresh hour: full buckets
-		key := "agent"
-		var admitted atomic.Int64
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for _, s := range stores {
-			l := s.shared("creations", 1, burst)
-			for range perProcess {
-				wg.Go(func() {
-					<-start
-					ok, err := l.Allow(context.Background(), key, now)
-					if err != nil {
-						t.Error(err)
-					}
-					if ok {
-						admitted.Add(1)
-					}
-				})
-			}
-		}
-		close(start)
-		wg.Wait()
-		if got := admitted.Load(); got != burst {
+		if got := takeAtOnce(t, stores, "creations", burst, perProcess, now); got != burst {
 			t.Fatalf("round %d: %d of %d takes admitted across two processes, want the burst, %d", round, got, 2*perProcess, burst)
 		}
 	}
+}
+
+// takeAtOnce makes perProcess takes of one key in each store at one
+// instant (limiter name, one a minute, burst) and returns how many were
+// admitted; an error fails the test.
+func takeAtOnce(t *testing.T, stores []*Store, name string, burst, perProcess int, now time.Time) int {
+	t.Helper()
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for _, s := range stores {
+		l := s.shared(name, 1, burst)
+		for range perProcess {
+			wg.Go(func() {
+				<-start
+				ok, err := l.Allow(context.Background(), "agent", now)
+				if err != nil {
+					t.Error(err)
+				}
+				if ok {
+					admitted.Add(1)
+				}
+			})
+		}
+	}
+	close(start)
+	wg.Wait()
+	return int(admitted.Load())
 }
 
 // Limiters of different names count apart, though their keys are equal.
@@ -254,15 +253,7 @@ func TestSharedOnReplicatedBucket(t *testing.T) {
 	urls := strings.Split(testnats.StartCluster(t, 3), ",")
 	var stores []*Store
 	for _, url := range urls[:2] {
-		nc, err := nats.Connect(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
+		js, _ := testnats.Connect(t, url)
 		s, err := Open(context.Background(), js, StoreOptions{Replicas: 3})
 		if err != nil {
 			t.Fatal(err)
@@ -276,27 +267,7 @@ func TestSharedOnReplicatedBucket(t *testing.T) {
 			burst = 5
 		}
 		now := time.Unix(7_000_000+int64(round)*3600, 0)
-		var admitted atomic.Int64
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for _, s := range stores {
-			l := s.shared(fmt.Sprint("replicated-", burst), 1, burst)
-			for range perProcess {
-				wg.Go(func() {
-					<-start
-					ok, err := l.Allow(context.Background(), "agent", now)
-					if err != nil {
-						t.Errorf("round %d: %v", round, err)
-					}
-					if ok {
-						admitted.Add(1)
-					}
-				})
-			}
-		}
-		close(start)
-		wg.Wait()
-		if got := admitted.Load(); got != int64(burst) {
+		if got := takeAtOnce(t, stores, fmt.Sprint("replicated-", burst), burst, perProcess, now); got != burst {
 			t.Fatalf("round %d: %d of %d takes admitted, want %d", round, got, 2*perProcess, burst)
 		}
 	}

@@ -37,10 +37,26 @@ func start(t testing.TB, connect func(*natsrv.Server) (*nats.Conn, error)) (jets
 	if err != nil {
 		t.Fatal(err)
 	}
+	return jetStream(t, nc), nc
+}
+
+// Connect opens another connection to the NATS at url (a server's or a
+// cluster's URLs), as another process would, for the duration of t.
+func Connect(t testing.TB, url string) (jetstream.JetStream, *nats.Conn) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return jetStream(t, nc), nc
+}
+
+func jetStream(t testing.TB, nc *nats.Conn) jetstream.JetStream {
+	t.Helper()
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return js, nc
+	return js
 }
