@@ -193,7 +193,9 @@ func (l *Log) chain(ctx context.Context, taskID string) ([]entry, error) {
 // appended after it. Whoever may publish to the stream but holds no key
 // thus cannot keep a step (a claim, an end) out of the chain, or hand the
 // caller a receipt for a record not its own. A record is checked once
-// ([Log.checked]); the Log's own records never are.
+// ([Log.checked]), except one of a key this process does not hold, which
+// is checked again on each read until its key arrives; the Log's own
+// records never are.
 func (l *Log) checkedChain(ctx context.Context, taskID string) ([]entry, error) {
 	es, err := l.chain(ctx, taskID)
 	if err != nil {
@@ -224,7 +226,12 @@ func (l *Log) checkedChain(ctx context.Context, taskID string) ([]entry, error) 
 			p.keys = l.keys.publicKeys()
 			_, _, err = p.parse(e.line)
 		}
-		l.checked.Add(e.hash, err == nil)
+		// A record of a key this process does not hold yet (another
+		// process's directory got a rotation first) is not remembered as
+		// foreign: once the key arrives, it counts.
+		if !errors.Is(err, ErrUnknownKey) {
+			l.checked.Add(e.hash, err == nil)
+		}
 		if err != nil {
 			e.foreign = true
 			l.log.Warn("audit: chain holds a record this process cannot verify; it does not count as a step written",

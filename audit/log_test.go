@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -443,5 +445,67 @@ func TestLogAppendCountsOnlyRecordsItVerifies(t *testing.T) {
 	}
 	if rc, err := l.Append(ctx, "tsk_rotated", req); err != nil || rc != rc2 {
 		t.Fatalf("step written with a key added to the directory, appended again: %v, %+v, want %+v", err, rc, rc2)
+	}
+}
+
+// Two processes whose key directories update at different moments (two
+// pods' copies of one Secret): a record signed with a key one of them does
+// not hold yet counts once its directory has the key. Its earlier failure
+// to verify is not remembered.
+func TestLogCountsARecordOnceItsKeyArrives(t *testing.T) {
+	js, _ := testnats.Start(t)
+	ctx := context.Background()
+	k1 := testKeys(t)
+	dir2 := t.TempDir()
+	copyDir := func(from, to string) {
+		t.Helper()
+		files, err := filepath.Glob(filepath.Join(from, "*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(to, filepath.Base(f)), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	copyDir(k1.dir, dir2)
+	k2, err := OpenKeyring(dir2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l1, err := Open(ctx, js, Options{Keys: k1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2, err := Open(ctx, js, Options{Keys: k2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k1.Rotate(); err != nil { // only the first directory has the new key
+		t.Fatal(err)
+	}
+	req, _ := requestedStep(t, time.Now().UTC())
+	rc1, err := l1.Append(ctx, "tsk_keyarrives", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l2.Chain(ctx, "tsk_keyarrives"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l2.checkedChain(ctx, "tsk_keyarrives"); err != nil { // reads it without the key
+		t.Fatal(err)
+	}
+	copyDir(k1.dir, dir2) // the second directory catches up
+	if _, _, err := k2.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	rc2, err := l2.Append(ctx, "tsk_keyarrives", req)
+	if err != nil || rc2 != rc1 {
+		t.Fatalf("the step, appended again once the key arrived: %v, %+v; want the first writer's %+v", err, rc2, rc1)
 	}
 }

@@ -173,7 +173,7 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				return err
 			}
 		}
-		fmt.Fprintf(stdout, "New audit key %s; running processes sign with it within 30 s. Public keys (give all to auditors):\n%s", id, k.PublicKeysPEM())
+		fmt.Fprintf(stdout, "New audit key %s; processes reading this directory sign with it within 30 s. Public keys (give all to auditors):\n%s", id, k.PublicKeysPEM())
 		return nil
 	}
 	return usageError{fmt.Sprintf("unknown audit command %q\n%s", sub, auditUsage)}
