@@ -410,11 +410,15 @@ func (s *Server) execute(ctx context.Context, c *gatedCall) (res tasks.CallToolR
 			res = tasks.Outcome(tasks.OutcomeUnknown, c.tool.Name, "", nil)
 		}
 	}()
+	// Pinned to the tool policy decided on: if an upstream's new listing
+	// replaced it since, nothing is sent.
+	pin := c.tool.Pin()
 	res, err := s.opts.Tools.Execute(ctx, c.tool.Name, gateway.Call{
 		IdempotencyKey: tasks.NewID("call_"),
 		Principal:      c.info.principal,
 		Arguments:      c.args,
 		Inputs:         c.inputs,
+		Pin:            &pin,
 		ProgressFunc: func(progress, total float64, message string) {
 			s.progress(ctx, progress, total, message)
 		},
@@ -423,6 +427,17 @@ func (s *Server) execute(ctx context.Context, c *gatedCall) (res tasks.CallToolR
 			s.logToClient(ctx, mcp.LoggingLevel(level), message)
 		},
 	})
+	var changed *gateway.ToolChangedError
+	if errors.As(err, &changed) {
+		// The tool changed between policy's decision and the run: nothing
+		// was sent. A new call is decided on the tool as it is now.
+		s.log.WarnContext(ctx, "mcpserver: tool changed after the decision; call not sent", "tool", c.tool.Name, "reason", changed.Reason)
+		msg := changed.Error() + " Nothing was sent; call it again to have it decided on the tool as it is now."
+		if c.decision.Effect == pdp.EffectToken {
+			msg = changed.Error() + " Nothing was sent. The transaction token is spent: request a new token for the tool as it is now."
+		}
+		return tasks.Outcome(tasks.DeniedNotExecuted, c.tool.Name, msg, nil)
+	}
 	if errors.Is(err, gateway.ErrNotSent) {
 		// Nothing reached the tool: say so, and that it is safe to retry
 		// (with a new token in the token mode: this one is spent).

@@ -64,7 +64,10 @@
 // received (the action hash, the arguments, the display text) and the tool
 // as it served it to this call (its pin, gateway.Tool.Pin, which the
 // execution checks: a tool changed meanwhile does not run), and renders the
-// task it gets back in the caller's era.
+// task it gets back in the caller's era. A call it runs itself (allowed, or
+// with a transaction token) carries the pin of the tool policy decided on
+// in the same way: a tool replaced between the decision and the run is not
+// sent, and the answer is denied-not-executed saying what changed.
 //
 // A 2025-11-25 client that sent params.task gets a task even when the call
 // is decided at once (allowed or denied): the TypeScript SDK 1.x fails with

@@ -297,15 +297,17 @@ func (u *Upstream) callOnce(ctx context.Context, tool string, pin tasks.ToolPin,
 }
 
 // checkListed returns an error wrapping [ErrNotSent] unless tools (a
-// session's listing) has tool with pin; when says when the listing was
-// made, for the error.
+// session's listing) has tool with pin, and also a
+// [*gateway.ToolChangedError] when the listing has the tool with another
+// pin; when says when the listing was made, for the error.
 func (u *Upstream) checkListed(tools map[string]Tool, tool string, pin tasks.ToolPin, when string) error {
 	cur, listed := tools[tool]
 	switch {
 	case !listed:
 		return fmt.Errorf("%w: upstream %s no longer lists %s %s", ErrNotSent, u.opts.Name, tool, when)
 	case cur.Pin() != pin:
-		return fmt.Errorf("%w: upstream %s lists %s with another input schema %s", ErrNotSent, u.opts.Name, tool, when)
+		changed := &gateway.ToolChangedError{Tool: tool, Reason: fmt.Sprintf("upstream %s lists %s with another input schema %s", u.opts.Name, tool, when)}
+		return fmt.Errorf("%w: %w", ErrNotSent, changed)
 	}
 	return nil
 }

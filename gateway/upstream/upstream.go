@@ -44,7 +44,8 @@
 //     session gone, until the call's deadline, or its next attempt to
 //     reconnect comes after that deadline; the session lists the tool
 //     with another input schema, or not at all, now or once it is back): an error
-//     wrapping [ErrNotSent]. Nothing happened upstream. Whether the request
+//     wrapping [ErrNotSent] (and, for another input schema, a
+//     [*gateway.ToolChangedError] saying so). Nothing happened upstream. Whether the request
 //     left is what the transport saw (an HTTP POST that reached the server,
 //     a write to the child's stdin begun), never what the error says.
 //   - Anything else (timeout, the process died or the connection broke while

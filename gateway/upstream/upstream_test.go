@@ -1567,15 +1567,20 @@ func TestCallChecksTheCurrentListing(t *testing.T) {
 		return tools != nil && find(tools, "web__erase").Run == nil && find(tools, "web__write").Pin() != oldWrite.Pin()
 	})
 	for _, tc := range []struct {
-		tool Tool
-		want string
+		tool    Tool
+		want    string
+		changed bool // a *gateway.ToolChangedError says how
 	}{
-		{oldWrite, "lists write with another input schema now"},
-		{oldErase, "no longer lists erase now"},
+		{oldWrite, "lists write with another input schema now", true},
+		{oldErase, "no longer lists erase now", false},
 	} {
 		_, err := run(t, tc.tool, `{}`)
 		if !errors.Is(err, ErrNotSent) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want ErrNotSent saying %q", tc.tool.Name, err, tc.want)
+		}
+		var changed *gateway.ToolChangedError
+		if errors.As(err, &changed) != tc.changed {
+			t.Errorf("%s: %v is a ToolChangedError: %v, want %v", tc.tool.Name, err, !tc.changed, tc.changed)
 		}
 	}
 	if n := runs.Load(); n != 1 {
