@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -46,7 +47,7 @@ func (a *App) startAudit(ctx context.Context, js jetstream.JetStream) error {
 			return err
 		}
 		opts.Keys = keys
-		if err := a.writeAuditPublicKeys(keys); err != nil {
+		if err := a.writeAuditPublicKeys(keys.PublicKeysPEM()); err != nil {
 			return err
 		}
 	}
@@ -59,15 +60,15 @@ func (a *App) startAudit(ctx context.Context, js jetstream.JetStream) error {
 	return nil
 }
 
-// writeAuditPublicKeys writes every public key to DATA_DIR/audit-key.pub,
-// in dev (where the keys live in the data dir).
-func (a *App) writeAuditPublicKeys(keys *audit.Keyring) error {
+// writeAuditPublicKeys writes pem, every public key of the keyring, to
+// DATA_DIR/audit-key.pub, in dev (where the keys live in the data dir).
+func (a *App) writeAuditPublicKeys(pem []byte) error {
 	if a.mode != ModeDev {
 		return nil
 	}
 	// Written whole, then renamed: an auditor never reads half a file.
 	p := filepath.Join(a.cfg.DataDir, AuditPubKeyFile)
-	if err := os.WriteFile(p+".tmp", keys.PublicKeysPEM(), 0o644); err != nil {
+	if err := os.WriteFile(p+".tmp", pem, 0o644); err != nil {
 		return fmt.Errorf("audit: write public key: %w", err)
 	}
 	if err := os.Rename(p+".tmp", p); err != nil {
@@ -85,13 +86,16 @@ var auditKeyPoll = 30 * time.Second
 // auditKeyPoll the keyring reads its directory again and signs from then on
 // with the key its current file names. A directory that cannot be read, or
 // names a key it does not hold, changes nothing: the process signs on with
-// the key it has, and says so once until the directory reads again.
+// the key it has, and says so once until the directory reads again. In
+// dev, audit-key.pub follows the keys the directory holds: a key added
+// ahead of its switch is in it before it signs anything.
 func (a *App) startAuditKeyWatch(ctx context.Context) {
 	if a.auditKeys == nil {
 		return
 	}
 	a.bg.Go(func() {
 		failing := false
+		published := a.auditKeys.PublicKeysPEM()
 		for sleep(ctx, auditKeyPoll) {
 			id, changed, err := a.auditKeys.Refresh()
 			if err != nil {
@@ -107,9 +111,13 @@ func (a *App) startAuditKeyWatch(ctx context.Context) {
 			failing = false
 			if changed {
 				a.log.Info("audit: signing with a new key (rotated)", "key", id)
-				if err := a.writeAuditPublicKeys(a.auditKeys); err != nil {
+			}
+			if pem := a.auditKeys.PublicKeysPEM(); !bytes.Equal(pem, published) {
+				if err := a.writeAuditPublicKeys(pem); err != nil {
 					a.log.Warn("audit: public keys", "err", err)
+					continue
 				}
+				published = pem
 			}
 		}
 	})

@@ -1,10 +1,14 @@
 package app
 
 import (
+	"bytes"
 	"context"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,13 +18,15 @@ import (
 // TestAuditKeyRotationWithoutRestart: `countersign audit rotate-key` on a
 // running dev's key directory takes effect within the poll: the next
 // record is signed with the new key, and audit-key.pub holds both keys.
-// A broken directory afterwards changes nothing.
+// A key added without a switch is published and not used; a broken
+// directory afterwards changes nothing.
 func TestAuditKeyRotationWithoutRestart(t *testing.T) {
 	defer func(d time.Duration) { auditKeyPoll = d }(auditKeyPoll)
 	auditKeyPoll = 50 * time.Millisecond
 	dir := t.TempDir()
 	ctx := context.Background()
-	a, err := New(ctx, Config{DataDir: dir, Addr: freeAddr(t), SQLiteSync: "NORMAL"}, ModeDev, nil, io.Discard)
+	logs := &syncBuffer{}
+	a, err := New(ctx, Config{DataDir: dir, Addr: freeAddr(t), SQLiteSync: "NORMAL"}, ModeDev, slog.New(slog.NewTextHandler(logs, nil)), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,13 +78,67 @@ func TestAuditKeyRotationWithoutRestart(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
+	// A key added ahead of its switch (the first step of the README's
+	// two-step rotation): published at once, not used yet.
+	edir := t.TempDir()
+	elsewhere, err := audit.OpenKeyring(edir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	third, err := elsewhere.Rotate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pemFile := third + ".pem"
+	b, err := os.ReadFile(filepath.Join(edir, pemFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, AuditKeyDir, pemFile), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for pubKeys() != 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s holds %d keys 5 s after a key was added, want 3", AuditPubKeyFile, pubKeys())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := record(3).KeyID; got != second {
+		t.Fatalf("record after a key was added (not made current) signed with %s, want %s", got, second)
+	}
+
 	// A current file naming a key the directory lacks: signing goes on
-	// with the key in use.
+	// with the key in use, and the process says why.
 	if err := os.WriteFile(filepath.Join(dir, AuditKeyDir, "current"), []byte("ed25519-00000000000000000000000000000000\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(10 * auditKeyPoll)
-	if got := record(3).KeyID; got != second {
+	deadline = time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), "cannot read the key directory again") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning 5 s after the key directory broke; log:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := record(4).KeyID; got != second {
 		t.Fatalf("record with a broken key directory signed with %s, want %s", got, second)
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a reader at once.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
