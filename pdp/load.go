@@ -43,6 +43,14 @@ func load(dir string) (*policySet, error) {
 		fsys, _ = fs.Sub(embedded, "policy")
 		src, prefix = "embedded default policy", "pdp/policy"
 	} else {
+		// Said with the path: a walk of a missing directory names only ".".
+		fi, err := os.Stat(dir)
+		if err != nil {
+			return nil, fmt.Errorf("pdp: load policy: %w", err)
+		}
+		if !fi.IsDir() {
+			return nil, fmt.Errorf("pdp: load policy: %s is not a directory", dir)
+		}
 		fsys = os.DirFS(dir)
 	}
 	name := func(rel string) string { return filepath.Join(prefix, filepath.FromSlash(rel)) }
@@ -170,6 +178,10 @@ func (s *policySet) prepare(ctx context.Context) (rego.PreparedEvalQuery, error)
 	}
 	q, err := rego.New(opts...).PrepareForEval(ctx)
 	if err != nil {
+		if strings.Contains(err.Error(), "undefined function data.countersign.approvals.") {
+			// A copy of default.rego without the helper it imports.
+			return q, fmt.Errorf("pdp: compile policy: %w (copy pdp/policy/approvals.rego into the policy directory too)", err)
+		}
 		return q, fmt.Errorf("pdp: compile policy: %w", err)
 	}
 	return q, nil

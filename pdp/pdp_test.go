@@ -377,7 +377,7 @@ func TestNewErrors(t *testing.T) {
 		{
 			name:  "unknown import",
 			files: map[string]string{"p.rego": "package countersign.authz\n\nimport data.countersign.approvals\n\ndecision := approvals.resolve({})\n"},
-			want:  "p.rego:5",
+			want:  "p.rego:5: rego_type_error: undefined function data.countersign.approvals.resolve (copy pdp/policy/approvals.rego into the policy directory too)",
 		},
 		{
 			name:  "no decision rule",
@@ -415,8 +415,18 @@ func TestNewErrors(t *testing.T) {
 		})
 	}
 	t.Run("missing dir", func(t *testing.T) {
-		if _, err := pdp.New(context.Background(), pdp.Options{Dir: filepath.Join(t.TempDir(), "nope")}); err == nil {
-			t.Error("New: want an error")
+		dir := filepath.Join(t.TempDir(), "nope")
+		_, err := pdp.New(context.Background(), pdp.Options{Dir: dir})
+		if err == nil || !strings.Contains(err.Error(), "stat "+dir+": no such file or directory") {
+			t.Errorf("New: %v, want an error naming %s", err, dir)
+		}
+	})
+	t.Run("a file, not a dir", func(t *testing.T) {
+		dir := writePolicy(t, map[string]string{"p.rego": "package countersign.authz\n\ndecision := {}\n"})
+		file := filepath.Join(dir, "p.rego")
+		_, err := pdp.New(context.Background(), pdp.Options{Dir: file})
+		if err == nil || !strings.Contains(err.Error(), file+" is not a directory") {
+			t.Errorf("New: %v, want an error saying %s is not a directory", err, file)
 		}
 	})
 }
