@@ -179,6 +179,21 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 			return nil, fmt.Errorf("data dir: %w", err)
 		}
 	}
+	// The policy before NATS and Temporal: one that does not load stops
+	// startup with nothing started or written.
+	policyDir := cfg.PolicyDir
+	if cfg.Conformance && policyDir == "" {
+		// The default policy plus the conformance fixtures (see
+		// gateway/conformance), written out so the version hash and
+		// the files are inspectable.
+		policyDir = filepath.Join(cfg.DataDir, "conformance-policy")
+		if err := pdp.WriteConformancePolicy(policyDir); err != nil {
+			return nil, err
+		}
+	}
+	if a.PDP, err = pdp.New(ctx, pdp.Options{Dir: policyDir, Logger: log, EvalTimeout: cfg.PolicyTimeout}); err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
 	if err := a.startTelemetry(ctx); err != nil {
 		return nil, err
 	}
@@ -224,19 +239,6 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		IgnoreUnsolicitedExtensions: true,
 	}); err != nil {
 		return nil, fmt.Errorf("passkeys (--verified-origins): %w", err)
-	}
-	policyDir := cfg.PolicyDir
-	if cfg.Conformance && policyDir == "" {
-		// The default policy plus the conformance fixtures (see
-		// gateway/conformance), written out so the version hash and
-		// the files are inspectable.
-		policyDir = filepath.Join(cfg.DataDir, "conformance-policy")
-		if err := pdp.WriteConformancePolicy(policyDir); err != nil {
-			return nil, err
-		}
-	}
-	if a.PDP, err = pdp.New(ctx, pdp.Options{Dir: policyDir, Logger: log, EvalTimeout: cfg.PolicyTimeout}); err != nil {
-		return nil, fmt.Errorf("policy: %w", err)
 	}
 	if err := a.startAudit(ctx, js); err != nil {
 		return nil, err
