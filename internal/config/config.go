@@ -165,7 +165,13 @@ func Parse(path string, data []byte, lookupEnv func(string) (string, bool)) (*Fi
 	if lookupEnv == nil {
 		lookupEnv = os.LookupEnv
 	}
-	d := &decoder{path: path, dir: filepath.Dir(path), lookupEnv: lookupEnv}
+	dir := filepath.Dir(path)
+	if abs, err := filepath.Abs(dir); err == nil {
+		// Paths made from it stay right whatever directory they are used
+		// in, and "./server" stays a path rather than a name for PATH.
+		dir = abs
+	}
+	d := &decoder{path: path, dir: dir, lookupEnv: lookupEnv}
 	f := &File{Path: path}
 	d.file(f, data)
 	if len(d.problems) > 0 {
@@ -488,6 +494,11 @@ func (d *decoder) command(v *yaml.Node, field string) []string {
 		}
 		if i == 0 && s == "" {
 			d.addf(e.Line, field+"[0]", "the program must not be empty")
+		}
+		if i == 0 && strings.ContainsRune(s, '/') && !filepath.IsAbs(s) {
+			// A path, like the file's others, is relative to its
+			// directory; a bare name is looked up in PATH.
+			s = filepath.Join(d.dir, s)
 		}
 		out = append(out, s)
 	}

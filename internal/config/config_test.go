@@ -624,3 +624,45 @@ func TestToolName(t *testing.T) {
 		t.Errorf("ToolSeparator = %q", ToolSeparator)
 	}
 }
+
+// TestCommandProgramPath: a program given as a relative path is relative to
+// the file's directory, as the file's other paths are; a bare name is left
+// for PATH, an absolute path and the arguments as written.
+func TestCommandProgramPath(t *testing.T) {
+	path := write(t, `upstreams:
+  - name: rel
+    command: ["./bin/server.sh", "./data"]
+  - name: up
+    command: ["../tools/server", "x"]
+  - name: bare
+    command: ["npx", "-y", "server"]
+  - name: abs
+    command: ["/usr/bin/server"]
+`)
+	f, err := Load(path, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Dir(path)
+	want := [][]string{
+		{filepath.Join(dir, "bin", "server.sh"), "./data"},
+		{filepath.Join(filepath.Dir(dir), "tools", "server"), "x"},
+		{"npx", "-y", "server"},
+		{"/usr/bin/server"},
+	}
+	for i, u := range f.Upstreams {
+		if !slices.Equal(u.Command, want[i]) {
+			t.Errorf("%s: command %q, want %q", u.Name, u.Command, want[i])
+		}
+	}
+
+	// A file named by a relative path: the program is still a path.
+	t.Chdir(dir)
+	f, err = Load("countersign.yaml", env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Upstreams[0].Command[0]; got != want[0][0] {
+		t.Errorf("from the file's directory: program %q, want %q", got, want[0][0])
+	}
+}

@@ -34,7 +34,11 @@
 //   - name: the upstream's identifier, 1 to 32 characters of a-z, 0-9 and
 //     "-"; unique in the file.
 //   - command: a stdio upstream, started as a child process; a non-empty list
-//     of strings (program, then arguments; no shell is involved).
+//     of strings (program, then arguments; no shell is involved). A program
+//     given as a relative path (one with a "/", like ./server.sh) is
+//     relative to the file's directory; a bare name (npx) is looked up in
+//     PATH. Arguments are passed as written, and the child runs in
+//     Countersign's working directory.
 //   - url: a Streamable HTTP upstream; an http or https URL with a host and
 //     without user:password (put credentials in headers).
 //   - env: environment variables for a command upstream (string to
