@@ -195,17 +195,42 @@ func (a *Activities) Notify(ctx context.Context, in NotifyInput) error {
 	if err := checkVersion(in.Version); err != nil {
 		return err
 	}
-	if a.Notifier == nil {
+	if a.Notifier == nil && a.Passkeys == nil {
 		return nil
 	}
 	r, err := a.Tasks.Get(ctx, in.TaskID)
 	if err != nil {
 		return storeError("notify", in.TaskID, err)
 	}
+	a.warnIfNobodyCanApprove(ctx, r)
+	if a.Notifier == nil {
+		return nil
+	}
 	if err := a.Notifier.ApprovalRequested(ctx, r, a.approveURL(r.ApprovalRef), a.identicalCalls(ctx, r)); err != nil {
 		return fmt.Errorf("activities: notify %s: %w", in.TaskID, err)
 	}
 	return nil
+}
+
+// warnIfNobodyCanApprove logs a warning when fewer of r's approver group
+// can decide it (active, with a passkey its authenticator class allows)
+// than its quorum: the task waits until its expiry unless someone enrolls,
+// and a group name the policy misspelt looks just like that. A look-up
+// that fails is logged and changes nothing.
+func (a *Activities) warnIfNobodyCanApprove(ctx context.Context, r tasks.Record) {
+	req := r.Requirement
+	if a.Passkeys == nil || req.Quorum == 0 {
+		return
+	}
+	n, err := a.Passkeys.EligibleApprovers(ctx, req.Group, req.AuthenticatorClass)
+	if err != nil {
+		a.log().WarnContext(ctx, "activities: approvers of the task's group not counted", "task_id", r.TaskID, "group", req.Group, "err", err)
+		return
+	}
+	if n < req.Quorum {
+		a.log().WarnContext(ctx, "activities: the task cannot be approved yet: too few approvers in its group can approve it; add or enroll approvers (countersign approvers add), or check the group name in the policy",
+			"task_id", r.TaskID, "group", req.Group, "authenticator_class", req.AuthenticatorClass, "able", n, "quorum", req.Quorum, "expires_at", r.ExpiresAt)
+	}
 }
 
 // NotifyUpdate tells the notifiers that the task moved on (an accepted

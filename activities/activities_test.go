@@ -753,3 +753,65 @@ func TestConsoleNotifierQuotesDisplayText(t *testing.T) {
 		t.Errorf("control characters reached the console: %q", out)
 	}
 }
+
+// TestNotifyWarnsWhenNobodyCanApprove: a task whose group has fewer
+// approvers able to approve it than its quorum (none enrolled, a group the
+// policy misspelt, a quorum of two with one approver) is notified as ever,
+// with a warning in the log; a group that can reach its quorum gets none.
+func TestNotifyWarnsWhenNobodyCanApprove(t *testing.T) {
+	w := newWorld(t)
+	logs := &bytes.Buffer{}
+	var mu sync.Mutex
+	acts := *w.acts
+	acts.Logger = slog.New(slog.NewTextHandler(lockedWriter{&mu, logs}, nil))
+	notify := func(group string, quorum int) string {
+		t.Helper()
+		env := envelope(t, "agent-1", `{"amount":5000}`)
+		w.createTask(t, env)
+		if _, err := w.store.Update(context.Background(), env.TaskID, func(r *tasks.Record) error {
+			r.Requirement.Group, r.Requirement.Quorum = group, quorum
+			r.Requirement.AuthenticatorClass = passkey.ClassPlatform // as policy sets it
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		logs.Reset()
+		mu.Unlock()
+		if err := acts.Notify(context.Background(), activities.NotifyInput{Version: activities.Version, TaskID: env.TaskID}); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.String()
+	}
+	const warning = "the task cannot be approved yet"
+	if got := notify("approvers", 1); !strings.Contains(got, warning) || !strings.Contains(got, "able=0") {
+		t.Errorf("no approver enrolled: log %q, want the warning with able=0", got)
+	}
+	w.enroll(t, "ann", "approvers")
+	if got := notify("approvers", 1); strings.Contains(got, warning) {
+		t.Errorf("one approver for a quorum of one: log %q, want no warning", got)
+	}
+	if got := notify("approvers", 2); !strings.Contains(got, warning) || !strings.Contains(got, "able=1") {
+		t.Errorf("one approver for a quorum of two: log %q, want the warning with able=1", got)
+	}
+	if got := notify("aprovers", 1); !strings.Contains(got, warning) || !strings.Contains(got, "group=aprovers") {
+		t.Errorf("a misspelt group: log %q, want the warning naming it", got)
+	}
+	if !strings.Contains(w.console.String(), "https://approvals.example.com/approve/") {
+		t.Errorf("the tasks were not notified: %q", w.console.String())
+	}
+}
+
+// lockedWriter serializes writes to w.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}

@@ -335,26 +335,44 @@ func challengeKeyTTL(ttl time.Duration) time.Duration {
 // eligibleDescriptors lists the credentials of the group's approvers that the
 // class allows, with their transports.
 func (s *Service) eligibleDescriptors(ctx context.Context, group, class string) ([]protocol.CredentialDescriptor, error) {
-	approvers, err := s.Approvers(ctx)
+	out, _, err := s.eligible(ctx, group, class)
+	return out, err
+}
+
+// EligibleApprovers counts the group's active approvers who hold an active
+// passkey the authenticator class allows: the people who could decide a
+// task of that requirement now.
+func (s *Service) EligibleApprovers(ctx context.Context, group, class string) (int, error) {
+	_, n, err := s.eligible(ctx, group, class)
+	return n, err
+}
+
+// eligible returns the credentials of the group's active approvers that
+// the class allows, and how many approvers hold at least one.
+func (s *Service) eligible(ctx context.Context, group, class string) (descs []protocol.CredentialDescriptor, approvers int, err error) {
+	all, err := s.Approvers(ctx)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	var out []protocol.CredentialDescriptor
-	for _, a := range approvers {
+	for _, a := range all {
 		if !inGroup(a, group) || !a.Active() {
 			continue
 		}
 		creds, err := s.approverCredentials(ctx, a)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
+		held := len(descs)
 		for _, c := range creds {
 			if c.active() && classAllows(class, c.Credential.Transport) {
-				out = append(out, c.Credential.Descriptor())
+				descs = append(descs, c.Credential.Descriptor())
 			}
 		}
+		if len(descs) > held {
+			approvers++
+		}
 	}
-	return out, nil
+	return descs, approvers, nil
 }
 
 func inGroup(a Approver, group string) bool {
