@@ -448,7 +448,11 @@ func (s *Server) pendingFollowUp(ctx context.Context, info *callInfo) (mcp.Resul
 	if len(open) == 0 {
 		b.WriteString("You have no calls waiting for approval.")
 	} else {
-		fmt.Fprintf(&b, "%d of your calls are waiting for approval; none of them has run. Call %s with a taskId for its result:", len(open), ToolAwait)
+		if len(open) == 1 {
+			fmt.Fprintf(&b, "1 of your calls is waiting for approval; it has not run. Call %s with its taskId for its result:", ToolAwait)
+		} else {
+			fmt.Fprintf(&b, "%d of your calls are waiting for approval; none of them has run. Call %s with a taskId for its result:", len(open), ToolAwait)
+		}
 		for _, p := range open {
 			fmt.Fprintf(&b, "\n- %s: %s (%s", p.TaskID, p.Tool, p.Status)
 			if p.ExpiresAt != "" {

@@ -274,7 +274,19 @@ func summarize(r audit.Record) string {
 	case audit.KindOutcome:
 		var b audit.Outcome
 		if json.Unmarshal(r.Body, &b) == nil {
-			return fmt.Sprintf("%s %s, %d approvals", b.Status, b.Disposition, len(b.Approvals))
+			// The outcome lists every accepted decision with its
+			// assertion, denials included: count them apart.
+			approved := 0
+			for _, a := range b.Approvals {
+				if a.Decision == "approve" {
+					approved++
+				}
+			}
+			s := fmt.Sprintf("%s %s, %s", b.Status, b.Disposition, count(approved, "approval"))
+			if denied := len(b.Approvals) - approved; denied > 0 {
+				s += ", " + count(denied, "signed denial")
+			}
+			return s
 		}
 	default:
 		var b audit.Ended
@@ -350,7 +362,7 @@ func printReport(rep audit.Report, asJSON bool, w io.Writer) error {
 			default: // an end, or a claim, and no outcome after it
 				what += ", not sealed"
 			}
-			fmt.Fprintf(w, "%s %s %s (%d records, %d approvals)\n", verdict, t.TaskID, what, t.Records, t.Approvals)
+			fmt.Fprintf(w, "%s %s %s (%s, %s)\n", verdict, t.TaskID, what, count(t.Records, "record"), count(t.Approvals, "approval"))
 			if rules := t.Rules(); len(rules) > 0 {
 				fmt.Fprintf(w, "     broken rules: %s\n", strings.Join(rules, ", "))
 			}
@@ -374,4 +386,12 @@ func printReport(rep audit.Report, asJSON bool, w io.Writer) error {
 		return errVerifyFailed
 	}
 	return nil
+}
+
+// count is "1 thing" or "n things".
+func count(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
 }

@@ -153,3 +153,33 @@ func readPEM(t *testing.T, p string) string {
 	}
 	return string(b)
 }
+
+// TestSummarizeOutcomeCountsDecisions: an outcome's line tells approvals
+// from signed denials, in the singular where there is one.
+func TestSummarizeOutcomeCountsDecisions(t *testing.T) {
+	outcome := func(decisions ...string) audit.Record {
+		var o audit.Outcome
+		o.Status, o.Disposition = "completed", "denied-not-executed"
+		for _, d := range decisions {
+			o.Approvals = append(o.Approvals, audit.Approval{Decision: d})
+		}
+		body, err := json.Marshal(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return audit.Record{Kind: audit.KindOutcome, Body: body}
+	}
+	for _, tc := range []struct {
+		decisions []string
+		want      string
+	}{
+		{nil, "completed denied-not-executed, 0 approvals"},
+		{[]string{"deny"}, "completed denied-not-executed, 0 approvals, 1 signed denial"},
+		{[]string{"approve"}, "completed denied-not-executed, 1 approval"},
+		{[]string{"approve", "approve", "deny"}, "completed denied-not-executed, 2 approvals, 1 signed denial"},
+	} {
+		if got := summarize(outcome(tc.decisions...)); got != tc.want {
+			t.Errorf("%v: %q, want %q", tc.decisions, got, tc.want)
+		}
+	}
+}
