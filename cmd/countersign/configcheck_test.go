@@ -133,8 +133,14 @@ limits:
 		t.Errorf("partial file: exit %d, err %s", code, stderr)
 	}
 	code, out, stderr = runCLI("config", "check", "--mode", "dev", writeConfig(t, "inline_wait: 5s\n"))
-	if code != 0 || !strings.Contains(out, "inline_wait: 5s") || !strings.Contains(out, "demo_tools: true") {
+	if code != 0 || !strings.Contains(out, "inline_wait: 5s") || !strings.Contains(out, "demo_tools: true") || stderr != "" {
 		t.Errorf("dev mode: exit %d, out %s, err %s", code, out, stderr)
+	}
+	// A file that loads with a warning: OK, and the warning on stderr.
+	code, out, stderr = runCLI("config", "check", "--mode", "dev", writeConfig(t, "upstreams:\n  - name: a\n    url: http://h/mcp\n    headers: {Authorization: \"Bearer abc123secret\"}\n"))
+	if code != 0 || !strings.Contains(out, "OK") || !strings.Contains(stderr, "countersign: warning: ") ||
+		!strings.Contains(stderr, "upstreams[0].headers.Authorization: holds a credential written inline") || strings.Contains(stderr+out, "abc123secret") {
+		t.Errorf("inline credential: exit %d, out %s, err %s", code, out, stderr)
 	}
 
 	for _, tc := range []struct {

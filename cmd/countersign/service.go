@@ -186,6 +186,9 @@ func serviceConfig(cmd string, args []string, stderr io.Writer) (cfg app.Config,
 		if err != nil {
 			return app.Config{}, fmt.Errorf("configuration file: %w", err)
 		}
+		for _, w := range f.Warnings {
+			fmt.Fprintf(stderr, "countersign: warning: %s\n", w)
+		}
 		cfg.ApplyFile(f, func(flag string) bool { return explicit[flag] })
 		cfg.File = f
 	} else {

@@ -49,6 +49,9 @@ type File struct {
 	// Path is the file the configuration came from ("" when it did not come
 	// from a file).
 	Path string
+	// Warnings are what loads but looks like a mistake (a credential
+	// written inline, a "$NAME" that is literal), for the caller to show.
+	Warnings []Problem
 	// Upstreams are the MCP servers whose tools Countersign fronts, in file
 	// order.
 	Upstreams []Upstream
@@ -178,6 +181,7 @@ func Parse(path string, data []byte, lookupEnv func(string) (string, bool)) (*Fi
 		slices.SortStableFunc(d.problems, func(a, b Problem) int { return a.Line - b.Line })
 		return nil, &Error{Problems: d.problems}
 	}
+	f.Warnings = d.warnings
 	return f, nil
 }
 
@@ -243,6 +247,51 @@ type decoder struct {
 	dir       string
 	lookupEnv func(string) (string, bool)
 	problems  []Problem
+	warnings  []Problem
+}
+
+func (d *decoder) warnf(line int, field, format string, args ...any) {
+	d.warnings = append(d.warnings, Problem{Path: d.path, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)})
+}
+
+// credentialName reports whether a header, variable or setting named name
+// holds a credential by its name.
+func credentialName(name string) bool {
+	n := strings.ToLower(name)
+	switch n {
+	case "authorization", "proxy-authorization", "cookie":
+		return true
+	}
+	for _, part := range []string{"token", "secret", "password", "passwd", "apikey", "api-key", "api_key", "credential"} {
+		if strings.Contains(n, part) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkInline warns about a value raw of a setting named name (a header,
+// an environment variable, a secret setting) that looks like a mistake:
+// a credential written inline rather than referenced, or "$NAME", which
+// is literal (a reference is ${NAME}). The value never appears in the
+// warning.
+func (d *decoder) checkInline(line int, field, name, raw string) {
+	for i := 0; i+1 < len(raw); i++ {
+		if raw[i] != '$' {
+			continue
+		}
+		if strings.HasPrefix(raw[i:], "$${") {
+			i += 2
+			continue
+		}
+		if c := raw[i+1]; c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' {
+			d.warnf(line, field, "a \"$\" followed by a name is literal, sent as written: a reference is written ${NAME}")
+			break
+		}
+	}
+	if credentialName(name) && !strings.Contains(raw, "${") {
+		d.warnf(line, field, "holds a credential written inline: reference it instead, from the environment (${NAME}) or a file (${file:/run/secrets/…})")
+	}
 }
 
 func (d *decoder) addf(line int, field, format string, args ...any) {
@@ -574,6 +623,7 @@ func (d *decoder) secrets(v *yaml.Node, field string, headers bool) map[string]s
 		if !ok {
 			return
 		}
+		d.checkInline(val.Line, sub, key, raw)
 		s, ok := d.expand(val.Line, sub, raw)
 		if !ok {
 			return

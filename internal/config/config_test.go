@@ -666,3 +666,52 @@ func TestCommandProgramPath(t *testing.T) {
 		t.Errorf("from the file's directory: program %q, want %q", got, want[0][0])
 	}
 }
+
+// TestWarnings: what loads but looks like a mistake is warned about, with
+// its line and field and never its value: a credential written inline, and
+// a "$NAME" that is literal. References, escapes and ordinary values are
+// not.
+func TestWarnings(t *testing.T) {
+	f, err := Parse("c.yaml", []byte(`upstreams:
+  - name: a
+    url: http://h/mcp
+    headers:
+      Authorization: "Bearer abc123secret"
+      X-Api-Key: "k-123"
+      X-Trace: "on"
+      Cookie: "${COOKIE}"
+      X-Note: "cost $$5 or $${HOME}"
+  - name: b
+    command: [server]
+    env:
+      GITHUB_TOKEN: "$GH_TOKEN"
+      LOG_LEVEL: info
+      DB_PASSWORD: "${DB_PASSWORD}"
+slack:
+  token: xoxb-inline
+  signing_secret: "${SLACK_SIGNING_SECRET}"
+`), env(map[string]string{"DB_PASSWORD": "p", "SLACK_SIGNING_SECRET": "s", "COOKIE": "c"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, w := range f.Warnings {
+		got = append(got, w.String())
+	}
+	inline := "holds a credential written inline: reference it instead, from the environment (${NAME}) or a file (${file:/run/secrets/…})"
+	want := []string{
+		"c.yaml:5: upstreams[0].headers.Authorization: " + inline,
+		"c.yaml:6: upstreams[0].headers.X-Api-Key: " + inline,
+		`c.yaml:13: upstreams[1].env.GITHUB_TOKEN: a "$" followed by a name is literal, sent as written: a reference is written ${NAME}`,
+		"c.yaml:13: upstreams[1].env.GITHUB_TOKEN: " + inline,
+		"c.yaml:17: slack.token: " + inline,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("warnings (-want +got):\n%s", diff)
+	}
+	for _, secret := range []string{"abc123secret", "k-123", "xoxb-inline", "GH_TOKEN"} {
+		if strings.Contains(strings.Join(got, "\n"), secret) {
+			t.Errorf("a warning shows the value %q", secret)
+		}
+	}
+}

@@ -90,7 +90,11 @@
 //     trailing newlines removed (at most 64 KiB). A relative path is relative
 //     to the directory of the configuration file. A missing or unreadable
 //     file is an error.
-//   - $${ stands for a literal "${". Any other "$" is literal.
+//   - $${ stands for a literal "${". Any other "$" is literal; a "$"
+//     followed by a name ($TOKEN) loads with a warning (File.Warnings),
+//     as does a credential written inline (a value without ${…} under
+//     Authorization, Proxy-Authorization, Cookie, or a name holding token,
+//     secret, password, passwd, apikey, api-key, api_key or credential).
 //
 // Inside a flow mapping ({…}) a value holding ${…} must be quoted, as in
 // the example above; YAML reads an unquoted { there as the start of a

@@ -207,6 +207,7 @@ oauth:
 	}
 	again.Temporal.APIKey, again.Slack.Token, again.Slack.SigningSecret = f.Temporal.APIKey, f.Slack.Token, f.Slack.SigningSecret
 	again.Temporal.TLS.Enabled = false
+	again.Warnings = f.Warnings // the secrets put back inline are warned about
 	if diff := cmp.Diff(*f, *again); diff != "" {
 		t.Errorf("reloaded String (-first +again):\n%s", diff)
 	}

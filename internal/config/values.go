@@ -73,6 +73,7 @@ func (d *decoder) secret(v *yaml.Node, field string) string {
 	if !ok {
 		return ""
 	}
+	d.checkInline(v.Line, field, field[strings.LastIndexByte(field, '.')+1:], raw)
 	s, ok := d.expand(v.Line, field, raw)
 	if !ok {
 		return ""
