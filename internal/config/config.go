@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -303,7 +304,7 @@ func (d *decoder) file(f *File, data []byte) {
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
 		if !errors.Is(err, io.EOF) {
-			d.yamlError(err)
+			d.yamlError(err, data)
 		}
 		return
 	}
@@ -311,7 +312,7 @@ func (d *decoder) file(f *File, data []byte) {
 	if err := dec.Decode(&extra); err == nil {
 		d.addf(extra.Line, "", "the file must hold one YAML document, this is a second one")
 	} else if !errors.Is(err, io.EOF) {
-		d.yamlError(err)
+		d.yamlError(err, data)
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode {
@@ -346,11 +347,17 @@ func sectionKeys() []string {
 }
 
 // yamlError reports a syntax error from the YAML parser at its line.
-func (d *decoder) yamlError(err error) {
+func (d *decoder) yamlError(err error, data []byte) {
 	msg := err.Error()
 	if m := linePattern.FindStringSubmatch(msg); m != nil {
 		line, _ := strconv.Atoi(m[1])
-		d.addf(line, "", "invalid YAML: %s", m[2])
+		hint := ""
+		if strings.Contains(m[2], "did not find expected ',' or") && bytes.Contains(data, []byte("${")) {
+			// YAML reads the { of an unquoted ${…} in {…} or […] as the
+			// start of another mapping.
+			hint = ` (inside {…} or […], a value holding ${…} must be quoted: {Authorization: "Bearer ${TOKEN}"})`
+		}
+		d.addf(line, "", "invalid YAML: %s%s", m[2], hint)
 		return
 	}
 	d.addf(0, "", "invalid YAML: %s", strings.TrimPrefix(msg, "yaml: "))

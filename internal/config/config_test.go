@@ -381,6 +381,7 @@ func TestYAMLSyntax(t *testing.T) {
 		"a: 1\nb: 2\nc 2\nd: 3\n":                "c.yaml:3: invalid YAML: could not find expected ':'",
 		"upstreams:\n\t- name: a\n":              "c.yaml:2: invalid YAML: found character that cannot start any token",
 		"upstreams:\n  - name: a\n    url: [h\n": "invalid YAML: did not find expected ',' or ']'",
+		"upstreams:\n  - name: a\n    url: http://h\n    headers: {Authorization: Bearer ${TOK}}\n": `invalid YAML: did not find expected ',' or '}' (inside {…} or […], a value holding ${…} must be quoted: {Authorization: "Bearer ${TOKEN}"})`,
 	} {
 		got := problems(t, content, nil)
 		if len(got) != 1 || !strings.Contains(got[0], want) || !regexp.MustCompile(`^c\.yaml:\d+: `).MatchString(got[0]) {
