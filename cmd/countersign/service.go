@@ -181,20 +181,30 @@ func serviceConfig(cmd string, args []string, stderr io.Writer) (cfg app.Config,
 	if err != nil {
 		return app.Config{}, err
 	}
-	if cfg.ConfigFile != "" {
-		f, err := config.Load(cfg.ConfigFile, nil)
-		if err != nil {
-			return app.Config{}, fmt.Errorf("configuration file: %w", err)
-		}
-		for _, w := range f.Warnings {
-			fmt.Fprintf(stderr, "countersign: warning: %s\n", w)
-		}
-		cfg.ApplyFile(f, func(flag string) bool { return explicit[flag] })
-		cfg.File = f
-	} else {
-		cfg.File = &config.File{}
+	if err := applyConfigFile(&cfg, explicit, stderr); err != nil {
+		return app.Config{}, err
 	}
 	return cfg, nil
+}
+
+// applyConfigFile loads cfg.ConfigFile (none is an empty file) into
+// cfg.File, writes its warnings to stderr, and applies it to the settings
+// whose flag explicit does not hold: flag > environment > file > default.
+func applyConfigFile(cfg *app.Config, explicit map[string]bool, stderr io.Writer) error {
+	if cfg.ConfigFile == "" {
+		cfg.File = &config.File{}
+		return nil
+	}
+	f, err := config.Load(cfg.ConfigFile, nil)
+	if err != nil {
+		return fmt.Errorf("configuration file: %w", err)
+	}
+	for _, w := range f.Warnings {
+		fmt.Fprintf(stderr, "countersign: warning: %s\n", w)
+	}
+	cfg.ApplyFile(f, func(flag string) bool { return explicit[flag] })
+	cfg.File = f
+	return nil
 }
 
 func runService(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) error {

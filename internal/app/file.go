@@ -166,13 +166,8 @@ func (c *Config) Effective(mode Mode) *config.File {
 // filled in, and every setting checked, all problems at once. New calls
 // it; `countersign config check` too, through Check.
 func (c *Config) Resolve(mode Mode) error {
-	if c.File == nil {
-		f, err := loadConfigFile(c.ConfigFile)
-		if err != nil {
-			return err
-		}
-		c.ApplyFile(f, nil)
-		c.File = f
+	if err := c.loadFile(); err != nil {
+		return err
 	}
 	c.Defaults()
 	err := c.Validate()
@@ -194,6 +189,21 @@ func (c *Config) Resolve(mode Mode) error {
 	if len(errs) > 0 {
 		return fmt.Errorf("configuration: %w", errors.Join(errs...))
 	}
+	return nil
+}
+
+// loadFile loads ConfigFile into File and applies it (ApplyFile, the rule
+// for a Config built in Go), unless the caller has (File is set).
+func (c *Config) loadFile() error {
+	if c.File != nil {
+		return nil
+	}
+	f, err := loadConfigFile(c.ConfigFile)
+	if err != nil {
+		return err
+	}
+	c.ApplyFile(f, nil)
+	c.File = f
 	return nil
 }
 

@@ -252,19 +252,21 @@ func oneLine(s string) string {
 }
 
 // ListUpstreams is `countersign upstreams list`: it connects to every
-// upstream of the configuration file (waiting up to wait for each), and
-// writes each one's state and tools, with the decision the policy (policyDir,
-// or the embedded default) gives each tool for empty arguments.
-func ListUpstreams(ctx context.Context, configFile, policyDir string, wait time.Duration, w io.Writer) error {
-	cf, err := loadConfigFile(configFile)
-	if err != nil {
+// upstream of cfg's configuration file (waiting up to wait for each), and
+// writes each one's state and tools, with the decision the policy gives
+// each tool for empty arguments. The policy is the one New would load:
+// cfg.PolicyDir, with cfg.File applied (the caller's, or ConfigFile loaded
+// here as Resolve does), else the embedded default.
+func ListUpstreams(ctx context.Context, cfg Config, wait time.Duration, w io.Writer) error {
+	if err := cfg.loadFile(); err != nil {
 		return err
 	}
+	cf := cfg.File
 	if len(cf.Upstreams) == 0 {
 		fmt.Fprintln(w, "No upstreams configured.")
 		return nil
 	}
-	engine, err := pdp.New(ctx, pdp.Options{Dir: policyDir})
+	engine, err := pdp.New(ctx, pdp.Options{Dir: cfg.PolicyDir})
 	if err != nil {
 		return fmt.Errorf("policy: %w", err)
 	}

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/countersign/countersign/internal/bench"
+)
+
+// startEcho starts an HTTP MCP upstream serving one read-only tool, echo,
+// and returns its URL.
+func startEcho(t *testing.T) string {
+	t.Helper()
+	echo, err := bench.StartEchoUpstream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { echo.Close() })
+	return echo.URL
+}
+
+// writePolicy writes, in dir/name, a policy that denies every call with
+// reason.
+func writePolicy(t *testing.T, dir, name, reason string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.MkdirAll(p, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	rego := "package countersign.authz\n\ndefault decision := {\"effect\": \"deny\", \"reason\": \"" + reason + "\"}\n"
+	if err := os.WriteFile(filepath.Join(p, "policy.rego"), []byte(rego), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestUpstreamsListPolicy: upstreams list judges the tools with the policy
+// `countersign dev` would load: --policy, else COUNTERSIGN_POLICY, else the
+// configuration file's policy (a relative path from the file's directory),
+// else the embedded default.
+func TestUpstreamsListPolicy(t *testing.T) {
+	unsetEnv(t, "COUNTERSIGN_CONFIG", "COUNTERSIGN_POLICY")
+	url := startEcho(t)
+	dir := t.TempDir()
+	writePolicy(t, dir, "file-policy", "the file's policy")
+	flagPolicy := writePolicy(t, dir, "flag-policy", "the flag's policy")
+	envPolicy := writePolicy(t, dir, "env-policy", "the environment's policy")
+	withPolicy := filepath.Join(dir, "countersign.yaml")
+	if err := os.WriteFile(withPolicy, []byte("policy: file-policy\nupstreams:\n  - name: up\n    url: "+url+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	withoutPolicy := writeConfig(t, "upstreams:\n  - name: up\n    url: "+url+"\n")
+	for _, tc := range []struct {
+		name   string
+		config string
+		env    string
+		args   []string
+		want   string
+	}{
+		{name: "file", config: withPolicy, want: "deny: the file's policy"},
+		{name: "flag over file", config: withPolicy, args: []string{"--policy", flagPolicy}, want: "deny: the flag's policy"},
+		{name: "env over file", config: withPolicy, env: envPolicy, want: "deny: the environment's policy"},
+		{name: "flag over env", config: withPolicy, env: envPolicy, args: []string{"--policy", flagPolicy}, want: "deny: the flag's policy"},
+		{name: "embedded default", config: withoutPolicy, want: "allow: echo is read-only"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("COUNTERSIGN_POLICY", tc.env)
+			code, out, stderr := runCLI(append([]string{"upstreams", "list", "--config", tc.config, "--wait", "10s"}, tc.args...)...)
+			if code != 0 {
+				t.Fatalf("exit %d; out %q, err %q", code, out, stderr)
+			}
+			if !strings.Contains(out, "up__echo") || !strings.Contains(out, tc.want) {
+				t.Errorf("output lacks up__echo with %q:\n%s", tc.want, out)
+			}
+		})
+	}
+}
