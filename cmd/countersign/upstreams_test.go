@@ -1,10 +1,13 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/countersign/countersign/internal/bench"
 )
@@ -75,5 +78,41 @@ func TestUpstreamsListPolicy(t *testing.T) {
 				t.Errorf("output lacks up__echo with %q:\n%s", tc.want, out)
 			}
 		})
+	}
+}
+
+// TestUpstreamsListConcurrent: the upstreams are checked at once, so five
+// that are down take one --wait, not five; the output keeps the file's
+// order.
+func TestUpstreamsListConcurrent(t *testing.T) {
+	unsetEnv(t, "COUNTERSIGN_CONFIG", "COUNTERSIGN_POLICY")
+	cfg := "upstreams:\n"
+	var names []string
+	for i := range 6 {
+		name := fmt.Sprintf("down%d", i)
+		url := "http://127.0.0.1:1/mcp" // nothing listens there
+		if i == 3 {
+			name, url = "up", startEcho(t)
+		}
+		names = append(names, name)
+		cfg += "  - name: " + name + "\n    url: " + url + "\n"
+	}
+	const wait = time.Second
+	start := time.Now()
+	_, out, stderr := runCLI("upstreams", "list", "--config", writeConfig(t, cfg), "--wait", wait.String())
+	if took := time.Since(start); took > 7*wait/2 {
+		t.Errorf("took %s for five upstreams down with --wait %s: checked one after another?", took, wait)
+	}
+	var got []string
+	for line := range strings.Lines(out) {
+		if !strings.HasPrefix(line, " ") {
+			got = append(got, strings.Fields(line)[0])
+		}
+	}
+	if !slices.Equal(got, names) {
+		t.Errorf("upstreams in the output %v, want the file's order %v\n%s%s", got, names, out, stderr)
+	}
+	if !strings.Contains(out, "up__echo") {
+		t.Errorf("the upstream that is up lacks its tool:\n%s", out)
 	}
 }

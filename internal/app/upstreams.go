@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/countersign/countersign/gateway"
@@ -252,17 +253,18 @@ func oneLine(s string) string {
 }
 
 // ListUpstreams is `countersign upstreams list`: it connects to every
-// upstream of cfg's configuration file (waiting up to wait for each), and
-// writes each one's state and tools, with the decision the policy gives
-// each tool for empty arguments. The policy is the one New would load:
-// cfg.PolicyDir, with cfg.File applied (the caller's, or ConfigFile loaded
-// here as Resolve does), else the embedded default.
+// upstream of cfg's configuration file at once (waiting up to wait for
+// them), and writes, in the file's order, each one's state and tools, with
+// the decision the policy gives each tool for empty arguments. The policy
+// is the one New would load: cfg.PolicyDir, with cfg.File applied (the
+// caller's, or ConfigFile loaded here as Resolve does), else the embedded
+// default.
 func ListUpstreams(ctx context.Context, cfg Config, wait time.Duration, w io.Writer) error {
 	if err := cfg.loadFile(); err != nil {
 		return err
 	}
-	cf := cfg.File
-	if len(cf.Upstreams) == 0 {
+	ups := cfg.File.Upstreams
+	if len(ups) == 0 {
 		fmt.Fprintln(w, "No upstreams configured.")
 		return nil
 	}
@@ -270,42 +272,63 @@ func ListUpstreams(ctx context.Context, cfg Config, wait time.Duration, w io.Wri
 	if err != nil {
 		return fmt.Errorf("policy: %w", err)
 	}
-	quiet := slog.New(slog.DiscardHandler)
-	for _, cu := range cf.Upstreams {
-		got := make(chan []upstream.Tool, 1)
-		opts := upstreamOptions(cu, quiet)
-		opts.OnChange = func(tools []upstream.Tool) {
-			if len(tools) == 0 {
-				return
-			}
-			select {
-			case got <- tools:
-			default:
-			}
-		}
-		u := upstream.Start(ctx, opts)
-		var tools []upstream.Tool
-		select {
-		case tools = <-got:
-		case <-time.After(wait):
-		case <-ctx.Done():
-		}
-		st := u.State()
-		_ = u.Close()
+	checks := make([]upstreamCheck, len(ups))
+	var wg sync.WaitGroup
+	for i, cu := range ups {
+		wg.Go(func() { checks[i] = checkUpstream(ctx, cu, wait) })
+	}
+	wg.Wait()
+	for i, cu := range ups {
+		c := checks[i]
 		where := cu.URL
 		if cu.Stdio() {
 			where = strings.Join(cu.Command, " ")
 		}
 		state := "up"
-		if !st.Up && len(tools) == 0 {
-			state = "down: " + oneLine(st.Err)
+		if c.down() {
+			state = "down: " + oneLine(c.state.Err)
 		}
 		fmt.Fprintf(w, "%s  (%s)  approval: %s  %s\n", cu.Name, where, cu.Approval, state)
-		for _, gt := range served(tools, cu.Approval) {
+		for _, gt := range served(c.tools, cu.Approval) {
 			fmt.Fprintf(w, "  %-40s %s\n", gt.Name, decisionFor(ctx, engine, gt))
 		}
 	}
 	return nil
+}
+
+// upstreamCheck is what upstreams list found of an upstream.
+type upstreamCheck struct {
+	state upstream.State
+	tools []upstream.Tool
+}
+
+func (c upstreamCheck) down() bool { return !c.state.Up && len(c.tools) == 0 }
+
+// checkUpstream connects to cu and waits up to wait for its tools.
+func checkUpstream(ctx context.Context, cu config.Upstream, wait time.Duration) upstreamCheck {
+	got := make(chan []upstream.Tool, 1)
+	opts := upstreamOptions(cu, slog.New(slog.DiscardHandler))
+	opts.OnChange = func(tools []upstream.Tool) {
+		if len(tools) == 0 {
+			return
+		}
+		select {
+		case got <- tools:
+		default:
+		}
+	}
+	u := upstream.Start(ctx, opts)
+	var c upstreamCheck
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case c.tools = <-got:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	c.state = u.State()
+	_ = u.Close()
+	return c
 }
 
 // decisionFor is the policy decision on a call of t with empty arguments.
