@@ -116,3 +116,23 @@ func TestUpstreamsListConcurrent(t *testing.T) {
 		t.Errorf("the upstream that is up lacks its tool:\n%s", out)
 	}
 }
+
+// TestUpstreamsListExitStatus: upstreams list exits 1 when an upstream is
+// down, after printing every upstream, and 0 when all are up.
+func TestUpstreamsListExitStatus(t *testing.T) {
+	unsetEnv(t, "COUNTERSIGN_CONFIG", "COUNTERSIGN_POLICY")
+	url := startEcho(t)
+	up := "upstreams:\n  - name: up\n    url: " + url + "\n"
+	code, out, stderr := runCLI("upstreams", "list", "--config", writeConfig(t, up))
+	if code != 0 || stderr != "" {
+		t.Errorf("all up: exit %d, stderr %q; want 0 and nothing", code, stderr)
+	}
+	down := "upstreams:\n  - name: gone\n    url: http://127.0.0.1:1/mcp\n" + strings.TrimPrefix(up, "upstreams:\n")
+	code, out, stderr = runCLI("upstreams", "list", "--config", writeConfig(t, down), "--wait", "500ms")
+	if code != 1 || !strings.Contains(stderr, "1 of 2 upstreams down") {
+		t.Errorf("one down: exit %d, stderr %q; want 1 and how many are down", code, stderr)
+	}
+	if !strings.Contains(out, "gone  (") || !strings.Contains(out, "up__echo") {
+		t.Errorf("one down: not every upstream printed:\n%s", out)
+	}
+}

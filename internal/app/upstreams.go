@@ -258,7 +258,8 @@ func oneLine(s string) string {
 // the decision the policy gives each tool for empty arguments. The policy
 // is the one New would load: cfg.PolicyDir, with cfg.File applied (the
 // caller's, or ConfigFile loaded here as Resolve does), else the embedded
-// default.
+// default. When an upstream is down, it returns an error saying how many
+// are, after writing everything.
 func ListUpstreams(ctx context.Context, cfg Config, wait time.Duration, w io.Writer) error {
 	if err := cfg.loadFile(); err != nil {
 		return err
@@ -278,6 +279,7 @@ func ListUpstreams(ctx context.Context, cfg Config, wait time.Duration, w io.Wri
 		wg.Go(func() { checks[i] = checkUpstream(ctx, cu, wait) })
 	}
 	wg.Wait()
+	down := 0
 	for i, cu := range ups {
 		c := checks[i]
 		where := cu.URL
@@ -287,11 +289,15 @@ func ListUpstreams(ctx context.Context, cfg Config, wait time.Duration, w io.Wri
 		state := "up"
 		if c.down() {
 			state = "down: " + oneLine(c.state.Err)
+			down++
 		}
 		fmt.Fprintf(w, "%s  (%s)  approval: %s  %s\n", cu.Name, where, cu.Approval, state)
 		for _, gt := range served(c.tools, cu.Approval) {
 			fmt.Fprintf(w, "  %-40s %s\n", gt.Name, decisionFor(ctx, engine, gt))
 		}
+	}
+	if down > 0 {
+		return fmt.Errorf("upstreams list: %d of %d upstreams down", down, len(ups))
 	}
 	return nil
 }
