@@ -136,3 +136,32 @@ func TestUpstreamsListExitStatus(t *testing.T) {
 		t.Errorf("one down: not every upstream printed:\n%s", out)
 	}
 }
+
+// TestUpstreamsListStderr: under a stdio upstream that is down, the last
+// five lines its process wrote to stderr, each cut to a few hundred
+// characters; those of one attempt, though it was retried.
+func TestUpstreamsListStderr(t *testing.T) {
+	unsetEnv(t, "COUNTERSIGN_CONFIG", "COUNTERSIGN_POLICY")
+	script := "echo 'starting 1' >&2; echo 'starting 2' >&2; printf '%0800d' 0 >&2; echo >&2; " +
+		"echo 'detail a' >&2; echo 'detail b' >&2; echo 'fatal: missing API_KEY' >&2; exit 3"
+	cfg := writeConfig(t, "upstreams:\n  - name: broken\n    command: [\"sh\", \"-c\", \""+script+"\"]\n")
+	// 2 s: the upstream is retried a few times meanwhile.
+	code, out, stderr := runCLI("upstreams", "list", "--config", cfg, "--wait", "2s")
+	if code != 1 {
+		t.Fatalf("exit %d; out %q, err %q", code, out, stderr)
+	}
+	want := []string{"  stderr: starting 2", "  stderr: " + strings.Repeat("0", 300) + "…",
+		"  stderr: detail a", "  stderr: detail b", "  stderr: fatal: missing API_KEY"}
+	var got []string
+	for line := range strings.Lines(out) {
+		if strings.HasPrefix(line, "  stderr: ") {
+			got = append(got, strings.TrimSuffix(line, "\n"))
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("stderr lines shown:\n%s\nwant:\n%s\nwhole output:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"), out)
+	}
+	if !strings.HasPrefix(out, "broken  (sh -c ") || !strings.Contains(out, "down: ") {
+		t.Errorf("the upstream is not shown down:\n%s", out)
+	}
+}

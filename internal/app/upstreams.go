@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/gateway/conformance"
@@ -245,9 +246,28 @@ func oneLine(s string) string {
 	if s == "" {
 		return "not connected yet"
 	}
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > 200 {
-		s = s[:200] + "…"
+	return cutText(strings.Join(strings.Fields(s), " "), 200)
+}
+
+// printable is s with its control characters (a terminal's escape
+// sequences among them) made spaces.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+}
+
+// cutText cuts s after n characters, marking the cut with "…".
+func cutText(s string, n int) string {
+	i, count := 0, 0
+	for i = range s {
+		if count == n {
+			return s[:i] + "…"
+		}
+		count++
 	}
 	return s
 }
@@ -292,6 +312,11 @@ func ListUpstreams(ctx context.Context, cfg Config, wait time.Duration, w io.Wri
 			down++
 		}
 		fmt.Fprintf(w, "%s  (%s)  approval: %s  %s\n", cu.Name, where, cu.Approval, state)
+		if c.down() {
+			for _, line := range c.stderr {
+				fmt.Fprintf(w, "  stderr: %s\n", line)
+			}
+		}
 		for _, gt := range served(c.tools, cu.Approval) {
 			fmt.Fprintf(w, "  %-40s %s\n", gt.Name, decisionFor(ctx, engine, gt))
 		}
@@ -304,8 +329,9 @@ func ListUpstreams(ctx context.Context, cfg Config, wait time.Duration, w io.Wri
 
 // upstreamCheck is what upstreams list found of an upstream.
 type upstreamCheck struct {
-	state upstream.State
-	tools []upstream.Tool
+	state  upstream.State
+	tools  []upstream.Tool
+	stderr []string // the last lines its process wrote to stderr (stderrTail)
 }
 
 func (c upstreamCheck) down() bool { return !c.state.Up && len(c.tools) == 0 }
@@ -313,7 +339,8 @@ func (c upstreamCheck) down() bool { return !c.state.Up && len(c.tools) == 0 }
 // checkUpstream connects to cu and waits up to wait for its tools.
 func checkUpstream(ctx context.Context, cu config.Upstream, wait time.Duration) upstreamCheck {
 	got := make(chan []upstream.Tool, 1)
-	opts := upstreamOptions(cu, slog.New(slog.DiscardHandler))
+	tail := &stderrTail{}
+	opts := upstreamOptions(cu, slog.New(tail))
 	opts.OnChange = func(tools []upstream.Tool) {
 		if len(tools) == 0 {
 			return
@@ -333,8 +360,66 @@ func checkUpstream(ctx context.Context, cu config.Upstream, wait time.Duration) 
 	case <-ctx.Done():
 	}
 	c.state = u.State()
-	_ = u.Close()
+	_ = u.Close() // after which the process's stderr is all logged
+	c.stderr = tail.lines()
 	return c
+}
+
+// Bounds of the stderr lines upstreams list shows under a stdio upstream
+// that is down.
+const (
+	maxStderrTail     = 5   // lines
+	maxStderrTailLine = 300 // characters of a line
+)
+
+// stderrTail is a log handler for one upstream that keeps the last lines
+// its process wrote to stderr, which gateway/upstream logs one record
+// "upstream stderr" each, the line in "line". An upstream retries a failed
+// connection with a new process, so the lines kept are those of the last
+// attempt that wrote any (each attempt ends in a record "upstream
+// unavailable" or "upstream session ended", once its stderr is logged):
+// a process that fails the same way every time is shown once.
+type stderrTail struct {
+	mu        sync.Mutex
+	cur, last []string // of the attempt under way, of the last one that wrote any
+}
+
+func (t *stderrTail) Enabled(context.Context, slog.Level) bool { return true }
+func (t *stderrTail) WithAttrs([]slog.Attr) slog.Handler       { return t }
+func (t *stderrTail) WithGroup(string) slog.Handler            { return t }
+
+func (t *stderrTail) Handle(_ context.Context, r slog.Record) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch r.Message {
+	case "upstream stderr":
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key != "line" {
+				return true
+			}
+			t.cur = append(t.cur, cutText(printable(a.Value.String()), maxStderrTailLine))
+			if len(t.cur) > maxStderrTail {
+				t.cur = t.cur[len(t.cur)-maxStderrTail:]
+			}
+			return false
+		})
+	case "upstream unavailable", "upstream session ended":
+		if len(t.cur) > 0 {
+			t.last, t.cur = t.cur, nil
+		}
+	}
+	return nil
+}
+
+// lines are the lines of the last attempt that ended having written any,
+// else those of the attempt under way.
+func (t *stderrTail) lines() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.last) > 0 {
+		return slices.Clone(t.last)
+	}
+	return slices.Clone(t.cur)
 }
 
 // decisionFor is the policy decision on a call of t with empty arguments.
