@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -163,5 +165,24 @@ func TestUpstreamsListStderr(t *testing.T) {
 	}
 	if !strings.HasPrefix(out, "broken  (sh -c ") || !strings.Contains(out, "down: ") {
 		t.Errorf("the upstream is not shown down:\n%s", out)
+	}
+}
+
+// TestUpstreamsListLongError: an upstream's error is shown whole, up to
+// its advice at the end, though it is longer than a line.
+func TestUpstreamsListLongError(t *testing.T) {
+	unsetEnv(t, "COUNTERSIGN_CONFIG", "COUNTERSIGN_POLICY")
+	moved := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/"+strings.Repeat("elsewhere/", 20)+"mcp", http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(moved.Close)
+	cfg := writeConfig(t, "upstreams:\n  - name: moved\n    url: "+moved.URL+"/mcp\n")
+	code, out, stderr := runCLI("upstreams", "list", "--config", cfg, "--wait", "500ms")
+	if code != 1 {
+		t.Fatalf("exit %d; out %q, err %q", code, out, stderr)
+	}
+	want := "Countersign does not follow redirects: configure the URL it points to"
+	if !strings.Contains(out, want) {
+		t.Errorf("the error lacks its end %q:\n%s", want, out)
 	}
 }

@@ -84,7 +84,7 @@ func (a *App) temporalDown(ctx context.Context) string {
 	ctx, cancel := context.WithTimeout(ctx, temporalCheckTimeout)
 	defer cancel()
 	if _, err := a.tc.CheckHealth(ctx, &client.CheckHealthRequest{}); err != nil {
-		return "temporal: " + oneLine(err.Error())
+		return "temporal: " + oneLine(err.Error(), maxReadyzErr)
 	}
 	return ""
 }

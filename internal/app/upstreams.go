@@ -234,7 +234,7 @@ func readiness(down []string, ups []upstreamReadiness) (ready bool, lines []stri
 		if u.state.Up {
 			continue
 		}
-		lines = append(lines, fmt.Sprintf("upstream %s: down (%s)", u.name, oneLine(u.state.Err)))
+		lines = append(lines, fmt.Sprintf("upstream %s: down (%s)", u.name, oneLine(u.state.Err, maxReadyzErr)))
 		if u.required {
 			ready = false
 		}
@@ -242,11 +242,20 @@ func readiness(down []string, ups []upstreamReadiness) (ready bool, lines []stri
 	return ready, lines
 }
 
-func oneLine(s string) string {
+// The longest error, in characters, that a line of /readyz's body and
+// upstreams list show. The list's is long enough for an error's advice,
+// which comes last (a refused redirect's "configure the URL it points to").
+const (
+	maxReadyzErr = 200
+	maxListErr   = 1000
+)
+
+// oneLine is the error s on one line, cut after n characters.
+func oneLine(s string, n int) string {
 	if s == "" {
 		return "not connected yet"
 	}
-	return cutText(strings.Join(strings.Fields(s), " "), 200)
+	return cutText(strings.Join(strings.Fields(s), " "), n)
 }
 
 // printable is s with its control characters (a terminal's escape
@@ -308,7 +317,7 @@ func ListUpstreams(ctx context.Context, cfg Config, wait time.Duration, w io.Wri
 		}
 		state := "up"
 		if c.down() {
-			state = "down: " + oneLine(c.state.Err)
+			state = "down: " + oneLine(c.state.Err, maxListErr)
 			down++
 		}
 		fmt.Fprintf(w, "%s  (%s)  approval: %s  %s\n", cu.Name, where, cu.Approval, state)
