@@ -126,8 +126,8 @@ func TestUpstreamsListExitStatus(t *testing.T) {
 	url := startEcho(t)
 	up := "upstreams:\n  - name: up\n    url: " + url + "\n"
 	code, out, stderr := runCLI("upstreams", "list", "--config", writeConfig(t, up))
-	if code != 0 || stderr != "" {
-		t.Errorf("all up: exit %d, stderr %q; want 0 and nothing", code, stderr)
+	if code != 0 || stderr != "" || !strings.Contains(out, "up__echo") {
+		t.Errorf("all up: exit %d, stderr %q, out %q; want 0, nothing and the tool", code, stderr, out)
 	}
 	down := "upstreams:\n  - name: gone\n    url: http://127.0.0.1:1/mcp\n" + strings.TrimPrefix(up, "upstreams:\n")
 	code, out, stderr = runCLI("upstreams", "list", "--config", writeConfig(t, down), "--wait", "500ms")
