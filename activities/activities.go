@@ -222,7 +222,7 @@ func (a *Activities) warnIfNobodyCanApprove(ctx context.Context, r tasks.Record)
 	if a.Passkeys == nil || req.Quorum == 0 {
 		return
 	}
-	n, err := a.Passkeys.EligibleApprovers(ctx, req.Group, req.AuthenticatorClass)
+	n, err := a.Passkeys.EligibleApprovers(ctx, req.Group, req.AuthenticatorClass, req.Quorum)
 	if err != nil {
 		a.log().WarnContext(ctx, "activities: approvers of the task's group not counted", "task_id", r.TaskID, "group", req.Group, "err", err)
 		return

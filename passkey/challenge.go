@@ -335,26 +335,31 @@ func challengeKeyTTL(ttl time.Duration) time.Duration {
 // eligibleDescriptors lists the credentials of the group's approvers that the
 // class allows, with their transports.
 func (s *Service) eligibleDescriptors(ctx context.Context, group, class string) ([]protocol.CredentialDescriptor, error) {
-	out, _, err := s.eligible(ctx, group, class)
+	out, _, err := s.eligible(ctx, group, class, 0)
 	return out, err
 }
 
 // EligibleApprovers counts the group's active approvers who hold an active
-// passkey the authenticator class allows: the people who could decide a
-// task of that requirement now.
-func (s *Service) EligibleApprovers(ctx context.Context, group, class string) (int, error) {
-	_, n, err := s.eligible(ctx, group, class)
+// passkey the authenticator class allows (the people who could decide a
+// task of that requirement now), up to enough: it stops reading
+// credentials once that many are found.
+func (s *Service) EligibleApprovers(ctx context.Context, group, class string, enough int) (int, error) {
+	_, n, err := s.eligible(ctx, group, class, enough)
 	return n, err
 }
 
 // eligible returns the credentials of the group's active approvers that
-// the class allows, and how many approvers hold at least one.
-func (s *Service) eligible(ctx context.Context, group, class string) (descs []protocol.CredentialDescriptor, approvers int, err error) {
+// the class allows, and how many approvers hold at least one; with enough
+// above 0, it stops at the approver that makes the count enough.
+func (s *Service) eligible(ctx context.Context, group, class string, enough int) (descs []protocol.CredentialDescriptor, approvers int, err error) {
 	all, err := s.Approvers(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
 	for _, a := range all {
+		if enough > 0 && approvers >= enough {
+			break
+		}
 		if !inGroup(a, group) || !a.Active() {
 			continue
 		}

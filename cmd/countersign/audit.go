@@ -19,6 +19,7 @@ import (
 
 	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/internal/app"
+	"github.com/countersign/countersign/tasks"
 )
 
 const auditUsage = `usage:
@@ -278,7 +279,7 @@ func summarize(r audit.Record) string {
 			// assertion, denials included: count them apart.
 			approved := 0
 			for _, a := range b.Approvals {
-				if a.Decision == "approve" {
+				if a.Decision == tasks.DecisionApprove {
 					approved++
 				}
 			}

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/countersign/countersign/internal/app"
-	"github.com/countersign/countersign/internal/config"
 )
 
 // envOr returns the environment variable's value, or def.
@@ -191,13 +190,9 @@ func serviceConfig(cmd string, args []string, stderr io.Writer) (cfg app.Config,
 // cfg.File, writes its warnings to stderr, and applies it to the settings
 // whose flag explicit does not hold: flag > environment > file > default.
 func applyConfigFile(cfg *app.Config, explicit map[string]bool, stderr io.Writer) error {
-	if cfg.ConfigFile == "" {
-		cfg.File = &config.File{}
-		return nil
-	}
-	f, err := config.Load(cfg.ConfigFile, nil)
+	f, err := app.LoadConfigFile(cfg.ConfigFile)
 	if err != nil {
-		return fmt.Errorf("configuration file: %w", err)
+		return err
 	}
 	for _, w := range f.Warnings {
 		fmt.Fprintf(stderr, "countersign: warning: %s\n", w)

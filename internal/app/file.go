@@ -198,7 +198,7 @@ func (c *Config) loadFile() error {
 	if c.File != nil {
 		return nil
 	}
-	f, err := loadConfigFile(c.ConfigFile)
+	f, err := LoadConfigFile(c.ConfigFile)
 	if err != nil {
 		return err
 	}

@@ -22,9 +22,9 @@ import (
 	"github.com/countersign/countersign/pdp"
 )
 
-// loadConfigFile reads the configuration file at path; none is an empty
-// configuration.
-func loadConfigFile(path string) (*config.File, error) {
+// LoadConfigFile reads the configuration file at path; none ("") is an
+// empty configuration.
+func LoadConfigFile(path string) (*config.File, error) {
 	if path == "" {
 		return &config.File{}, nil
 	}
