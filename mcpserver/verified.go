@@ -129,8 +129,9 @@ func (s *Server) approvalHandler(method string, h func(context.Context, *callInf
 	}
 }
 
-// jsonResult is a method result: v's members, plus resultType "complete"
-// on the 2026-07-28 wire.
+// jsonResult is a method result: v's members, plus, on the 2026-07-28
+// wire, resultType "complete" and the _meta the SDK sets on the result (the
+// server's io.modelcontextprotocol/serverInfo, as on every other result).
 type jsonResult struct {
 	mcp.ResultBase
 	v   any
@@ -147,6 +148,13 @@ func (r *jsonResult) MarshalJSON() ([]byte, error) {
 		return nil, err
 	}
 	m["resultType"] = json.RawMessage(`"` + resultTypeComplete + `"`)
+	if len(r.Meta) > 0 {
+		meta, err := json.Marshal(r.Meta)
+		if err != nil {
+			return nil, err
+		}
+		m["_meta"] = meta
+	}
 	return json.Marshal(m)
 }
 

@@ -1213,3 +1213,49 @@ func TestRetentionGraceOutlivesChallenges(t *testing.T) {
 		t.Fatalf("tasks.RetentionGrace %s must outlive passkey.ChallengeRetention %s", tasks.RetentionGrace, passkey.ChallengeRetention)
 	}
 }
+
+// TestVerifiedResultsServerInfo: on the 2026-07-28 wire the results of
+// approval/enroll/begin, approval/enroll/finish and
+// approval/challenge/create identify the server in _meta
+// (io.modelcontextprotocol/serverInfo: servers SHOULD set it on each
+// result, SEP-2575), as every other result of the endpoint does, besides
+// resultType "complete"; on 2025-11-25 they carry neither.
+func TestVerifiedResultsServerInfo(t *testing.T) {
+	h := newVerifiedHarness(t)
+	for _, era := range []tasks.Era{tasks.Era2026, tasks.Era2025} {
+		t.Run(string(era), func(t *testing.T) {
+			p := "serverinfo-" + string(era)
+			check := func(name string, r rpc) {
+				t.Helper()
+				var res struct {
+					Meta       map[string]json.RawMessage `json:"_meta"`
+					ResultType *string                    `json:"resultType"`
+				}
+				r.ok(t, &res)
+				_, hasInfo := res.Meta["io.modelcontextprotocol/serverInfo"]
+				if era == tasks.Era2026 && (!hasInfo || res.ResultType == nil || *res.ResultType != "complete") {
+					t.Errorf("%s: want _meta serverInfo and resultType complete, got %s", name, r.Result)
+				}
+				if era == tasks.Era2025 && (res.Meta != nil || res.ResultType != nil) {
+					t.Errorf("%s: want neither _meta nor resultType, got %s", name, r.Result)
+				}
+			}
+			begin := h.do(t, call{token: tok(p), era: era, method: methodEnrollBegin})
+			check("enroll/begin", begin)
+			var b struct {
+				Options json.RawMessage `json:"options"`
+			}
+			begin.ok(t, &b)
+			opts, err := virtualwebauthn.ParseAttestationOptions(string(b.Options))
+			if err != nil {
+				t.Fatal(err)
+			}
+			auth := virtualwebauthn.NewAuthenticatorWithOptions(virtualwebauthn.AuthenticatorOptions{UserHandle: []byte(opts.UserID)})
+			cred := testpasskey.NewEC2Credential()
+			check("enroll/finish", h.do(t, call{token: tok(p), era: era, method: methodEnrollFinish,
+				params: map[string]any{"response": attest(t, testRP, auth, cred, *opts, "usb")}}))
+			check("challenge/create", h.do(t, call{token: tok(p), era: era, method: methodChallengeCreate,
+				params: map[string]any{"toolName": "place_trade", "arguments": trade(100)}}))
+		})
+	}
+}
