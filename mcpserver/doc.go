@@ -277,8 +277,10 @@
 // counted apart from task creations), since each challenge is stored until
 // well after its lifetime even if never answered (twice its lifetime, at
 // most five minutes more; a consumed one passkey.ChallengeRetention); over
-// the bound the answer is -32001 challenge_rate_limited, and nothing is
-// created.
+// the bound the answer is CodeTooManyRequests (-31029) "Too many approval
+// challenges from this caller: …", and nothing is created. Neither load
+// refusal is -32001: SEP-2672 §4.10 keeps that code for the reasons of its
+// list, and every -32001 this endpoint sends carries one of them.
 //
 // A tools/call whose decision is "verify" is checked in SEP-2672 §4.8
 // order: evidence present and shaped {method, challengeId, response}

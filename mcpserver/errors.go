@@ -30,7 +30,10 @@ const (
 	// what it asked: over the caller's request budget (HTTP 429) or while
 	// the server sheds slow request bodies (HTTP 503), where Retry-After
 	// says when to retry; or an approval/challenge/create while the
-	// challenges bucket is full (passkey.ErrChallengeCapacity). An application code (429, as in HTTP), outside
+	// challenges bucket is full (passkey.ErrChallengeCapacity) or from a
+	// caller over its challenge rate. Not -32001: SEP-2672 §4.10 keeps that
+	// code for its approval-domain reasons, each from a fixed list that has
+	// none for load. An application code (429, as in HTTP), outside
 	// -32768 to -32000, which JSON-RPC reserves: MCP keeps -32020 to -32099
 	// for codes its specification defines and forbids emitting any other
 	// there, and allocates nothing new in -32000 to -32019.
@@ -45,6 +48,7 @@ const (
 	msgMissingTasksCap   = "Missing required client capability"
 	msgTooManyRequests   = "Too many requests: this caller is over its request budget; retry after the Retry-After delay"
 	msgChallengeCapacity = "Server at capacity for approval challenges: no challenge was created; try again later"
+	msgChallengeRate     = "Too many approval challenges from this caller: no challenge was created; try again later"
 )
 
 // missingTasksData is the data of a -32021 error: the client must declare

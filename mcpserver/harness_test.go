@@ -385,8 +385,36 @@ func (h *harness) try(c call) (rpc, error) {
 			return rpc{}, fmt.Errorf("%s: decode %s: %w", c.method, out.Body, err)
 		}
 	}
+	if out.Error != nil && out.Error.Code == CodeApproval {
+		var data struct {
+			Reason string `json:"reason"`
+		}
+		if err := json.Unmarshal(out.Error.Data, &data); err != nil || !sep2672Reasons[data.Reason] {
+			return rpc{}, fmt.Errorf("%s: -32001 without a reason of SEP-2672 §4.10: %s", c.method, out.Body)
+		}
+	}
 	return out, nil
 }
+
+// sep2672Reasons are the data.reason values of SEP-2672 §4.10, the only
+// ones a -32001 may carry ("Servers MUST include a reason field in data
+// from the enumerated set"). Every response a test reads is checked.
+var sep2672Reasons = func() map[string]bool {
+	m := map[string]bool{}
+	for _, r := range []string{
+		// Per-call assertion path.
+		"missing_evidence", "unsupported_method", "challenge_unknown", "challenge_consumed",
+		"challenge_expired", "challenge_wrong_tool", "unknown_credential", "authenticator_class_mismatch",
+		"signature_verification_failed", "signature_counter_regression", "argument_hash_mismatch",
+		// Challenge issuance.
+		"tool_not_approved_required", "no_eligible_credential",
+		// Enrollment finish.
+		"credential_already_enrolled", "no_pending_enrollment", "verification_failed",
+	} {
+		m[r] = true
+	}
+	return m
+}()
 
 // ok asserts a successful response and decodes its result into v.
 func (r rpc) ok(tb testing.TB, v any) {

@@ -134,7 +134,7 @@ type Options struct {
 	// DefaultBurst; the server sets them to --rate-per-minute and
 	// --rate-burst). Each stays stored until well after its lifetime
 	// even if never answered (passkey's challengeKeyTTL). Over the bound
-	// the answer is -32001 challenge_rate_limited, and nothing is created.
+	// the answer is CodeTooManyRequests (-31029), and nothing is created.
 	ChallengesPerMinute int
 	ChallengeBurst      int
 

@@ -199,7 +199,7 @@ func (s *Server) enrollFinish(ctx context.Context, info *callInfo, raw json.RawM
 // challengeCreate answers approval/challenge/create (§4.4.3): policy must
 // decide "verify" for this exact call (else tool_not_approved_required),
 // and the principal must be within its challenge rate (else
-// challenge_rate_limited); the challenge binds the action hash of the arguments as received and
+// CodeTooManyRequests); the challenge binds the action hash of the arguments as received and
 // lists the caller's passkeys that the tool's authenticator class allows
 // (none: no_eligible_credential).
 func (s *Server) challengeCreate(ctx context.Context, info *callInfo, raw json.RawMessage) (mcp.Result, error) {
@@ -235,7 +235,7 @@ func (s *Server) challengeCreate(ctx context.Context, info *callInfo, raw json.R
 	}
 	if !allowed {
 		s.log.WarnContext(ctx, "mcpserver: in-band challenge rate limit reached", "principal", info.principal)
-		return nil, approvalError(passkey.ReasonChallengeRateLimited, nil)
+		return nil, &rpcError{code: CodeTooManyRequests, msg: msgChallengeRate}
 	}
 	ch, err := s.opts.Passkeys.IssueChallenge(ctx, passkey.ChallengeRequest{
 		Tool:               tool.Name,

@@ -513,9 +513,10 @@ func TestVerifiedHappyTamperReplay(t *testing.T) {
 
 // TestVerifiedChallengeRate: one principal's in-band challenges are
 // bounded (ChallengesPerMinute, ChallengeBurst), new arguments or not;
-// over the bound approval/challenge/create answers -32001
-// challenge_rate_limited and creates nothing, while another principal is
-// not slowed. A call policy does not gate spends nothing.
+// over the bound approval/challenge/create answers CodeTooManyRequests (a
+// refusal for load: SEP-2672's -32001 has no reason for it) and creates
+// nothing, while another principal is not slowed. A call policy does not
+// gate spends nothing.
 func TestVerifiedChallengeRate(t *testing.T) {
 	h := newVerifiedHarness(t, func(o *Options) { o.ChallengesPerMinute, o.ChallengeBurst = 1, 3 })
 	p, q := freshPrincipal(t, "a"), freshPrincipal(t, "b")
@@ -526,9 +527,9 @@ func TestVerifiedChallengeRate(t *testing.T) {
 		h.challenge(t, p, trade(float64(100+i)))
 	}
 	r := h.challengeRPC(t, p, "place_trade", trade(200))
-	wantReason(t, r, passkey.ReasonChallengeRateLimited)
-	if r.Error.Message != passkey.MessageOf(passkey.ReasonChallengeRateLimited) {
-		t.Errorf("message %q", r.Error.Message)
+	r.fails(t, http.StatusOK, CodeTooManyRequests)
+	if r.Error.Message != msgChallengeRate || r.Error.Data != nil {
+		t.Errorf("message %q, data %s", r.Error.Message, r.Error.Data)
 	}
 	h.challenge(t, q, trade(200))
 }

@@ -143,9 +143,9 @@
 // plus Countersign's challenge_wrong_task, challenge_wrong_decision (a challenge
 // issued for a deny cannot carry an approve), approver_not_eligible,
 // self_approval, and credential_revoked, credential_disabled,
-// approver_revoked and approver_disabled (an admin's action, admin.go),
-// and challenge_rate_limited, which only the MCP layer emits (a principal
-// over its in-band challenge rate; unlike the others, not final). Reason
+// approver_revoked and approver_disabled (an admin's action, admin.go;
+// these Countersign reasons are the approver site's: on the in-band path
+// Verify reports them as unknown_credential, a reason of the SEP's list). Reason
 // and Message are safe for clients; the cause, which may quote library
 // diagnostics, stays behind Unwrap and in the logs. An *Error is final. Any other error is an infrastructure failure and may be
 // retried; ErrInvalidArgument and ErrNotFound are caller errors.

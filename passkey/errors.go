@@ -35,11 +35,6 @@ const (
 	// the MCP layer, which knows the tool registry; this package never returns it.
 	ReasonToolNotApprovalRequired = "tool_not_approved_required"
 	ReasonNoEligibleCredential    = "no_eligible_credential"
-	// ReasonChallengeRateLimited is emitted by the MCP layer when a
-	// principal is over its in-band challenge rate; this package never
-	// returns it. Unlike the other reasons, it is not final: the same
-	// request may succeed later. Countersign addition.
-	ReasonChallengeRateLimited = "challenge_rate_limited"
 
 	// Enrollment finish (§4.4.2).
 	ReasonCredentialAlreadyEnrolled = "credential_already_enrolled"
@@ -71,7 +66,6 @@ var messages = map[string]string{
 	ReasonApproverDisabled:            "Approver is disabled by an admin",
 	ReasonToolNotApprovalRequired:     "Tool does not require verified approval",
 	ReasonNoEligibleCredential:        "No enrolled passkey satisfies the policy",
-	ReasonChallengeRateLimited:        "Too many approval challenges from this caller: no challenge was created; try again later",
 	ReasonCredentialAlreadyEnrolled:   "Passkey is already enrolled",
 	ReasonNoPendingEnrollment:         "No pending enrollment: the invite is unknown, used or expired",
 	ReasonVerificationFailed:          "Passkey registration could not be verified",

@@ -14,7 +14,6 @@ func TestEveryReasonHasAMessage(t *testing.T) {
 		ReasonArgumentHashMismatch, ReasonApproverNotEligible, ReasonSelfApproval, ReasonToolNotApprovalRequired,
 		ReasonNoEligibleCredential, ReasonCredentialAlreadyEnrolled, ReasonNoPendingEnrollment, ReasonVerificationFailed,
 		ReasonCredentialRevoked, ReasonCredentialDisabled, ReasonApproverRevoked, ReasonApproverDisabled,
-		ReasonChallengeRateLimited,
 	}
 	if len(messages) != len(reasons) {
 		t.Errorf("%d messages for %d reasons", len(messages), len(reasons))

@@ -92,7 +92,7 @@ func TestRateLimitsAcrossProcesses(t *testing.T) {
 		switch {
 		case r.Error == nil:
 			t.Fatalf("challenge %d created with no passkey enrolled: %s", i, r.Result)
-		case bytes.Contains(r.Error.Data, []byte(`"challenge_rate_limited"`)):
+		case r.Error.Code == -31029 && strings.HasPrefix(r.Error.Message, "Too many approval challenges from this caller"):
 			limited++
 		case !bytes.Contains(r.Error.Data, []byte(`"no_eligible_credential"`)):
 			t.Fatalf("challenge %d: %+v", i, r.Error)
