@@ -324,10 +324,11 @@ func (c *Config) Validate() error {
 	if c.NATSCreds != "" && c.NATSNKey != "" {
 		errs = append(errs, errors.New("--nats-creds and --nats-nkey exclude each other: a credentials file holds its own nkey seed"))
 	}
-	for _, p := range []struct{ flag, path string }{{"--nats-creds", c.NATSCreds}, {"--nats-nkey", c.NATSNKey}} {
-		if err := checkReadable(p.path); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", p.flag, err))
-		}
+	if err := checkNATSCreds(c.NATSCreds); err != nil {
+		errs = append(errs, fmt.Errorf("--nats-creds (nats.creds) %s: %w", c.NATSCreds, err))
+	}
+	if err := checkNATSNKey(c.NATSNKey); err != nil {
+		errs = append(errs, fmt.Errorf("--nats-nkey (nats.nkey) %s: %w", c.NATSNKey, err))
 	}
 	errs = append(errs, c.validateTemporal()...)
 	if err := config.CheckLogLevel(c.LogLevel); err != nil {

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/nats-io/nkeys"
 	"go.temporal.io/sdk/client"
 	tlog "go.temporal.io/sdk/log"
 )
@@ -112,16 +114,59 @@ func tlsFileError(err error) error {
 	return err
 }
 
-// checkReadable reports a path that is set but cannot be opened.
-func checkReadable(path string) error {
+// checkNATSCreds reports a credentials file (--nats-creds) that is set but
+// does not hold what the NATS client reads from it when it connects: a user
+// JWT and the user's nkey seed. The errors never quote the file.
+func checkNATSCreds(path string) error {
 	if path == "" {
 		return nil
 	}
-	fh, err := os.Open(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return err
+		return unwrapPathError(err)
 	}
-	return fh.Close()
+	defer clear(b)
+	if !bytes.Contains(b, []byte("-----BEGIN NATS USER JWT-----")) {
+		return errors.New("no user JWT in it (a .creds file from nsc holds a NATS USER JWT block and a USER NKEY SEED block; a bare seed file goes in --nats-nkey)")
+	}
+	if jwt, _ := nkeys.ParseDecoratedJWT(b); strings.Count(jwt, ".") != 2 {
+		return errors.New("its NATS USER JWT block does not hold a JWT")
+	}
+	kp, err := nkeys.ParseDecoratedUserNKey(b)
+	if err != nil {
+		return fmt.Errorf("no user nkey seed in it: %w", err)
+	}
+	kp.Wipe()
+	return nil
+}
+
+// checkNATSNKey reports an nkey seed file (--nats-nkey) that is set but
+// does not hold a user nkey seed, as the NATS client reads it when it
+// connects.
+func checkNATSNKey(path string) error {
+	if path == "" {
+		return nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return unwrapPathError(err)
+	}
+	defer clear(b)
+	kp, err := nkeys.ParseDecoratedUserNKey(b)
+	if err != nil {
+		return fmt.Errorf("no user nkey seed (SU…) in it: %w", err)
+	}
+	kp.Wipe()
+	return nil
+}
+
+// unwrapPathError drops the path from a file error, which the caller names.
+func unwrapPathError(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // DialTemporal connects to the external Temporal that c's Temporal settings
