@@ -93,6 +93,11 @@ func runAdminInit(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	fmt.Fprintf(stdout, "Recorded as %s (countersign audit show %s), signed with a key in %s.\n", res.AuditRecord, res.AuditChain, res.AuditKeyDir)
-	fmt.Fprintln(stdout, "Use it with: COUNTERSIGN_ADMIN_TOKEN_FILE=FILE countersign agents list --server URL")
+	fmt.Fprintf(stdout, "Auditors verify with its public keys: countersign audit public-keys --audit-key-dir %s > audit-key.pub\n", res.AuditKeyDir)
+	tokenFile := "FILE"
+	if *out != "" {
+		tokenFile, _ = filepath.Abs(*out)
+	}
+	fmt.Fprintf(stdout, "Use it with: COUNTERSIGN_ADMIN_TOKEN_FILE=%s countersign agents list --server URL\n", tokenFile)
 	return nil
 }

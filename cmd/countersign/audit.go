@@ -27,7 +27,8 @@ const auditUsage = `usage:
   countersign audit export [--since RFC3339] [--server URL] [--data-dir DIR] > audit.jsonl
   countersign audit verify FILE --key PUBKEY [--key PUBKEY2] [--checkpoint CP] [--allow-incomplete] [--json]
   countersign audit checkpoint FILE --key PUBKEY [--key PUBKEY2] [--allow-incomplete] > checkpoint.json
-  countersign audit rotate-key [--audit-key-dir DIR | --data-dir DIR]`
+  countersign audit rotate-key [--audit-key-dir DIR | --data-dir DIR]
+  countersign audit public-keys [--audit-key-dir DIR | --data-dir DIR] > audit-key.pub`
 
 // errVerifyFailed makes `audit verify` exit 1 after printing its verdicts.
 var errVerifyFailed = errors.New("audit verification FAILED")
@@ -176,6 +177,32 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		fmt.Fprintf(stdout, "New audit key %s; processes reading this directory sign with it within 30 s. Public keys (give all to auditors):\n%s", id, k.PublicKeysPEM())
 		return nil
+	case "public-keys":
+		fs := flag.NewFlagSet("audit public-keys", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		dataDir := fs.String("data-dir", envOr("COUNTERSIGN_DATA_DIR", "./countersign-data"), "data directory")
+		keyDir := fs.String("audit-key-dir", envOr("COUNTERSIGN_AUDIT_KEY_DIR", ""), "audit key directory (default DATA_DIR/audit-keys)")
+		if err := fs.Parse(args[1:]); err != nil {
+			return parseError(err)
+		}
+		if fs.NArg() > 0 {
+			return usageError{"audit public-keys takes no arguments\n" + auditUsage}
+		}
+		dir := *keyDir
+		if dir == "" {
+			dir = filepath.Join(*dataDir, app.AuditKeyDir)
+		}
+		// OpenKeyring makes a first key in a directory without one: a
+		// mistyped directory must not print a key nothing signs with.
+		if _, err := os.Stat(filepath.Join(dir, "current")); err != nil {
+			return fmt.Errorf("%s holds no audit signing keys (no current file): give the directory of the servers' and workers' --audit-key-dir", dir)
+		}
+		k, err := audit.OpenKeyring(dir)
+		if err != nil {
+			return err
+		}
+		_, err = stdout.Write(k.PublicKeysPEM())
+		return err
 	}
 	return usageError{fmt.Sprintf("unknown audit command %q\n%s", sub, auditUsage)}
 }

@@ -146,6 +146,44 @@ func TestAuditShowAndExportCLI(t *testing.T) {
 	}
 }
 
+// TestAuditPublicKeysCLI: `audit public-keys` prints the public half of
+// every key in a server's or worker's key directory, which `audit verify
+// --key` reads (only dev writes audit-key.pub), and refuses a directory
+// without keys rather than make one.
+func TestAuditPublicKeysCLI(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), app.AuditKeyDir)
+	// A new directory: its first key, and the one rotate-key makes.
+	code, out, stderr := runCLI("audit", "rotate-key", "--audit-key-dir", dir)
+	if code != 0 {
+		t.Fatalf("rotate-key: exit %d %s %s", code, out, stderr)
+	}
+	printed := out[strings.Index(out, "-----BEGIN"):]
+	code, pub, stderr := runCLI("audit", "public-keys", "--audit-key-dir", dir)
+	if code != 0 || pub != printed || strings.Count(pub, "BEGIN PUBLIC KEY") != 2 || strings.Contains(pub, "PRIVATE") {
+		t.Fatalf("public-keys: exit %d, out %q (rotate-key printed %q), err %q", code, pub, printed, stderr)
+	}
+	file := filepath.Join(t.TempDir(), "audit-key.pub")
+	if err := os.WriteFile(file, []byte(pub), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if keys, _, err := readKeysAndExport([]string{file}, os.DevNull); err != nil || len(keys) != 2 {
+		t.Fatalf("audit verify reads the printed keys as %d keys: %v", len(keys), err)
+	}
+	// The data dir's key directory by default, through the environment too.
+	t.Setenv("COUNTERSIGN_DATA_DIR", filepath.Dir(dir)) // dir is DATA_DIR/audit-keys
+	if code, again, _ := runCLI("audit", "public-keys"); code != 0 || again != pub {
+		t.Fatalf("public-keys from COUNTERSIGN_DATA_DIR: exit %d %q", code, again)
+	}
+	missing := filepath.Join(t.TempDir(), "typo")
+	code, out, stderr = runCLI("audit", "public-keys", "--audit-key-dir", missing)
+	if code != 1 || out != "" || !strings.Contains(stderr, "holds no audit signing keys") {
+		t.Fatalf("public-keys of a directory without keys: exit %d, out %q, err %q", code, out, stderr)
+	}
+	if _, err := os.Stat(missing); !os.IsNotExist(err) {
+		t.Fatalf("public-keys made %s: %v", missing, err)
+	}
+}
+
 func readPEM(t *testing.T, p string) string {
 	b, err := os.ReadFile(p)
 	if err != nil {

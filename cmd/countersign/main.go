@@ -39,6 +39,7 @@ Usage:
   countersign audit verify FILE --key PUBKEY [--checkpoint CP]
   countersign audit checkpoint FILE --key PUBKEY > checkpoint.json   the head of every chain, to anchor later exports
   countersign audit rotate-key [--audit-key-dir DIR | --data-dir DIR]   a new audit signing key (running processes switch within 30 s)
+  countersign audit public-keys [--audit-key-dir DIR | --data-dir DIR] > audit-key.pub   the public keys, for audit verify --key
   countersign upstreams list [--config FILE] [--policy DIR] [--wait 15s]   each upstream, its state, its tools and their policy decision
   countersign healthcheck [--timeout D] URL   exit 0 when GET URL answers 200 (a container probe: the image has no shell)
   countersign config check FILE [--mode dev|server|worker] [flags]   check a configuration file; print the effective configuration, secrets redacted

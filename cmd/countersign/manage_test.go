@@ -182,6 +182,16 @@ func TestAdminInitCLI(t *testing.T) {
 	if !strings.HasPrefix(first, "csad_") {
 		t.Fatalf("token %q", first)
 	}
+	// It says how to hand auditors the public key of the record's key, and
+	// names the token file it wrote.
+	keyDir := filepath.Join(dir, "audit-keys")
+	if !strings.Contains(out, "countersign audit public-keys --audit-key-dir "+keyDir) ||
+		!strings.Contains(out, "COUNTERSIGN_ADMIN_TOKEN_FILE="+out1+" ") {
+		t.Fatalf("admin init output: %q", out)
+	}
+	if code, pub, stderr := runCLI("audit", "public-keys", "--audit-key-dir", keyDir); code != 0 || strings.Count(pub, "BEGIN PUBLIC KEY") != 1 {
+		t.Fatalf("audit public-keys: exit %d, out %q, err %q", code, pub, stderr)
+	}
 
 	code, out, stderr = runCLI("admin", "init", "--nats-url", url, "--data-dir", dir)
 	if code != 1 || !strings.Contains(stderr, "an admin token already exists (admin)") || out != "" {
