@@ -64,7 +64,15 @@ func (c *Config) temporalConnection() (client.ConnectionOptions, client.Credenti
 // TLS, the usual mistake with a new cluster.
 func (c *Config) temporalDialHint(err error) string {
 	msg := err.Error()
+	// A server that requires mutual TLS refuses a client without a
+	// certificate after the handshake: the client sees the alert, or only
+	// its connection closed (TLS 1.3).
+	noClientCert := c.temporalTLSOn() && c.TemporalTLSCert == "" && !strings.Contains(msg, "x509:") &&
+		(strings.Contains(msg, "certificate required") || strings.Contains(msg, "bad certificate") ||
+			strings.Contains(msg, "broken pipe") || strings.Contains(msg, "connection reset") || strings.Contains(msg, "EOF"))
 	switch {
+	case noClientCert:
+		return " (TLS: the server may require a client certificate: set --temporal-tls-cert and --temporal-tls-key / temporal.tls.cert and temporal.tls.key)"
 	case strings.Contains(msg, "x509:") || strings.Contains(msg, "certificate"):
 		if c.temporalTLSOn() {
 			return " (TLS: check --temporal-tls-ca / temporal.tls.ca, the client certificate and --temporal-tls-server-name)"

@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"log/slog"
 	"math/big"
 	"os"
@@ -124,6 +125,49 @@ func TestTemporalMutualTLSFromConfigFile(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
+	}
+
+	// The right CA and no client certificate: the server, which requires
+	// one, closes the connection, and the error says what is missing.
+	noCert := filepath.Join(t.TempDir(), "countersign.yaml")
+	if err := os.WriteFile(noCert, []byte("temporal:\n  address: "+hostPort+"\n  tls:\n    ca: "+ca+
+		"\n    server_name: "+devstack.TLSServerName+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = connectTemporal(t, noCert)
+	if err == nil {
+		t.Fatal("connected to a mutual TLS server without a client certificate")
+	}
+	if want := "set --temporal-tls-cert and --temporal-tls-key / temporal.tls.cert and temporal.tls.key"; !strings.Contains(err.Error(), want) {
+		t.Errorf("error %q lacks %q", err, want)
+	}
+}
+
+// TestTemporalDialHint: the hint a failed connection's error gets, by what
+// the TLS settings hold.
+func TestTemporalDialHint(t *testing.T) {
+	const clientCert = "set --temporal-tls-cert and --temporal-tls-key"
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		err  string
+		want string
+	}{
+		{"closed after the handshake, no client certificate", Config{TemporalTLSCA: "ca.pem"}, "write tcp 127.0.0.1:1->127.0.0.1:2: write: broken pipe", clientCert},
+		{"certificate required alert", Config{TemporalTLS: true}, "remote error: tls: certificate required", clientCert},
+		{"reset, no client certificate", Config{TemporalTLS: true}, "read: connection reset by peer", clientCert},
+		{"with a client certificate", Config{TemporalTLSCert: "c.pem", TemporalTLSKey: "k.pem"}, "remote error: tls: bad certificate", "check --temporal-tls-ca"},
+		{"unknown authority", Config{TemporalTLS: true}, "x509: certificate signed by unknown authority", "check --temporal-tls-ca"},
+		{"TLS off, server speaks TLS", Config{}, "x509: certificate signed by unknown authority", "set --temporal-tls / temporal.tls"},
+		{"TLS off, refused", Config{}, "connection refused", ""},
+		{"TLS off, reset", Config{}, "connection reset by peer", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.cfg.temporalDialHint(errors.New(tc.err))
+			if tc.want == "" && got != "" || !strings.Contains(got, tc.want) {
+				t.Fatalf("hint %q, want %q", got, tc.want)
+			}
+		})
 	}
 }
 
