@@ -471,10 +471,22 @@ func (a *App) startNATS(ctx context.Context) error {
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return fmt.Errorf("connect to NATS: %w", err)
+		return fmt.Errorf("connect to NATS at %s: %w%s", strings.Join(withoutUserInfo(url), ","), err, natsDialHint(err))
 	}
 	a.nc = nc
 	return nil
+}
+
+// natsDialHint says which setting to look at when connecting to an external
+// NATS fails.
+func natsDialHint(err error) string {
+	switch {
+	case errors.Is(err, nats.ErrAuthorization):
+		return " (the server does not admit this user: check --nats-creds / nats.creds or --nats-nkey / nats.nkey, and that the server knows the user's account)"
+	case errors.Is(err, nats.ErrNoServers):
+		return " (no server answered: check --nats-url / nats.url, and --nats-tls-ca if the servers speak TLS)"
+	}
+	return ""
 }
 
 // stickyCacheSize bounds the process-wide sticky workflow cache of every

@@ -1,12 +1,17 @@
 package app
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 )
 
@@ -74,6 +79,66 @@ func TestNATSCredentialFilesLoad(t *testing.T) {
 				if strings.Contains(err.Error(), string(secret)) {
 					t.Fatalf("the error quotes a seed: %v", err)
 				}
+			}
+		})
+	}
+}
+
+// TestNATSDialErrors: a server or worker that cannot connect to its NATS
+// says where it tried (without a URL's password) and what to check.
+func TestNATSDialErrors(t *testing.T) {
+	admitted, _ := nkeys.CreateUser()
+	pub, _ := admitted.PublicKey()
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true,
+		Nkeys: []*server.NkeyUser{{Nkey: pub}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS not ready")
+	}
+	other, _ := nkeys.CreateUser()
+	seed, _ := other.Seed()
+	seedFile := filepath.Join(t.TempDir(), "other.nk")
+	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A port nothing listens on.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "nats://u:s3cret@" + l.Addr().String()
+	l.Close()
+
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want []string
+	}{
+		{"a user the server does not know", Config{NATSURL: ns.ClientURL(), NATSNKey: seedFile},
+			[]string{"connect to NATS at " + ns.ClientURL() + ":", "check --nats-creds / nats.creds or --nats-nkey / nats.nkey"}},
+		{"no server answers", Config{NATSURL: closed},
+			[]string{"connect to NATS at nats://" + l.Addr().String() + ":", "check --nats-url / nats.url"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &App{cfg: tc.cfg, mode: ModeServer, log: slog.New(slog.DiscardHandler)}
+			err := a.startNATS(context.Background())
+			if a.nc != nil {
+				a.nc.Close()
+			}
+			if err == nil {
+				t.Fatal("connected")
+			}
+			for _, want := range tc.want {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q lacks %q", err, want)
+				}
+			}
+			if strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("error %q shows the URL's password", err)
 			}
 		})
 	}
