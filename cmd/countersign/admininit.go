@@ -12,7 +12,15 @@ import (
 	"github.com/countersign/countersign/internal/app"
 )
 
-const adminInitUsage = "usage: countersign admin init --nats-url URL [--name admin] [--out FILE] [--rotate] [--audit-key-dir DIR]"
+const adminInitUsage = "usage: countersign admin init (--nats-url URL | --config FILE) [--name admin] [--out FILE] [--rotate] [--audit-key-dir DIR]"
+
+// adminInitEnv are the environment variables of admin init's connection
+// flags: one set counts as the flag given, over the --config file.
+var adminInitEnv = map[string]string{
+	"data-dir": "COUNTERSIGN_DATA_DIR", "nats-url": "NATS_URL", "nats-creds": "NATS_CREDS", "nats-nkey": "NATS_NKEY",
+	"nats-tls-ca": "NATS_TLS_CA", "nats-tls-cert": "NATS_TLS_CERT", "nats-tls-key": "NATS_TLS_KEY",
+	"nats-replicas": "COUNTERSIGN_NATS_REPLICAS",
+}
 
 // runAdminInit is `countersign admin init`: the first admin token of a
 // deployment that `dev` did not bootstrap, created on its NATS directly.
@@ -26,7 +34,7 @@ func runAdminInit(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs := flag.NewFlagSet("admin init", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.DataDir, "data-dir", envOr("COUNTERSIGN_DATA_DIR", def.DataDir), "data directory (the default audit key directory is DATA_DIR/audit-keys)")
-	fs.StringVar(&cfg.NATSURL, "nats-url", envOr("NATS_URL", ""), "NATS URL, the one your servers use (required)")
+	fs.StringVar(&cfg.NATSURL, "nats-url", envOr("NATS_URL", ""), "NATS URL, the one your servers use (required, here or in --config)")
 	fs.StringVar(&cfg.NATSCreds, "nats-creds", envOr("NATS_CREDS", ""), "NATS credentials file")
 	fs.StringVar(&cfg.NATSNKey, "nats-nkey", envOr("NATS_NKEY", ""), "NATS nkey seed file (instead of --nats-creds)")
 	fs.StringVar(&cfg.NATSTLSCA, "nats-tls-ca", envOr("NATS_TLS_CA", ""), "CA bundle (PEM) to verify the NATS server with")
@@ -34,6 +42,7 @@ func runAdminInit(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&cfg.NATSTLSKey, "nats-tls-key", envOr("NATS_TLS_KEY", ""), "client key (PEM) for NATS mutual TLS")
 	fs.IntVar(&cfg.NATSReplicas, "nats-replicas", envInt("COUNTERSIGN_NATS_REPLICAS", def.NATSReplicas), "replicas of the token bucket and audit stream if this creates them, 1 to 5")
 	fs.StringVar(&cfg.AuditKeyDir, "audit-key-dir", envOr("COUNTERSIGN_AUDIT_KEY_DIR", ""), "directory of the audit signing keys that sign the record of this action (default DATA_DIR/audit-keys)")
+	fs.StringVar(&cfg.ConfigFile, "config", envOr("COUNTERSIGN_CONFIG", ""), "the servers' configuration file (YAML): its nats section and data_dir apply, under these flags and their environment variables")
 	name := fs.String("name", app.AdminFileName, "name of the admin principal")
 	out := fs.String("out", "", "write the token to this file (mode 0600) instead of printing it")
 	rotate := fs.Bool("rotate", false, "replace NAME's admin token (revoking it) even though an admin token exists")
@@ -42,6 +51,20 @@ func runAdminInit(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	if fs.NArg() > 0 {
 		return usageError{fmt.Sprintf("admin init: unexpected argument %q; %s", fs.Arg(0), adminInitUsage)}
+	}
+	if cfg.ConfigFile != "" {
+		// The servers' file: flag > environment > file > default, as
+		// for them.
+		explicit := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+		for flag, env := range adminInitEnv {
+			if os.Getenv(env) != "" {
+				explicit[flag] = true
+			}
+		}
+		if err := applyConfigFile(&cfg, explicit, stderr); err != nil {
+			return err
+		}
 	}
 	// Claim the output file before touching NATS, so a token is never
 	// created that cannot be written. Rotation may overwrite it.

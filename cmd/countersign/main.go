@@ -24,7 +24,7 @@ Usage:
   countersign dev       [flags]   everything in one process (embedded NATS and Temporal by default)
   countersign server    [flags]   MCP endpoint and approver site (external NATS and Temporal)
   countersign worker    [flags]   approval workflow worker (external NATS and Temporal)
-  countersign admin init --nats-url URL [--name admin] [--out FILE] [--rotate]   the first admin token of a server deployment
+  countersign admin init (--nats-url URL | --config FILE) [--name admin] [--out FILE] [--rotate]   the first admin token of a server deployment
   countersign approvers add NAME --group G [--principal AGENT]... [--server URL] [--data-dir DIR]
   countersign approvers invite APPROVER_ID [--server URL] [--data-dir DIR]
   countersign approvers list|disable|enable|revoke [APPROVER_ID] [--server URL] [--data-dir DIR]

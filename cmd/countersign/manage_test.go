@@ -6,6 +6,10 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
 
 	"github.com/countersign/countersign/internal/devtest"
 	"github.com/countersign/countersign/internal/testnats"
@@ -225,6 +229,60 @@ func TestAdminInitCLI(t *testing.T) {
 	c, err := newAdminClient("http://127.0.0.1:1", dir)
 	if err != nil || c.token != first {
 		t.Fatalf("admin client token from file: %v", err)
+	}
+}
+
+// TestAdminInitFromConfigFile: admin init reads the servers' --config file
+// (COUNTERSIGN_CONFIG) for its NATS settings and data_dir, so the operator
+// need not repeat them; a flag or environment variable still wins.
+func TestAdminInitFromConfigFile(t *testing.T) {
+	// A NATS that admits one user, by nkey, as a production one would.
+	dir := t.TempDir()
+	user, _ := nkeys.CreateUser()
+	seed, _ := user.Seed()
+	pub, _ := user.PublicKey()
+	if err := os.WriteFile(filepath.Join(dir, "countersign.nk"), seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true,
+		StoreDir: t.TempDir(), NoLog: true, NoSigs: true, Nkeys: []*server.NkeyUser{{Nkey: pub}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS not ready")
+	}
+	cfgFile := filepath.Join(dir, "countersign.yaml")
+	if err := os.WriteFile(cfgFile, []byte("data_dir: data\nnats:\n  url: ["+ns.ClientURL()+"]\n  nkey: countersign.nk\n  replicas: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A flag wins over the file: a NATS nothing listens on.
+	code, out, stderr := runCLI("admin", "init", "--config", cfgFile, "--nats-url", "nats://127.0.0.1:1")
+	if code != 1 || !strings.Contains(stderr, "127.0.0.1:1") {
+		t.Fatalf("admin init --config with --nats-url: exit %d, out %q, err %q", code, out, stderr)
+	}
+	// So does the environment.
+	t.Setenv("NATS_URL", "nats://127.0.0.1:1")
+	code, out, stderr = runCLI("admin", "init", "--config", cfgFile)
+	if code != 1 || !strings.Contains(stderr, "127.0.0.1:1") {
+		t.Fatalf("admin init --config with NATS_URL: exit %d, out %q, err %q", code, out, stderr)
+	}
+	t.Setenv("NATS_URL", "")
+	// The file alone, named by COUNTERSIGN_CONFIG; its data_dir (relative
+	// to the file) holds the audit keys.
+	t.Setenv("COUNTERSIGN_CONFIG", cfgFile)
+	tokenFile := filepath.Join(dir, "admin-token")
+	code, out, stderr = runCLI("admin", "init", "--out", tokenFile)
+	if code != 0 || !strings.Contains(out, "written to "+tokenFile) {
+		t.Fatalf("admin init from the config file: exit %d, out %q, err %q", code, out, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data", "audit-keys", "current")); err != nil {
+		t.Fatalf("the file's data_dir holds no audit keys: %v", err)
+	}
+	if n := ns.GlobalAccount().JetStreamUsage().Streams; n == 0 {
+		t.Fatal("no stream on the file's NATS")
 	}
 }
 

@@ -112,7 +112,7 @@ type InitAdminResult struct {
 func InitAdmin(ctx context.Context, cfg Config, opts InitAdminOptions) (InitAdminResult, error) {
 	cfg.Defaults()
 	if cfg.NATSURL == "" {
-		return InitAdminResult{}, errors.New("admin init needs --nats-url (NATS_URL): the NATS your servers use")
+		return InitAdminResult{}, errors.New("admin init needs --nats-url (NATS_URL), or --config with nats.url: the NATS your servers use")
 	}
 	if cfg.NATSReplicas < 1 || cfg.NATSReplicas > 5 {
 		return InitAdminResult{}, fmt.Errorf("--nats-replicas must be 1 to 5, not %d", cfg.NATSReplicas)
