@@ -34,6 +34,9 @@ type Keyring struct {
 	mu      sync.RWMutex
 	keys    map[string]ed25519.PrivateKey
 	current string
+	// created: OpenKeyring made the current key, the directory having
+	// none.
+	created bool
 }
 
 // OpenKeyring loads the keys in dir, creating the directory and a first key
@@ -57,8 +60,17 @@ func OpenKeyring(dir string) (*Keyring, error) {
 		if _, err := k.Rotate(); err != nil {
 			return nil, err
 		}
+		k.created = true
 	}
 	return k, nil
+}
+
+// Created reports whether OpenKeyring made the key the keyring signs with,
+// the directory having no current key: right for a first start, and a
+// mistake for a process of a deployment whose processes must share one
+// key directory but was pointed at another.
+func (k *Keyring) Created() bool {
+	return k.created
 }
 
 // readCurrent returns the key ID the current file of dir names, "" when

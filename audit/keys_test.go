@@ -136,3 +136,29 @@ func TestSealDuringRotations(t *testing.T) {
 		t.Fatalf("300 records used %d keys: the rotations did not interleave", len(used))
 	}
 }
+
+// TestKeyringCreated: OpenKeyring says when it made the signing key, the
+// directory holding none, and not when it found one.
+func TestKeyringCreated(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "keys")
+	k, err := OpenKeyring(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !k.Created() {
+		t.Fatal("a new directory's keyring does not say it made its key")
+	}
+	again, err := OpenKeyring(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Created() || again.CurrentID() != k.CurrentID() {
+		t.Fatalf("reopened: created %v, key %s, want the existing %s", again.Created(), again.CurrentID(), k.CurrentID())
+	}
+	if _, err := again.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if again.Created() {
+		t.Fatal("a rotation counts as the directory having had no key")
+	}
+}

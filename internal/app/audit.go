@@ -51,6 +51,9 @@ func (a *App) startAudit(ctx context.Context, js jetstream.JetStream) error {
 			return err
 		}
 	}
+	if opts.Keys != nil {
+		a.logAuditKey(dir, opts.Keys)
+	}
 	l, err := audit.Open(ctx, js, opts)
 	if err != nil {
 		return err
@@ -58,6 +61,22 @@ func (a *App) startAudit(ctx context.Context, js jetstream.JetStream) error {
 	a.Audit = l
 	a.auditKeys = opts.Keys
 	return nil
+}
+
+// logAuditKey says which key the process signs with. A server or worker
+// that made that key itself, its directory holding none, warns: every
+// server and worker of a deployment must share one key directory, and
+// records signed with a key that only this process holds fail `audit
+// verify` with the deployment's public keys.
+func (a *App) logAuditKey(dir string, keys *audit.Keyring) {
+	if keys.Created() && a.mode != ModeDev {
+		a.log.Warn("audit: the key directory held no signing key, so this process made one: "+
+			"if other servers and workers run, give every one the same --audit-key-dir (COUNTERSIGN_AUDIT_KEY_DIR), "+
+			"or their records and this process's fail audit verify with each other's public keys",
+			"dir", dir, "key", keys.CurrentID())
+		return
+	}
+	a.log.Info("audit: signing key", "dir", dir, "key", keys.CurrentID(), "created", keys.Created())
 }
 
 // writeAuditPublicKeys writes pem, every public key of the keyring, to

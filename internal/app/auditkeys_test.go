@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/countersign/countersign/audit"
+	"github.com/countersign/countersign/internal/testnats"
 )
 
 // TestAuditKeyRotationWithoutRestart: `countersign audit rotate-key` on a
@@ -141,4 +142,31 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// TestAuditKeyCreatedWarns: a worker or server whose key directory holds no
+// key makes one and warns that every process must share the directory; one
+// that finds the deployment's key says which key it signs with, quietly.
+func TestAuditKeyCreatedWarns(t *testing.T) {
+	js, _ := testnats.Start(t)
+	dir := t.TempDir()
+	start := func(mode Mode) string {
+		t.Helper()
+		logs := &syncBuffer{}
+		a := &App{cfg: Config{DataDir: dir}, mode: mode, log: slog.New(slog.NewTextHandler(logs, nil))}
+		if err := a.startAudit(context.Background(), js); err != nil {
+			t.Fatal(err)
+		}
+		return logs.String()
+	}
+	first := start(ModeWorker)
+	if !strings.Contains(first, "level=WARN") || !strings.Contains(first, "give every one the same --audit-key-dir") ||
+		!strings.Contains(first, filepath.Join(dir, AuditKeyDir)) {
+		t.Fatalf("a worker that made its key: %s", first)
+	}
+	for _, mode := range []Mode{ModeWorker, ModeServer} {
+		if again := start(mode); strings.Contains(again, "level=WARN") || !strings.Contains(again, "audit: signing key") {
+			t.Fatalf("a process that found the key: %s", again)
+		}
+	}
 }
