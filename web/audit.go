@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/countersign/countersign/audit"
@@ -30,7 +31,12 @@ func (h *Handler) showAudit(w http.ResponseWriter, r *http.Request) error {
 	lines, err := h.audit.Chain(r.Context(), id)
 	switch {
 	case errors.Is(err, audit.ErrNotFound):
-		return notFound("no audit records for this task")
+		if strings.HasPrefix(id, "admin-") {
+			// The listings name an agent's or approver's chain before it
+			// has a record: adding them is not an admin record.
+			return notFound("no audit records in chain " + id + ": an agent's or approver's admin chain starts with its first disable, enable or revoke (adding them is not recorded)")
+		}
+		return notFound("no audit records for task " + id)
 	case err != nil:
 		return err
 	}

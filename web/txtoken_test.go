@@ -179,3 +179,20 @@ func TestAdminRotatesTransactionTokenKey(t *testing.T) {
 		t.Fatalf("admin records %+v", recs)
 	}
 }
+
+// TestAuditShowUnknownChain: the audit API's 404 names the chain, and for an
+// admin chain (which the agent and approver listings name from the start)
+// says why an agent or approver may have none yet.
+func TestAuditShowUnknownChain(t *testing.T) {
+	var svc *txtoken.Service
+	var l *audit.Log
+	e := newEnv(t, withTokens(t, &svc, &l))
+	b := wantError(t, e.do(t, "GET", "/admin/v1/audit/tsk_nosuchtask", nil, e.adminAuth()...), 404, "not_found")
+	if b.Message != "no audit records for task tsk_nosuchtask" {
+		t.Errorf("unknown task: %q", b.Message)
+	}
+	b = wantError(t, e.do(t, "GET", "/admin/v1/audit/admin-agent-0123456789abcdef0123456789abcdef", nil, e.adminAuth()...), 404, "not_found")
+	if !strings.Contains(b.Message, "admin-agent-0123456789abcdef0123456789abcdef") || !strings.Contains(b.Message, "adding them is not recorded") {
+		t.Errorf("admin chain without records: %q", b.Message)
+	}
+}
