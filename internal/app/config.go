@@ -318,7 +318,7 @@ func (c *Config) Validate() error {
 	}
 	if (c.NATSTLSCert == "") != (c.NATSTLSKey == "") {
 		errs = append(errs, errors.New("--nats-tls-cert and --nats-tls-key go together"))
-	} else if _, err := loadTLS("--nats-tls", c.NATSTLSCA, c.NATSTLSCert, c.NATSTLSKey); err != nil {
+	} else if _, err := loadTLS("--nats-tls", "nats.tls", c.NATSTLSCA, c.NATSTLSCert, c.NATSTLSKey); err != nil {
 		errs = append(errs, err)
 	}
 	if c.NATSCreds != "" && c.NATSNKey != "" {

@@ -143,3 +143,27 @@ func TestNATSDialErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestTLSFileErrorsNameFileKeys: a TLS file that does not load is named by
+// its flag and by its configuration file key, where it is usually set.
+func TestTLSFileErrorsNameFileKeys(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing.pem")
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"Temporal CA", Config{TemporalAddress: "t:7233", TemporalTLSCA: missing}, "--temporal-tls-ca (temporal.tls.ca): open " + missing},
+		{"Temporal client certificate", Config{TemporalAddress: "t:7233", TemporalTLSCert: missing, TemporalTLSKey: missing},
+			"--temporal-tls-cert (temporal.tls.cert) " + missing + " and --temporal-tls-key (temporal.tls.key): open " + missing},
+		{"NATS CA", Config{NATSTLSCA: missing}, "--nats-tls-ca (nats.tls.ca): open " + missing},
+		{"NATS client certificate", Config{NATSTLSCert: missing, NATSTLSKey: missing}, "--nats-tls-cert (nats.tls.cert) " + missing},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.cfg.Defaults()
+			if err := tc.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate: %v, want %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -31,7 +31,7 @@ func (c *Config) validateTemporal() []error {
 	var errs []error
 	if (c.TemporalTLSCert == "") != (c.TemporalTLSKey == "") {
 		errs = append(errs, errors.New("--temporal-tls-cert and --temporal-tls-key go together"))
-	} else if _, err := loadTLS("--temporal-tls", c.TemporalTLSCA, c.TemporalTLSCert, c.TemporalTLSKey); err != nil {
+	} else if _, err := loadTLS("--temporal-tls", "temporal.tls", c.TemporalTLSCA, c.TemporalTLSCert, c.TemporalTLSKey); err != nil {
 		errs = append(errs, err)
 	}
 	if c.TemporalAddress == "" && c.temporalTLSOn() {
@@ -47,7 +47,7 @@ func (c *Config) temporalConnection() (client.ConnectionOptions, client.Credenti
 	if !c.temporalTLSOn() {
 		return conn, nil, nil
 	}
-	tc, err := loadTLS("--temporal-tls", c.TemporalTLSCA, c.TemporalTLSCert, c.TemporalTLSKey)
+	tc, err := loadTLS("--temporal-tls", "temporal.tls", c.TemporalTLSCA, c.TemporalTLSCert, c.TemporalTLSKey)
 	if err != nil {
 		return conn, nil, err
 	}
@@ -86,25 +86,26 @@ func (c *Config) temporalDialHint(err error) string {
 }
 
 // loadTLS is a client TLS configuration: the CA bundle to trust (none: the
-// system roots) and a client certificate (none: no mutual TLS). flag names
-// the settings in errors.
-func loadTLS(flag, caFile, certFile, keyFile string) (*tls.Config, error) {
+// system roots) and a client certificate (none: no mutual TLS). flag and
+// key name the settings in errors, as flags ("--nats-tls") and as the
+// configuration file's keys ("nats.tls"), where they are often given.
+func loadTLS(flag, key, caFile, certFile, keyFile string) (*tls.Config, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if caFile != "" {
 		pem, err := os.ReadFile(caFile)
 		if err != nil {
-			return nil, fmt.Errorf("%s-ca: %w", flag, err)
+			return nil, fmt.Errorf("%s-ca (%s.ca): %w", flag, key, err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%s-ca %s: no PEM certificate in it", flag, caFile)
+			return nil, fmt.Errorf("%s-ca (%s.ca) %s: no PEM certificate in it", flag, key, caFile)
 		}
 		tc.RootCAs = pool
 	}
 	if certFile != "" || keyFile != "" {
 		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
 		if err != nil {
-			return nil, fmt.Errorf("%s-cert %s and %s-key: %w", flag, certFile, flag, tlsFileError(err))
+			return nil, fmt.Errorf("%s-cert (%s.cert) %s and %s-key (%s.key): %w", flag, key, certFile, flag, key, tlsFileError(err))
 		}
 		tc.Certificates = []tls.Certificate{pair}
 	}
