@@ -19,6 +19,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.temporal.io/api/serviceerror"
+	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 	tlog "go.temporal.io/sdk/log"
 	"go.temporal.io/sdk/worker"
@@ -540,7 +542,25 @@ func (a *App) startTemporal(ctx context.Context) error {
 		return fmt.Errorf("connect to Temporal at %s: %w%s", hostPort, err, a.cfg.temporalDialHint(err))
 	}
 	a.tc = tc
+	if a.temporal == nil {
+		if err := checkTemporalNamespace(ctx, tc, a.cfg.TemporalNamespace, hostPort); err != nil {
+			return err
+		}
+	}
 	a.Orchestrator = tasks.NewOrchestrator(tc)
+	return nil
+}
+
+// checkTemporalNamespace stops the start of a process whose external
+// Temporal has no such namespace. A worker would stop at its start anyway;
+// a server would start, answer ready, and fail every workflow start. Any
+// other answer (a key not allowed to describe it) is left to those.
+func checkTemporalNamespace(ctx context.Context, tc client.Client, namespace, hostPort string) error {
+	_, err := tc.WorkflowService().DescribeNamespace(ctx, &workflowservice.DescribeNamespaceRequest{Namespace: namespace})
+	var nf *serviceerror.NamespaceNotFound
+	if errors.As(err, &nf) {
+		return fmt.Errorf("namespace %q not found on Temporal at %s: register it (temporal operator namespace create --namespace %s), or set --temporal-namespace (temporal.namespace) to one that exists", namespace, hostPort, namespace)
+	}
 	return nil
 }
 

@@ -143,6 +143,23 @@ func TestTemporalMutualTLSFromConfigFile(t *testing.T) {
 	}
 }
 
+// TestTemporalNamespaceMissing: a server pointed at a namespace its
+// Temporal does not have stops at start, saying so, instead of starting,
+// answering ready and failing every workflow start.
+func TestTemporalNamespaceMissing(t *testing.T) {
+	hostPort, ca, cert, key := devTemporal(t)
+	p := filepath.Join(t.TempDir(), "countersign.yaml")
+	content := "temporal:\n  address: " + hostPort + "\n  namespace: prod-approvals\n  tls:\n    ca: " + ca +
+		"\n    cert: " + cert + "\n    key: " + key + "\n    server_name: " + devstack.TLSServerName + "\n"
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := connectTemporal(t, p)
+	if err == nil || !strings.Contains(err.Error(), `namespace "prod-approvals" not found on Temporal at `+hostPort) {
+		t.Fatalf("start with a namespace Temporal lacks: %v", err)
+	}
+}
+
 // TestTemporalDialHint: the hint a failed connection's error gets, by what
 // the TLS settings hold.
 func TestTemporalDialHint(t *testing.T) {
