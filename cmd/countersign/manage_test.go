@@ -198,7 +198,7 @@ func TestAdminInitCLI(t *testing.T) {
 	}
 
 	code, out, stderr = runCLI("admin", "init", "--nats-url", url, "--data-dir", dir)
-	if code != 1 || !strings.Contains(stderr, "an admin token already exists (admin)") || out != "" {
+	if code != 1 || !strings.Contains(stderr, "an admin token already exists (admin)") || !strings.Contains(stderr, `--rotate replaces "admin"'s token`) || out != "" {
 		t.Fatalf("second admin init: exit %d, out %q, err %q", code, out, stderr)
 	}
 	code, _, stderr = runCLI("admin", "init", "--nats-url", url, "--data-dir", dir, "--out", out1)

@@ -155,6 +155,9 @@ func InitAdmin(ctx context.Context, cfg Config, opts InitAdminOptions) (InitAdmi
 		return InitAdminResult{}, err
 	}
 	tok, ch, err := tokens.InitAdmin(ctx, name, opts.Rotate)
+	if errors.Is(err, authn.ErrAdminExists) {
+		return InitAdminResult{}, fmt.Errorf("%w: admin init makes the first one; --rotate replaces %q's token (--name) and revokes the old one", err, name)
+	}
 	if err != nil {
 		return InitAdminResult{}, err
 	}
