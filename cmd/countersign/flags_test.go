@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -202,5 +205,62 @@ func TestConformanceLiftsLimitDefaults(t *testing.T) {
 				t.Errorf("limits (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestReadmeFileSettings: the README names the service flags the
+// configuration file cannot give (app.FileFlags are those it can), and
+// the file refuses each as an unknown field.
+func TestReadmeFileSettings(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(strings.Fields(string(readme)), " ")
+	_, rest, ok := strings.Cut(text, "; the others (")
+	list, _, ok2 := strings.Cut(rest, ") are flags and environment variables only")
+	if !ok || !ok2 {
+		t.Fatal(`README: no "the others (…) are flags and environment variables only" in the configuration file section`)
+	}
+	var named []string // flag names or prefixes ("otlp-")
+	for _, m := range regexp.MustCompile("`--([a-z-]+)(\\*?)`").FindAllStringSubmatch(list, -1) {
+		named = append(named, m[1])
+	}
+	inFile := map[string]bool{"config": true, "conformance": true}
+	for _, f := range app.FileFlags {
+		inFile[f] = true
+	}
+	var cfg app.Config
+	fs, _ := serviceFlags("dev", &cfg, false)
+	listed := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) {
+		isNamed := slices.ContainsFunc(named, func(n string) bool {
+			return n == f.Name || strings.HasSuffix(n, "-") && strings.HasPrefix(f.Name, n)
+		})
+		switch {
+		case inFile[f.Name] && isNamed:
+			t.Errorf("README names --%s as flag-only, but the file gives it", f.Name)
+		case !inFile[f.Name] && !isNamed:
+			t.Errorf("README: --%s is not in the file and not named as flag-only", f.Name)
+		case isNamed:
+			listed[f.Name] = true
+		}
+	})
+	for _, n := range named {
+		if !strings.HasSuffix(n, "-") && !listed[n] {
+			t.Errorf("README names --%s, which is not a service flag", n)
+		}
+	}
+	// The file refuses each of them.
+	dir := t.TempDir()
+	for name := range listed {
+		key := strings.ReplaceAll(name, "-", "_")
+		p := filepath.Join(dir, key+".yaml")
+		if err := os.WriteFile(p, []byte(key+": x\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := app.LoadConfigFile(p); err == nil || !strings.Contains(err.Error(), key+": unknown field") {
+			t.Errorf("the file takes %s: %v", key, err)
+		}
 	}
 }

@@ -115,7 +115,7 @@ var FileFlags = []string{
 	"temporal-address", "temporal-namespace", "temporal-api-key", "temporal-tls", "temporal-tls-ca",
 	"temporal-tls-cert", "temporal-tls-key", "temporal-tls-server-name",
 	"nats-url", "nats-creds", "nats-nkey", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-replicas",
-	"slack-token", "slack-channel", "slack-signing-secret",
+	"slack-token", "slack-channel", "slack-signing-secret", "slack-api-url",
 	"rate-per-minute", "rate-burst", "max-pending", "poll-interval", "result-retention",
 	"requests-per-second", "request-burst", "max-in-flight", "body-read-timeout", "max-slow-bodies", "max-connections",
 	"oauth-issuer", "oauth-audiences", "oauth-principal-claim", "oauth-required-scopes", "oauth-claims",
