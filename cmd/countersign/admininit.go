@@ -19,7 +19,7 @@ const adminInitUsage = "usage: countersign admin init (--nats-url URL | --config
 var adminInitEnv = map[string]string{
 	"data-dir": "COUNTERSIGN_DATA_DIR", "nats-url": "NATS_URL", "nats-creds": "NATS_CREDS", "nats-nkey": "NATS_NKEY",
 	"nats-tls-ca": "NATS_TLS_CA", "nats-tls-cert": "NATS_TLS_CERT", "nats-tls-key": "NATS_TLS_KEY",
-	"nats-replicas": "COUNTERSIGN_NATS_REPLICAS",
+	"nats-replicas": "COUNTERSIGN_NATS_REPLICAS", "audit-key-dir": "COUNTERSIGN_AUDIT_KEY_DIR",
 }
 
 // runAdminInit is `countersign admin init`: the first admin token of a
@@ -42,7 +42,7 @@ func runAdminInit(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&cfg.NATSTLSKey, "nats-tls-key", envOr("NATS_TLS_KEY", ""), "client key (PEM) for NATS mutual TLS")
 	fs.IntVar(&cfg.NATSReplicas, "nats-replicas", envInt("COUNTERSIGN_NATS_REPLICAS", def.NATSReplicas), "replicas of the token bucket and audit stream if this creates them, 1 to 5")
 	fs.StringVar(&cfg.AuditKeyDir, "audit-key-dir", envOr("COUNTERSIGN_AUDIT_KEY_DIR", ""), "directory of the audit signing keys that sign the record of this action (default DATA_DIR/audit-keys)")
-	fs.StringVar(&cfg.ConfigFile, "config", envOr("COUNTERSIGN_CONFIG", ""), "the servers' configuration file (YAML): its nats section and data_dir apply, under these flags and their environment variables")
+	fs.StringVar(&cfg.ConfigFile, "config", envOr("COUNTERSIGN_CONFIG", ""), "the servers' configuration file (YAML): its nats section, data_dir and audit_key_dir apply, under these flags and their environment variables")
 	name := fs.String("name", app.AdminFileName, "name of the admin principal")
 	out := fs.String("out", "", "write the token to this file (mode 0600) instead of printing it")
 	rotate := fs.Bool("rotate", false, "replace NAME's admin token (revoking it) even though an admin token exists")

@@ -35,6 +35,7 @@ func (c *Config) ApplyFile(f *config.File, explicit func(flag string) bool) {
 	}
 	str("addr", &c.Addr, f.Addr)
 	str("data-dir", &c.DataDir, f.DataDir)
+	str("audit-key-dir", &c.AuditKeyDir, f.AuditKeyDir)
 	str("public-url", &c.PublicURL, f.PublicURL)
 	str("server-id", &c.ServerID, f.ServerID)
 	str("log-level", &c.LogLevel, f.LogLevel)
@@ -111,7 +112,7 @@ func num[T comparable](flag string, set func(flag string, zero bool) bool, dst *
 // FileFlags are the flags whose setting the configuration file may give,
 // in the order ApplyFile takes them.
 var FileFlags = []string{
-	"addr", "data-dir", "public-url", "server-id", "log-level", "policy", "inline-wait",
+	"addr", "data-dir", "audit-key-dir", "public-url", "server-id", "log-level", "policy", "inline-wait",
 	"temporal-address", "temporal-namespace", "temporal-api-key", "temporal-tls", "temporal-tls-ca",
 	"temporal-tls-cert", "temporal-tls-key", "temporal-tls-server-name",
 	"nats-url", "nats-creds", "nats-nkey", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-replicas",
@@ -129,7 +130,7 @@ var FileFlags = []string{
 // carry user:password or a token, which the file refuses.
 func (c *Config) Effective(mode Mode) *config.File {
 	f := &config.File{
-		Addr: c.Addr, DataDir: c.DataDir, PublicURL: c.PublicURL, ServerID: c.ServerID,
+		Addr: c.Addr, DataDir: c.DataDir, AuditKeyDir: c.AuditKeyDir, PublicURL: c.PublicURL, ServerID: c.ServerID,
 		LogLevel: c.LogLevel, Policy: c.PolicyDir,
 		Temporal: config.Temporal{
 			Address: c.TemporalAddress, Namespace: c.TemporalNamespace, APIKey: c.TemporalAPIKey,

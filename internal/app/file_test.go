@@ -57,3 +57,23 @@ func TestSlackAPIURLFromFile(t *testing.T) {
 		t.Fatalf("the flag lost to the file: %q", c.SlackAPIURL)
 	}
 }
+
+// audit_key_dir in the file is --audit-key-dir unless the flag (or its
+// environment variable) is set, so that every server and worker given one
+// file shares one key directory; config check prints it back.
+func TestAuditKeyDirFromFile(t *testing.T) {
+	f := &config.File{AuditKeyDir: "/etc/countersign/audit-keys"}
+	var c Config
+	c.ApplyFile(f, func(string) bool { return false })
+	if c.AuditKeyDir != "/etc/countersign/audit-keys" {
+		t.Fatalf("from the file: %q", c.AuditKeyDir)
+	}
+	if out := c.Effective(ModeWorker).String(); !strings.Contains(out, "audit_key_dir: /etc/countersign/audit-keys") {
+		t.Fatalf("effective configuration lacks the key directory:\n%s", out)
+	}
+	c = Config{AuditKeyDir: "/run/keys"}
+	c.ApplyFile(f, func(flag string) bool { return flag == "audit-key-dir" })
+	if c.AuditKeyDir != "/run/keys" {
+		t.Fatalf("the flag lost to the file: %q", c.AuditKeyDir)
+	}
+}

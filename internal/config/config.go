@@ -64,7 +64,7 @@ type File struct {
 	InlineWait *time.Duration
 
 	// The process settings (settings.go): "" when the file does not say.
-	Addr, DataDir, PublicURL, ServerID, LogLevel, Policy string
+	Addr, DataDir, AuditKeyDir, PublicURL, ServerID, LogLevel, Policy string
 
 	// Temporal is the temporal section (temporal.go).
 	Temporal Temporal
@@ -218,6 +218,7 @@ var sections = []section{
 	}},
 	{"addr", (*decoder).addr},
 	{"data_dir", (*decoder).dataDir},
+	{"audit_key_dir", (*decoder).auditKeyDir},
 	{"public_url", (*decoder).publicURL},
 	{"server_id", (*decoder).serverID},
 	{"log_level", (*decoder).logLevel},

@@ -4,7 +4,7 @@
 //
 // The file is one YAML mapping. Every top-level key is a section: upstreams,
 // demo_tools and inline_wait below; the process settings addr, data_dir,
-// public_url, server_id, log_level and policy (settings.go); and the
+// audit_key_dir, public_url, server_id, log_level and policy (settings.go); and the
 // sections temporal (temporal.go), nats (nats.go), slack (slack.go),
 // limits (limits.go) and oauth (oauth.go), each documented on its type. Every setting but
 // upstreams and demo_tools is the file's form of a command-line flag;

@@ -65,20 +65,21 @@ func redactMap(m map[string]string) map[string]string {
 // fileView and upstreamView are the printed shapes: the file's own syntax,
 // values redacted.
 type fileView struct {
-	Upstreams  []upstreamView `yaml:"upstreams,omitempty"`
-	DemoTools  *bool          `yaml:"demo_tools,omitempty"`
-	InlineWait string         `yaml:"inline_wait,omitempty"`
-	Addr       string         `yaml:"addr,omitempty"`
-	DataDir    string         `yaml:"data_dir,omitempty"`
-	PublicURL  string         `yaml:"public_url,omitempty"`
-	ServerID   string         `yaml:"server_id,omitempty"`
-	LogLevel   string         `yaml:"log_level,omitempty"`
-	Policy     string         `yaml:"policy,omitempty"`
-	Temporal   *temporalView  `yaml:"temporal,omitempty"`
-	NATS       *natsView      `yaml:"nats,omitempty"`
-	Slack      *slackView     `yaml:"slack,omitempty"`
-	Limits     *limitsView    `yaml:"limits,omitempty"`
-	OAuth      *oauthView     `yaml:"oauth,omitempty"`
+	Upstreams   []upstreamView `yaml:"upstreams,omitempty"`
+	DemoTools   *bool          `yaml:"demo_tools,omitempty"`
+	InlineWait  string         `yaml:"inline_wait,omitempty"`
+	Addr        string         `yaml:"addr,omitempty"`
+	DataDir     string         `yaml:"data_dir,omitempty"`
+	AuditKeyDir string         `yaml:"audit_key_dir,omitempty"`
+	PublicURL   string         `yaml:"public_url,omitempty"`
+	ServerID    string         `yaml:"server_id,omitempty"`
+	LogLevel    string         `yaml:"log_level,omitempty"`
+	Policy      string         `yaml:"policy,omitempty"`
+	Temporal    *temporalView  `yaml:"temporal,omitempty"`
+	NATS        *natsView      `yaml:"nats,omitempty"`
+	Slack       *slackView     `yaml:"slack,omitempty"`
+	Limits      *limitsView    `yaml:"limits,omitempty"`
+	OAuth       *oauthView     `yaml:"oauth,omitempty"`
 }
 
 type upstreamView struct {
@@ -105,7 +106,7 @@ func (u Upstream) view() upstreamView {
 // in and secrets redacted.
 func (f File) String() string {
 	r := f.Redacted()
-	v := fileView{DemoTools: r.DemoTools, Addr: r.Addr, DataDir: r.DataDir, PublicURL: r.PublicURL,
+	v := fileView{DemoTools: r.DemoTools, Addr: r.Addr, DataDir: r.DataDir, AuditKeyDir: r.AuditKeyDir, PublicURL: r.PublicURL,
 		ServerID: r.ServerID, LogLevel: r.LogLevel, Policy: r.Policy,
 		Temporal: r.Temporal.view(), NATS: r.NATS.view(), Slack: r.Slack.view(), Limits: r.Limits.view(),
 		OAuth: r.OAuth.view()}

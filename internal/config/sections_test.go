@@ -16,6 +16,7 @@ import (
 
 const sectionsExample = `addr: 0.0.0.0:8080
 data_dir: data
+audit_key_dir: keys
 public_url: https://approvals.example.com
 server_id: countersign-prod
 log_level: warn
@@ -87,8 +88,9 @@ func TestLoadSections(t *testing.T) {
 	f := loadSectionsExample(t)
 	dir := filepath.Dir(f.Path)
 	want := File{
-		Path: f.Path, Addr: "0.0.0.0:8080", DataDir: filepath.Join(dir, "data"), PublicURL: "https://approvals.example.com",
-		ServerID: "countersign-prod", LogLevel: "warn", Policy: "/etc/countersign/policy",
+		Path: f.Path, Addr: "0.0.0.0:8080", DataDir: filepath.Join(dir, "data"), AuditKeyDir: filepath.Join(dir, "keys"),
+		PublicURL: "https://approvals.example.com",
+		ServerID:  "countersign-prod", LogLevel: "warn", Policy: "/etc/countersign/policy",
 		Temporal: Temporal{Address: "my-ns.a2b3c.tmprl.cloud:7233", Namespace: "my-ns.a2b3c", APIKey: apiKeySecret,
 			TLS: TemporalTLS{CA: filepath.Join(dir, "certs/ca.pem"), Cert: "/etc/countersign/client.pem",
 				Key: "/etc/countersign/client.key", ServerName: "temporal.internal"}},
@@ -150,6 +152,7 @@ func TestSectionsPrintRedacted(t *testing.T) {
 	dir := filepath.Dir(f.Path)
 	want := `addr: 0.0.0.0:8080
 data_dir: ` + filepath.Join(dir, "data") + `
+audit_key_dir: ` + filepath.Join(dir, "keys") + `
 public_url: https://approvals.example.com
 server_id: countersign-prod
 log_level: warn

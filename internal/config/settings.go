@@ -9,9 +9,10 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// The top-level process settings: addr, data_dir, public_url, server_id,
-// log_level and policy. Each is the file's form of the flag of the same name
-// (--addr, --data-dir, --public-url, --server-id, --log-level, --policy).
+// The top-level process settings: addr, data_dir, audit_key_dir,
+// public_url, server_id, log_level and policy. Each is the file's form of
+// the flag of the same name (--addr, --data-dir, --audit-key-dir,
+// --public-url, --server-id, --log-level, --policy).
 
 func (d *decoder) addr(f *File, v *yaml.Node) {
 	f.Addr = d.hostPort(v, "addr", "0.0.0.0:8080")
@@ -19,6 +20,12 @@ func (d *decoder) addr(f *File, v *yaml.Node) {
 
 func (d *decoder) dataDir(f *File, v *yaml.Node) {
 	f.DataDir = d.filePath(v, "data_dir")
+}
+
+// auditKeyDir: the directory of the audit signing keys, which every server
+// and worker of a deployment shares.
+func (d *decoder) auditKeyDir(f *File, v *yaml.Node) {
+	f.AuditKeyDir = d.filePath(v, "audit_key_dir")
 }
 
 func (d *decoder) policy(f *File, v *yaml.Node) {
