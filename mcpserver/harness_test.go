@@ -157,6 +157,10 @@ const errToken = "tok-broken"
 // store did not answer (authn.ErrUnavailable).
 const unavailableToken = "tok-store-down"
 
+// disabledToken is the valid token of an agent an admin disabled
+// (authn.ErrDisabled).
+const disabledToken = "tok-disabled"
+
 // testAuth accepts "tok:<principal>".
 func testAuth(_ context.Context, bearer string) (string, error) {
 	if bearer == errToken {
@@ -164,6 +168,9 @@ func testAuth(_ context.Context, bearer string) (string, error) {
 	}
 	if bearer == unavailableToken {
 		return "", fmt.Errorf("%w: nats: timeout (secret detail)", authn.ErrUnavailable)
+	}
+	if bearer == disabledToken {
+		return "", authn.ErrDisabled
 	}
 	p, ok := strings.CutPrefix(bearer, "tok:")
 	if !ok || p == "" {

@@ -621,7 +621,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, m
 			s.oauthChallenge(w, oauth, nil)
 			return "", nil, false
 		}
-		s.challenge(w, "")
+		s.challenge(w, "", nil)
 		return "", nil, false
 	}
 	var (
@@ -654,7 +654,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, m
 			s.oauthChallenge(w, oauth, err)
 			return "", nil, false
 		}
-		s.challenge(w, "invalid_token")
+		s.challenge(w, "invalid_token", err)
 		return "", nil, false
 	}
 	s.recent.put(token, principal)
@@ -688,22 +688,35 @@ func (s *Server) oauthChallenge(w http.ResponseWriter, oauth OAuth, err error) {
 	switch {
 	case status == http.StatusForbidden:
 		msg = "Forbidden: the access token lacks a required scope"
+	case errors.Is(err, authn.ErrDisabled):
+		msg = "Unauthorized: " + disabledAgent
 	case err != nil:
 		msg = "Unauthorized: the bearer token is invalid"
 	}
 	http.Error(w, msg, status)
 }
 
-func (s *Server) challenge(w http.ResponseWriter, errCode string) {
+// disabledAgent is what the holder of a disabled agent's valid token is
+// told (an OAuth principal's is told as much by the OAuth challenge). An
+// unknown, wrong or revoked token learns only that it is invalid.
+const disabledAgent = "this agent is disabled at Countersign"
+
+// challenge answers 401 with a static-token challenge; errCode is "" for a
+// missing token, else "invalid_token", and err why the token was refused.
+func (s *Server) challenge(w http.ResponseWriter, errCode string, err error) {
 	v := `Bearer realm="countersign"`
 	if errCode != "" {
 		v += `, error="` + errCode + `"`
 	}
-	w.Header().Set("WWW-Authenticate", v)
 	msg := "Unauthorized: a bearer token is required"
-	if errCode == "invalid_token" {
+	switch {
+	case errCode == "invalid_token" && errors.Is(err, authn.ErrDisabled):
+		v += `, error_description="` + disabledAgent + `"`
+		msg = "Unauthorized: " + disabledAgent
+	case errCode == "invalid_token":
 		msg = "Unauthorized: the bearer token is invalid (unknown or revoked)"
 	}
+	w.Header().Set("WWW-Authenticate", v)
 	http.Error(w, msg, http.StatusUnauthorized)
 }
 

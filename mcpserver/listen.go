@@ -93,7 +93,7 @@ func (s *Server) stillAuthorized(ctx context.Context, w http.ResponseWriter, r *
 		return true
 	}
 	s.log.InfoContext(ctx, "mcpserver: bearer token revoked as its stream opened", "err", err)
-	s.challenge(w, "invalid_token")
+	s.challenge(w, "invalid_token", err)
 	return false
 }
 

@@ -705,6 +705,18 @@ func TestAuthentication(t *testing.T) {
 			}
 		})
 	}
+	// An unknown or wrong token is told only that it is invalid; the
+	// valid token of a disabled agent, that the agent is disabled.
+	for token, disabled := range map[string]bool{"nope": false, errToken: false, "tok:": false, disabledToken: true} {
+		r := h.do(t, call{era: tasks.Era2026, method: "tools/list", headers: map[string]string{"Authorization": "Bearer " + token}})
+		www := r.Header.Get("WWW-Authenticate")
+		says := strings.Contains(string(r.Body), "this agent is disabled at Countersign")
+		if r.Status != http.StatusUnauthorized || says != disabled ||
+			strings.Contains(www, `error_description="this agent is disabled at Countersign"`) != disabled ||
+			strings.Contains(string(r.Body), "unknown or revoked") == disabled {
+			t.Errorf("%s: HTTP %d, WWW-Authenticate %q, body %q", token, r.Status, www, r.Body)
+		}
+	}
 	t.Run("token store unavailable", func(t *testing.T) {
 		r := h.do(t, call{era: tasks.Era2026, method: "tools/list", headers: map[string]string{"Authorization": "Bearer " + unavailableToken}})
 		if r.Status != http.StatusServiceUnavailable || r.Header.Get("Retry-After") == "" || r.Header.Get("WWW-Authenticate") != "" {

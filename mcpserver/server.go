@@ -97,7 +97,9 @@ type Options struct {
 	// it creates. An error wrapping authn.ErrUnavailable (the token store
 	// did not answer) or ErrAuthUnavailable is answered 503 with
 	// Retry-After; any other error (or an empty principal) 401. The error
-	// itself is logged, never sent.
+	// itself is logged, never sent; one wrapping authn.ErrDisabled (the
+	// valid token of a disabled agent) is told the agent is disabled, any
+	// other only that the token is invalid.
 	Authenticate func(ctx context.Context, bearer string) (principal string, err error)
 	// OAuth, when set, also accepts OAuth 2.1 access tokens of one
 	// issuer, and answers a missing or rejected token with its challenge.

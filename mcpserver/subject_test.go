@@ -128,4 +128,13 @@ func TestOAuthSubjectInPolicy(t *testing.T) {
 	if n := len(rec.Inputs()); n != 1 {
 		t.Fatalf("%d workflows started, want 1", n)
 	}
+
+	// With OAuth on, a disabled agent's static token is still told that
+	// its agent is disabled; an unknown one only that it is invalid.
+	for token, disabled := range map[string]bool{"nope": false, disabledToken: true} {
+		r := h.do(t, call{era: tasks.Era2026, method: "tools/list", headers: map[string]string{"Authorization": "Bearer " + token}})
+		if r.Status != http.StatusUnauthorized || strings.Contains(string(r.Body), "this agent is disabled at Countersign") != disabled {
+			t.Errorf("%s: HTTP %d, body %q", token, r.Status, r.Body)
+		}
+	}
 }

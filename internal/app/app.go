@@ -1089,7 +1089,14 @@ type oauthAgents struct {
 
 func (o oauthAgents) Claims(token string) bool { return o.v.Claims(token) }
 
-func (o oauthAgents) Challenge(err error) (int, string) { return o.v.Challenge(err) }
+// Challenge is the OAuth challenge; a disabled agent's static token
+// (authn.ErrDisabled) is told, as a disabled OAuth principal is, why.
+func (o oauthAgents) Challenge(err error) (int, string) {
+	if errors.Is(err, authn.ErrDisabled) {
+		err = &oauth.Error{Code: oauth.CodeInvalidToken, Description: "this agent is disabled at Countersign"}
+	}
+	return o.v.Challenge(err)
+}
 
 func (o oauthAgents) Authenticate(ctx context.Context, token string) (string, map[string]any, error) {
 	id, err := o.v.Verify(ctx, token, time.Now())

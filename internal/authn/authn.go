@@ -39,6 +39,12 @@ var (
 	// ErrInvalidToken, so callers that answer both with 401 need test only
 	// for that; it tells them apart for the message.
 	ErrMissingToken = fmt.Errorf("%w: no bearer token", ErrInvalidToken)
+	// ErrDisabled is the token of a principal an admin disabled (and has
+	// not revoked). It wraps ErrInvalidToken, so callers that answer 401
+	// need test only for that; it lets the holder of a valid token be told
+	// that its principal is disabled, where an unknown or revoked token
+	// learns only that it is invalid.
+	ErrDisabled = fmt.Errorf("%w: this principal is disabled", ErrInvalidToken)
 	// ErrUnavailable is wrapped by lookups that failed because the token
 	// store could not answer (NATS down or slow): not a verdict on the
 	// token, so callers answer 503, never 401.
@@ -139,9 +145,18 @@ func (t *Tokens) Register(ctx context.Context, token, name, kind string) error {
 // nameKey maps a name to a KV-safe key ('@' is not allowed in keys).
 func nameKey(name string) string { return strings.ReplaceAll(name, "@", "=40") }
 
-// Lookup returns the principal of a token; a disabled or revoked one is
-// ErrInvalidToken.
+// Lookup returns the principal of a token; a revoked one is
+// ErrInvalidToken, a disabled one ErrDisabled (which wraps it).
 func (t *Tokens) Lookup(ctx context.Context, token string) (Principal, error) {
+	p, err := t.find(ctx, token)
+	if err != nil {
+		return Principal{}, err
+	}
+	return active(p)
+}
+
+// find returns the principal of a token, whatever its status.
+func (t *Tokens) find(ctx context.Context, token string) (Principal, error) {
 	if token == "" || len(token) > 256 {
 		return Principal{}, ErrInvalidToken
 	}
@@ -156,23 +171,35 @@ func (t *Tokens) Lookup(ctx context.Context, token string) (Principal, error) {
 	if err := json.Unmarshal(e.Value(), &p); err != nil {
 		return Principal{}, fmt.Errorf("authn: decode: %w", err)
 	}
-	if !p.Active() {
-		// Read on every request, on every replica: a disabled or
-		// revoked token stops at once.
-		return Principal{}, ErrInvalidToken
-	}
 	return p, nil
 }
 
+// active returns p if it is active: read on every request, on every
+// replica, so a disabled or revoked token stops at once.
+func active(p Principal) (Principal, error) {
+	switch p.Status() {
+	case StatusActive:
+		return p, nil
+	case StatusDisabled:
+		return Principal{}, ErrDisabled
+	default:
+		return Principal{}, ErrInvalidToken
+	}
+}
+
 // Agent returns the agent name of a token, or ErrInvalidToken when the token
-// is unknown or not an agent's.
+// is unknown, revoked or not an agent's (ErrDisabled, which wraps it, when
+// the agent is disabled).
 func (t *Tokens) Agent(ctx context.Context, token string) (string, error) {
-	p, err := t.Lookup(ctx, token)
+	p, err := t.find(ctx, token)
 	if err != nil {
 		return "", err
 	}
 	if p.Kind != KindAgent {
 		return "", ErrInvalidToken
+	}
+	if p, err = active(p); err != nil {
+		return "", err
 	}
 	return p.Name, nil
 }

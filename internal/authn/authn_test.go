@@ -34,8 +34,8 @@ func TestIssueLookup(t *testing.T) {
 	if !tok.IsAdmin(ctx, admin) || tok.IsAdmin(ctx, agent) {
 		t.Fatal("IsAdmin wrong")
 	}
-	if _, err := tok.Lookup(ctx, agent+"x"); !errors.Is(err, ErrInvalidToken) {
-		t.Fatal("forged token accepted")
+	if _, err := tok.Lookup(ctx, agent+"x"); !errors.Is(err, ErrInvalidToken) || errors.Is(err, ErrDisabled) {
+		t.Fatalf("forged token: %v", err)
 	}
 	if _, err := tok.Issue(ctx, "billing-bot", KindAgent); !errors.Is(err, ErrNameTaken) {
 		t.Fatalf("duplicate agent name: %v", err)

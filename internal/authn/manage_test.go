@@ -40,6 +40,11 @@ func TestAgentStatus(t *testing.T) {
 		if active := wantStatus == StatusActive; active != (lerr == nil) {
 			t.Fatalf("after %s: lookup %v", action, lerr)
 		}
+		// A disabled agent's token is told so (ErrDisabled, an
+		// ErrInvalidToken); a revoked one only that it is invalid.
+		if lerr != nil && (!errors.Is(lerr, ErrInvalidToken) || errors.Is(lerr, ErrDisabled) != (wantStatus == StatusDisabled)) {
+			t.Fatalf("after %s: lookup %v", action, lerr)
+		}
 		return ch
 	}
 	step(ActionDisable, StatusDisabled, true)
@@ -93,6 +98,10 @@ func TestAuthorizeAdminInactive(t *testing.T) {
 	}
 	if err := tok.AuthorizeAdmin(r); !errors.Is(err, ErrInvalidToken) {
 		t.Fatalf("disabled admin: %v", err)
+	}
+	// At /mcp an admin token is no agent's, disabled or not.
+	if _, err := tok.Agent(ctx, admin); !errors.Is(err, ErrInvalidToken) || errors.Is(err, ErrDisabled) {
+		t.Fatalf("disabled admin as agent: %v", err)
 	}
 }
 
