@@ -154,6 +154,66 @@ type Report struct {
 	Problems []string `json:"problems,omitempty"`
 }
 
+// What a chain is, by its ID ([ChainKindOf]).
+const (
+	ChainTask  = "task"  // a task's chain ("tsk_…")
+	ChainAdmin = "admin" // an admin chain ([AdminChainID]: "admin-…")
+	ChainToken = "token" // a transaction token's chain ("txt_…", "txr_…")
+)
+
+// ChainKindOf is what the chain of ID id is: ChainAdmin, ChainToken or
+// ChainTask. It goes by the ID, which each record of the chain names, so a
+// chain whose records are broken is still counted as what it is.
+func ChainKindOf(id string) string {
+	switch {
+	case strings.HasPrefix(id, "admin-"):
+		return ChainAdmin
+	case strings.HasPrefix(id, "txt_"), strings.HasPrefix(id, "txr_"):
+		return ChainToken
+	default:
+		return ChainTask
+	}
+}
+
+// Summary is the report in one line: the chains, counted by what they are,
+// and how many failed, e.g. "3 chains: 2 tasks, 1 admin chain; 1 failed".
+// Problems not tied to one chain (unreadable lines) are counted apart.
+func (r Report) Summary() string {
+	n := map[string]int{}
+	failed := 0
+	for _, v := range r.Tasks {
+		n[ChainKindOf(v.TaskID)]++
+		if !v.OK {
+			failed++
+		}
+	}
+	plural := func(k int, one, many string) string {
+		if k == 1 {
+			return "1 " + one
+		}
+		return fmt.Sprintf("%d %s", k, many)
+	}
+	s := plural(len(r.Tasks), "chain", "chains")
+	var parts []string
+	for _, c := range []struct{ kind, one, many string }{
+		{ChainTask, "task", "tasks"},
+		{ChainAdmin, "admin chain", "admin chains"},
+		{ChainToken, "transaction-token chain", "transaction-token chains"},
+	} {
+		if n[c.kind] > 0 {
+			parts = append(parts, plural(n[c.kind], c.one, c.many))
+		}
+	}
+	if len(parts) > 0 {
+		s += ": " + strings.Join(parts, ", ")
+	}
+	s += fmt.Sprintf("; %d failed", failed)
+	if len(r.Problems) > 0 {
+		s += "; " + plural(len(r.Problems), "other problem", "other problems")
+	}
+	return s
+}
+
 // VerifyOptions adjusts [Verify].
 type VerifyOptions struct {
 	// AllowIncomplete accepts chains that are not sealed yet (tasks still

@@ -716,3 +716,29 @@ func TestVerifyDecisionBoundAssertions(t *testing.T) {
 	}
 	mustFail(t, "a signed deny recorded as an in-band approval", inBand("deny").lines, keys, "the passkey signed a challenge for deny, recorded as approve")
 }
+
+// The summary counts chains by what they are: an admin or token chain is
+// not a task.
+func TestReportSummary(t *testing.T) {
+	for _, tc := range []struct {
+		rep  Report
+		want string
+	}{
+		{Report{}, "0 chains; 0 failed"},
+		{Report{Tasks: []TaskVerdict{{TaskID: "tsk_a", OK: true}}}, "1 chain: 1 task; 0 failed"},
+		{Report{Tasks: []TaskVerdict{{TaskID: "tsk_a", OK: true}, {TaskID: "tsk_b"}, {TaskID: "admin-agent-5c1e", OK: true}}},
+			"3 chains: 2 tasks, 1 admin chain; 1 failed"},
+		{Report{Tasks: []TaskVerdict{{TaskID: "admin-approver-alice"}, {TaskID: "admin-agent-5c1e"}, {TaskID: "txt_1", OK: true}, {TaskID: "txr_2", OK: true}},
+			Problems: []string{"line 3: not JSON"}},
+			"4 chains: 2 admin chains, 2 transaction-token chains; 2 failed; 1 other problem"},
+	} {
+		if got := tc.rep.Summary(); got != tc.want {
+			t.Errorf("Summary() = %q, want %q", got, tc.want)
+		}
+	}
+	for id, want := range map[string]string{"tsk_7fq2": ChainTask, "admin-agent-5c1e": ChainAdmin, "admin-approver-alice": ChainAdmin, "txt_ab": ChainToken, "txr_cd": ChainToken} {
+		if got := ChainKindOf(id); got != want {
+			t.Errorf("ChainKindOf(%q) = %q, want %q", id, got, want)
+		}
+	}
+}

@@ -372,12 +372,10 @@ func printReport(rep audit.Report, asJSON bool, w io.Writer) error {
 			return err
 		}
 	} else {
-		failed := 0
 		for _, t := range rep.Tasks {
 			verdict := "OK  "
 			if !t.OK {
 				verdict = "FAIL"
-				failed++
 			}
 			what := t.Disposition
 			if what == "" {
@@ -408,7 +406,7 @@ func printReport(rep audit.Report, asJSON bool, w io.Writer) error {
 		for _, p := range rep.Problems {
 			fmt.Fprintf(w, "FAIL %s\n", p)
 		}
-		fmt.Fprintf(w, "%d tasks, %d failed\n", len(rep.Tasks), failed)
+		fmt.Fprintln(w, rep.Summary())
 	}
 	if !rep.OK {
 		return errVerifyFailed

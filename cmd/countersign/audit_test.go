@@ -54,7 +54,7 @@ func TestAuditVerifyCLI(t *testing.T) {
 	os.WriteFile(pub, keys.PublicKeysPEM(), 0o600)
 
 	code, out, _ := runCLI("audit", "verify", file, "--key", pub)
-	if code != 0 || !strings.Contains(out, "OK   tsk_cli denied-not-executed") {
+	if code != 0 || !strings.Contains(out, "OK   tsk_cli denied-not-executed") || !strings.HasSuffix(out, "\n1 chain: 1 task; 0 failed\n") {
 		t.Fatalf("verify: exit %d\n%s", code, out)
 	}
 	bad := []byte(strings.Replace(string(export), `"expired"`, `"executed"`, 1))
