@@ -166,9 +166,13 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err != nil {
 			return err
 		}
-		id, err := k.Rotate()
-		if err != nil {
-			return err
+		// A new (empty or missing) directory: OpenKeyring has just made
+		// its first key, current; a second would never sign anything.
+		id := k.CurrentID()
+		if !k.Created() {
+			if id, err = k.Rotate(); err != nil {
+				return err
+			}
 		}
 		if *keyDir == "" {
 			if err := os.WriteFile(filepath.Join(*dataDir, app.AuditPubKeyFile), k.PublicKeysPEM(), 0o644); err != nil {

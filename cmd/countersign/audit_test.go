@@ -152,9 +152,21 @@ func TestAuditShowAndExportCLI(t *testing.T) {
 // without keys rather than make one.
 func TestAuditPublicKeysCLI(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), app.AuditKeyDir)
-	// A new directory: its first key, and the one rotate-key makes.
+	// A new directory: one key, current (not a first key never used and
+	// the one rotate-key makes).
 	code, out, stderr := runCLI("audit", "rotate-key", "--audit-key-dir", dir)
-	if code != 0 {
+	if code != 0 || strings.Count(out, "BEGIN PUBLIC KEY") != 1 {
+		t.Fatalf("rotate-key of a new directory: exit %d %s %s", code, out, stderr)
+	}
+	pems, _ := filepath.Glob(filepath.Join(dir, "*.pem"))
+	current, _ := os.ReadFile(filepath.Join(dir, "current"))
+	if len(pems) != 1 || !strings.HasPrefix(out, "New audit key "+strings.TrimSpace(string(current))+";") {
+		t.Fatalf("rotate-key of a new directory: keys %v, current %q, printed %q", pems, current, out)
+	}
+	// Then a new key, current, beside the old.
+	code, out, stderr = runCLI("audit", "rotate-key", "--audit-key-dir", dir)
+	current, _ = os.ReadFile(filepath.Join(dir, "current"))
+	if code != 0 || strings.Count(out, "BEGIN PUBLIC KEY") != 2 || !strings.HasPrefix(out, "New audit key "+strings.TrimSpace(string(current))+";") {
 		t.Fatalf("rotate-key: exit %d %s %s", code, out, stderr)
 	}
 	printed := out[strings.Index(out, "-----BEGIN"):]
