@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -262,5 +263,32 @@ func TestReadmeFileSettings(t *testing.T) {
 		if _, err := app.LoadConfigFile(p); err == nil || !strings.Contains(err.Error(), key+": unknown field") {
 			t.Errorf("the file takes %s: %v", key, err)
 		}
+	}
+}
+
+// The start-up log names only a listener the process serves: a worker has
+// none but metrics_addr, so no "http" and no configured "addr".
+func TestStartedAttrs(t *testing.T) {
+	cfg := &app.Config{Addr: ":8080", MetricsAddr: ":9090"}
+	keys := func(attrs []any) map[string]any {
+		m := map[string]any{}
+		for i := 0; i+1 < len(attrs); i += 2 {
+			m[attrs[i].(string)] = attrs[i+1]
+		}
+		return m
+	}
+	worker := keys(startedAttrs("worker", "", time.Second, cfg))
+	if _, ok := worker["addr"]; ok {
+		t.Errorf("worker start-up log shows addr: %v", worker)
+	}
+	if _, ok := worker["http"]; ok {
+		t.Errorf("worker start-up log shows http: %v", worker)
+	}
+	if worker["metrics_addr"] != ":9090" || worker["mode"] != "worker" {
+		t.Errorf("worker start-up log: %v", worker)
+	}
+	server := keys(startedAttrs("server", "127.0.0.1:8080", time.Second, cfg))
+	if _, ok := server["addr"]; ok || server["http"] != "127.0.0.1:8080" {
+		t.Errorf("server start-up log: %v", server)
 	}
 }

@@ -202,6 +202,18 @@ func applyConfigFile(cfg *app.Config, explicit map[string]bool, stderr io.Writer
 	return nil
 }
 
+// startedAttrs are the start-up log's attributes: the mode, the HTTP
+// address the process serves (none for a worker, whose only listener is
+// metrics_addr), the start-up time and the configuration without secrets.
+func startedAttrs(cmd, httpAddr string, startup time.Duration, cfg *app.Config) []any {
+	attrs := []any{"mode", cmd}
+	if httpAddr != "" {
+		attrs = append(attrs, "http", httpAddr)
+	}
+	attrs = append(attrs, "startup", startup.Round(time.Millisecond))
+	return append(attrs, cfg.Redacted()...)
+}
+
 func runService(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) error {
 	cfg, err := serviceConfig(cmd, args, stderr)
 	if err != nil {
@@ -217,7 +229,7 @@ func runService(ctx context.Context, cmd string, args []string, stdout, stderr i
 	if err != nil {
 		return err
 	}
-	log.Info("countersign started", append([]any{"mode", cmd, "http", a.Addr(), "startup", time.Since(start).Round(time.Millisecond)}, a.Config().Redacted()...)...)
+	log.Info("countersign started", startedAttrs(cmd, a.Addr(), time.Since(start), a.Config())...)
 	if cfg.Conformance {
 		log.Warn("conformance mode: /mcp accepts requests WITHOUT authentication; every caller is the same principal")
 	}

@@ -449,7 +449,9 @@ func withoutUserInfo(urls string) []string {
 	return out
 }
 
-// Redacted describes the configuration for the startup log, without secrets.
+// Redacted describes the configuration for the startup log, without
+// secrets. It holds no listen address: the log names the one the process
+// serves (a worker serves none but metrics_addr).
 func (c *Config) Redacted() []any {
 	nats := strings.Join(withoutUserInfo(c.NATSURL), ",")
 	if nats == "" {
@@ -485,7 +487,7 @@ func (c *Config) Redacted() []any {
 			tracing += " " + u.Redacted()
 		}
 	}
-	return []any{"addr", c.Addr, "metrics_addr", metrics, "tracing", tracing, "public_url", c.PublicURL, "data_dir", c.DataDir,
+	return []any{"metrics_addr", metrics, "tracing", tracing, "public_url", c.PublicURL, "data_dir", c.DataDir,
 		"temporal", temporal, "namespace", c.TemporalNamespace, "nats", nats, "nats_replicas", c.NATSReplicas,
 		"policy", policy, "slack", slackState}
 }
