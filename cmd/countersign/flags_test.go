@@ -292,3 +292,42 @@ func TestStartedAttrs(t *testing.T) {
 		t.Errorf("server start-up log: %v", server)
 	}
 }
+
+// TestBadEnvironmentValue: an environment value that does not parse names
+// the variable, what is wrong with the value and the form wanted, not a
+// bare "parse error"; the value itself is not echoed.
+func TestBadEnvironmentValue(t *testing.T) {
+	var def app.Config
+	def.Defaults()
+	for _, tc := range []struct {
+		variable, value string
+		want            []string
+	}{
+		{"COUNTERSIGN_RATE_PER_MINUTE", "lots", []string{"not a whole number", fmt.Sprint("such as the default, ", def.RatePerMinute)}},
+		{"COUNTERSIGN_RATE_PER_MINUTE", "99999999999999999999999", []string{"out of range", "whole number"}},
+		{"COUNTERSIGN_CHALLENGE_MAX_BYTES", "lots", []string{"not a whole number"}},
+		{"COUNTERSIGN_REQUESTS_PER_SECOND", "lots", []string{"not a number", "such as the default"}},
+		{"COUNTERSIGN_INLINE_WAIT", "lots", []string{"not a duration", "30s"}},
+		{"COUNTERSIGN_INLINE_WAIT", "45", []string{"not a duration", "with a unit"}},
+		{"COUNTERSIGN_AUDIT_REDACT", "lots", []string{"not a boolean", "true or false"}},
+	} {
+		t.Run(tc.variable+"="+tc.value, func(t *testing.T) {
+			unsetEnv(t, "COUNTERSIGN_CONFIG")
+			t.Setenv(tc.variable, tc.value)
+			_, err := serviceConfig("server", nil, io.Discard)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			msg := err.Error()
+			if !strings.Contains(msg, "environment variable "+tc.variable+" (for --") || strings.Contains(msg, "parse error") ||
+				strings.Contains(msg, tc.value) {
+				t.Errorf("%s", msg)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("%q lacks %q", msg, w)
+				}
+			}
+		})
+	}
+}

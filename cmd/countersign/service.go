@@ -161,11 +161,40 @@ func parseServiceFlags(cmd string, args []string, stderr io.Writer, conformance 
 		}
 		if err := fs.Set(name, v); err != nil {
 			// The value is not echoed: it may be a secret.
-			return app.Config{}, nil, usageError{fmt.Sprintf("environment variable %s (for --%s): %v", env[name], name, err)}
+			return app.Config{}, nil, usageError{fmt.Sprintf("environment variable %s (for --%s): %s", env[name], name, valueProblem(fs.Lookup(name), err))}
 		}
 		explicit[name] = true
 	}
 	return cfg, explicit, nil
+}
+
+// valueProblem says why a value does not parse for f, and what f wants,
+// without the value (it may be a secret): the flag package's own error of
+// a number, duration or boolean is a bare "parse error".
+func valueProblem(f *flag.Flag, err error) string {
+	g, ok := f.Value.(flag.Getter)
+	if !ok {
+		return err.Error()
+	}
+	example := "such as the default, " + f.DefValue
+	outOfRange := strings.Contains(err.Error(), "out of range")
+	switch g.Get().(type) {
+	case int, int64, uint, uint64:
+		if outOfRange {
+			return "the number is out of range; want a whole number " + example
+		}
+		return "not a whole number; want one " + example
+	case float64:
+		if outOfRange {
+			return "the number is out of range; want a number " + example
+		}
+		return "not a number; want one " + example
+	case time.Duration:
+		return "not a duration; want a number with a unit (ms, s, m, h), " + example + ", or 30s, 5m, 1h30m"
+	case bool:
+		return "not a boolean; want true or false"
+	}
+	return err.Error()
 }
 
 // serviceConfig is the configuration the flags, the environment and the
