@@ -52,6 +52,17 @@ func runAdminInit(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if fs.NArg() > 0 {
 		return usageError{fmt.Sprintf("admin init: unexpected argument %q; %s", fs.Arg(0), adminInitUsage)}
 	}
+	// envInt falls back to the default on a value that does not parse:
+	// such a value is an error, as for the service commands.
+	if v := os.Getenv("COUNTERSIGN_NATS_REPLICAS"); v != "" {
+		given := false
+		fs.Visit(func(f *flag.Flag) { given = given || f.Name == "nats-replicas" })
+		if !given {
+			if err := fs.Set("nats-replicas", v); err != nil {
+				return usageError{"environment variable COUNTERSIGN_NATS_REPLICAS (for --nats-replicas): " + valueProblem(fs.Lookup("nats-replicas"), err)}
+			}
+		}
+	}
 	if cfg.ConfigFile != "" {
 		// The servers' file: flag > environment > file > default, as
 		// for them.

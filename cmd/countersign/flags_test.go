@@ -331,3 +331,21 @@ func TestBadEnvironmentValue(t *testing.T) {
 		})
 	}
 }
+
+// TestAdminInitBadReplicasEnv: admin init does not fall back to the
+// default on a COUNTERSIGN_NATS_REPLICAS that does not parse; it says
+// what is wrong, before touching NATS. A flag given still wins.
+func TestAdminInitBadReplicasEnv(t *testing.T) {
+	unsetEnv(t, "COUNTERSIGN_CONFIG", "NATS_URL")
+	t.Setenv("COUNTERSIGN_NATS_REPLICAS", "three")
+	dir := t.TempDir()
+	code, _, stderr := runCLI("admin", "init", "--data-dir", dir)
+	if code != 2 || !strings.Contains(stderr, "environment variable COUNTERSIGN_NATS_REPLICAS (for --nats-replicas): not a whole number") ||
+		strings.Contains(stderr, "three") {
+		t.Fatalf("admin init with COUNTERSIGN_NATS_REPLICAS=three: exit %d, err %q", code, stderr)
+	}
+	code, _, stderr = runCLI("admin", "init", "--data-dir", dir, "--nats-replicas", "1")
+	if code != 1 || !strings.Contains(stderr, "--nats-url") {
+		t.Fatalf("admin init with --nats-replicas over a bad environment value: exit %d, err %q", code, stderr)
+	}
+}
