@@ -5,20 +5,25 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 )
 
 // Admin chains. An admin's action on an identity (the bootstrap or rotation
-// of an admin token; disabling, enabling or revoking an agent, an approver
-// or one of an approver's passkeys; linking a Slack user to an approver or
-// unlinking it; the rotation of the transaction-token signing key) is an
+// of an admin token; adding an agent or an approver, issuing an approver an
+// enrollment invite, the enrollment of a passkey; disabling, enabling or
+// revoking an agent, an approver or one of an approver's passkeys; linking
+// a Slack user to an approver or unlinking it; the rotation of the
+// transaction-token signing key) is an
 // "admin" record in the chain of that identity, named by [AdminChainID]:
 // "admin-agent-…", "admin-admin-…", "admin-txtoken-key-…" (a hash of the
 // name or key ID) or "admin-approver-<approver id>" (the approver's
 // passkeys and Slack links share their approver's chain). Every record of an admin chain is
 // an "admin" record; after a target's revocation no record acts on that
-// target again ([RuleAdmin]). Admin chains have no outcome record: each
+// target again, and a target is added (an agent or approver) or enrolled (a
+// passkey) at most once, before any other action on it ([RuleAdmin]).
+// Admin chains have no outcome record: each
 // record is final when written. At most [MaxChainLen] actions per identity.
 const KindAdmin = "admin"
 
@@ -46,8 +51,17 @@ const (
 // which is retired (AdminKeyRotate, the target the new key); link a Slack
 // user to an approver, so that the user may deny that approver's tasks in
 // Slack, or unlink it (AdminSlackLink and AdminSlackUnlink, the only
-// actions on a TargetSlackUser).
+// actions on a TargetSlackUser). AdminCreate adds an agent or an approver
+// (an in-band approver is added by its agent's first enrollment),
+// AdminInvite issues an approver an enrollment invite, and AdminEnroll is
+// a passkey's enrollment, by its approver on the approver site
+// ("approver:<id>") or by an agent in-band ("agent:<principal>"): each is
+// recorded before it takes effect, so every passkey that can sign an
+// approval, and every approver, has its record.
 const (
+	AdminCreate      = "create"
+	AdminInvite      = "invite"
+	AdminEnroll      = "enroll"
 	AdminDisable     = "disable"
 	AdminEnable      = "enable"
 	AdminRevoke      = "revoke"
@@ -77,8 +91,9 @@ type AdminAction struct {
 	// Status is the target's status after the action: active, disabled
 	// or revoked; for a Slack user, linked or unlinked.
 	Status string `json:"status"`
-	// By is who acted: "admin:<name>" (the admin API), "cli:admin-init" or
-	// "server:admin-token-file".
+	// By is who acted: "admin:<name>" (the admin API), "cli:admin-init",
+	// "server:admin-token-file", or for AdminEnroll (and the in-band
+	// approver's AdminCreate) "approver:<id>" or "agent:<principal>".
 	By string `json:"by"`
 	// Token is the fingerprint (first 16 hex of its SHA-256) of an admin
 	// token created; Replaced, of the token it replaced and revoked, or,
@@ -115,7 +130,7 @@ func (l *Log) RecordAdmin(ctx context.Context, a AdminAction, key uint64) (strin
 	}
 	id := AdminChainID(a.Target)
 	step := a.Action + "-" + strconv.FormatUint(key, 10)
-	if a.Action == AdminRevoke {
+	if once(a.Action) {
 		step = a.Action
 	}
 	switch a.Target.Type {
@@ -146,8 +161,18 @@ func checkAdminTarget(t AdminTarget) error {
 	return nil
 }
 
+// once reports whether action happens at most once to a target, so that
+// its record's step ignores the key: recording it again returns the first
+// record.
+func once(action string) bool {
+	return action == AdminRevoke || action == AdminCreate || action == AdminEnroll
+}
+
 // adminStatus is the status each action leads to.
 var adminStatus = map[string]string{
+	AdminCreate:      "active",
+	AdminInvite:      "active",
+	AdminEnroll:      "active",
 	AdminDisable:     "disabled",
 	AdminEnable:      "active",
 	AdminRevoke:      "revoked",
@@ -164,11 +189,21 @@ func slackAction(action string) bool {
 	return action == AdminSlackLink || action == AdminSlackUnlink
 }
 
+// actionTargets are the target types of the actions that apply to some
+// only; every other action but a Slack link's applies to any target but a
+// Slack user.
+var actionTargets = map[string][]string{
+	AdminCreate: {TargetAgent, TargetApprover},
+	AdminInvite: {TargetApprover},
+	AdminEnroll: {TargetPasskey},
+}
+
 // verifyAdminChain checks an admin chain by RuleAdmin. Links and step
 // uniqueness are checked by the caller.
 func verifyAdminChain(chainID string, recs []Record, fail func(rule string, at int, format string, args ...any), v *TaskVerdict) {
 	v.Complete = true
 	revoked := map[AdminTarget]int{}
+	seen := map[AdminTarget]int{} // the first record acting on each target
 	for i, r := range recs {
 		if r.Kind != KindAdmin {
 			fail(RuleAdmin, i, "kind %q in an admin chain", r.Kind)
@@ -192,8 +227,15 @@ func verifyAdminChain(chainID string, recs []Record, fail func(rule string, at i
 			fail(RuleAdmin, i, "unknown admin action %q", a.Action)
 		case slackAction(a.Action) != (a.Target.Type == TargetSlackUser):
 			fail(RuleAdmin, i, "%s of %s %q: not an action on it", a.Action, a.Target.Type, a.Target.ID)
+		case actionTargets[a.Action] != nil && !slices.Contains(actionTargets[a.Action], a.Target.Type):
+			fail(RuleAdmin, i, "%s of %s %q: not an action on it", a.Action, a.Target.Type, a.Target.ID)
 		case a.Status != want:
 			fail(RuleAdmin, i, "%s leaves the status %q, not %q", a.Action, want, a.Status)
+		}
+		if first, ok := seen[a.Target]; !ok {
+			seen[a.Target] = i
+		} else if a.Action == AdminCreate || a.Action == AdminEnroll {
+			fail(RuleAdmin, i, "%s of %s %q after another action on it (record %d)", a.Action, a.Target.Type, a.Target.ID, first)
 		}
 		if at, ok := revoked[a.Target]; ok {
 			fail(RuleAdmin, i, "%s of %s %q after its revocation (record %d)", a.Action, a.Target.Type, a.Target.ID, at)

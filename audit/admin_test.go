@@ -95,6 +95,9 @@ func TestAdminChainRules(t *testing.T) {
 			c.add("disable-2", KindAdmin, a)
 		}, RuleAdmin},
 		{"task record in an admin chain", func(c *memChain) { c.add("claimed", KindClaimed, Policy{Allow: true}) }, RuleAdmin},
+		{"create after another action", func(c *memChain) { c.add("create", KindAdmin, act(AdminCreate, "active")) }, RuleAdmin},
+		{"invite of an agent", func(c *memChain) { c.add("invite-7", KindAdmin, act(AdminInvite, "active")) }, RuleAdmin},
+		{"enroll of an agent", func(c *memChain) { c.add("enroll", KindAdmin, act(AdminEnroll, "active")) }, RuleAdmin},
 		{"unknown field", func(c *memChain) {
 			c.add("x-2", KindAdmin, map[string]any{"action": "disable", "target": target, "status": "disabled", "by": "x", "at": time.Now(), "extra": 1})
 		}, RuleRecordBody},
@@ -107,6 +110,89 @@ func TestAdminChainRules(t *testing.T) {
 			}
 			tc.mut(c)
 			if v := verdict(t, keys, c); v.OK || !slices.Contains(v.Rules(), tc.rule) {
+				t.Fatalf("%+v", v)
+			}
+		})
+	}
+}
+
+// An approver's life in its chain: added, invited, each passkey enrolled,
+// then disabled and revoked. Adding and enrolling are recorded once per
+// target (a retry at another key returns the first record), and only as
+// the first action on it; invite acts on an approver, enroll on a passkey.
+func TestAdminChainAdditions(t *testing.T) {
+	l, keys := openLog(t)
+	ctx := context.Background()
+	const approver = "0123456789abcdef0123456789abcdef"
+	at := time.Date(2026, 11, 28, 7, 0, 0, 0, time.UTC)
+	ap := AdminTarget{Type: TargetApprover, ID: approver}
+	pk := func(id string) AdminTarget { return AdminTarget{Type: TargetPasskey, ID: id, Approver: approver} }
+	act := func(action string, target AdminTarget, status, by string) AdminAction {
+		return AdminAction{Action: action, Target: target, Status: status, By: by, At: at}
+	}
+	for _, a := range []struct {
+		a   AdminAction
+		key uint64
+	}{
+		{act(AdminCreate, ap, "active", "admin:ops"), 0},
+		{act(AdminInvite, ap, "active", "admin:ops"), 11},
+		{act(AdminEnroll, pk("cred-A"), "active", "approver:"+approver), 0},
+		{act(AdminInvite, ap, "active", "admin:ops"), 12},
+		{act(AdminEnroll, pk("cred-B"), "active", "approver:"+approver), 0},
+		{act(AdminDisable, pk("cred-A"), "disabled", "admin:ops"), 5},
+		{act(AdminRevoke, ap, "revoked", "admin:ops"), 6},
+	} {
+		_, r, err := l.RecordAdmin(ctx, a.a, a.key)
+		if err != nil {
+			t.Fatalf("%+v: %v", a.a, err)
+		}
+		if once(a.a.Action) {
+			if _, r2, err := l.RecordAdmin(ctx, a.a, a.key+100); err != nil || r2 != r {
+				t.Fatalf("%s again at another key: %+v %v; want %+v", a.a.Action, r2, err, r)
+			}
+		}
+	}
+	agent := AdminTarget{Type: TargetAgent, ID: "billing-bot"}
+	if _, _, err := l.RecordAdmin(ctx, act(AdminCreate, agent, "active", "admin:ops"), 0); err != nil {
+		t.Fatal(err)
+	}
+	var export [][]byte
+	if err := l.Export(ctx, time.Time{}, func(line []byte) error { export = append(export, bytes.Clone(line)); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	rep := Verify(export, keys.PublicKeys(), VerifyOptions{})
+	if !rep.OK || len(rep.Tasks) != 2 {
+		t.Fatalf("verify: %+v", rep)
+	}
+	for _, v := range rep.Tasks {
+		want := map[string]string{AdminChainID(ap): "revoked", AdminChainID(agent): "active"}[v.TaskID]
+		if v.Status != want {
+			t.Errorf("%s: status %q, want %q", v.TaskID, v.Status, want)
+		}
+	}
+
+	chain := AdminChainID(ap)
+	for _, tc := range []struct {
+		name string
+		a    AdminAction
+	}{
+		{"a passkey enrolled twice", act(AdminEnroll, pk("cred-A"), "active", "approver:"+approver)},
+		{"an approver added after an invite", act(AdminCreate, ap, "active", "admin:ops")},
+		{"an invite of a passkey", act(AdminInvite, pk("cred-C"), "active", "admin:ops")},
+		{"a passkey created", act(AdminCreate, pk("cred-C"), "active", "admin:ops")},
+		{"an approver enrolled", act(AdminEnroll, ap, "active", "admin:ops")},
+		{"an enrollment that leaves it disabled", act(AdminEnroll, pk("cred-C"), "disabled", "admin:ops")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &memChain{t: t, keys: keys, taskID: chain, at: at}
+			c.add("create", KindAdmin, act(AdminCreate, ap, "active", "admin:ops"))
+			c.add("invite-1", KindAdmin, act(AdminInvite, ap, "active", "admin:ops"))
+			c.add("passkey-a-enroll", KindAdmin, act(AdminEnroll, pk("cred-A"), "active", "approver:"+approver))
+			if v := verdict(t, keys, c); !v.OK || v.Status != "active" {
+				t.Fatalf("honest prefix: %+v", v)
+			}
+			c.add("x-9", KindAdmin, tc.a)
+			if v := verdict(t, keys, c); v.OK || !slices.Contains(v.Rules(), RuleAdmin) {
 				t.Fatalf("%+v", v)
 			}
 		})

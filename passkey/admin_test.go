@@ -82,6 +82,10 @@ func TestDisableApprover(t *testing.T) {
 	k := e.enroll(t, "alice", []string{"ops"})
 	c := e.issue(t, "tsk_disable2", "ops", "")
 	resp := k.sign(t, e.rp, c.Ch)
+	token, err := e.svc.NewInvite(ctx, k.A.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
 	a, ch, err := e.svc.SetApproverStatus(ctx, k.A.ID, passkey.ActionDisable)
 	if err != nil || !ch.Changed || a.Status() != passkey.StatusDisabled || a.Active() {
 		t.Fatalf("disable: %+v %+v %v", a, ch, err)
@@ -90,9 +94,9 @@ func TestDisableApprover(t *testing.T) {
 	wantReason(t, err, passkey.ReasonApproverDisabled)
 	_, err = e.svc.IssueChallenge(ctx, c.Req)
 	wantReason(t, err, passkey.ReasonNoEligibleCredential)
-	token, err := e.svc.NewInvite(ctx, k.A.ID)
-	if err != nil {
-		t.Fatal(err)
+	// No new invite, and an invite issued before cannot be used.
+	if _, err := e.svc.NewInvite(ctx, k.A.ID); !errors.Is(err, passkey.ErrInvalidArgument) {
+		t.Fatalf("invite of a disabled approver: %v", err)
 	}
 	_, err = e.svc.BeginEnrollment(ctx, token)
 	wantReason(t, err, passkey.ReasonNoPendingEnrollment)

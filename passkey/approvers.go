@@ -273,6 +273,9 @@ func (s *Service) AddApprover(ctx context.Context, name string, groups []string,
 		CreatedAt:     s.now().UTC(),
 		CredentialIDs: []string{},
 	}
+	if err := s.record(ctx, Event{Kind: EventAdd, ApproverID: a.ID, By: actorOf(ctx)}); err != nil {
+		return Approver{}, "", err
+	}
 	if _, err := createJSON(ctx, s.approvers, a.ID, &a); err != nil {
 		return Approver{}, "", fmt.Errorf("passkey: add approver: %w", err)
 	}
@@ -286,10 +289,18 @@ func (s *Service) AddApprover(ctx context.Context, name string, groups []string,
 
 // NewInvite issues another enrollment invite for an existing approver, for
 // example to enroll a second passkey. Earlier invites stay valid until used
-// or expired.
+// or expired. A revoked approver gets none (ErrRevoked), nor does a
+// disabled one (ErrInvalidArgument: enable them first).
 func (s *Service) NewInvite(ctx context.Context, approverID string) (string, error) {
-	if _, err := s.Approver(ctx, approverID); err != nil {
+	a, err := s.Approver(ctx, approverID)
+	if err != nil {
 		return "", err
+	}
+	switch {
+	case !a.RevokedAt.IsZero():
+		return "", fmt.Errorf("%w: approver %s", ErrRevoked, approverID)
+	case !a.DisabledAt.IsZero():
+		return "", fmt.Errorf("%w: approver %s is disabled; enable them first", ErrInvalidArgument, approverID)
 	}
 	return s.createInvite(ctx, approverID)
 }
@@ -300,6 +311,9 @@ func (s *Service) createInvite(ctx context.Context, approverID string) (string, 
 	token := base64.RawURLEncoding.EncodeToString(b)
 	now := s.now().UTC()
 	rec := inviteRecord{ApproverID: approverID, CreatedAt: now, ExpiresAt: now.Add(s.inviteTTL)}
+	if err := s.record(ctx, Event{Kind: EventInvite, ApproverID: approverID, By: actorOf(ctx), Key: inviteChangeKey(inviteKey(token))}); err != nil {
+		return "", err
+	}
 	if _, err := createJSON(ctx, s.invites, inviteKey(token), &rec); err != nil {
 		return "", fmt.Errorf("passkey: create invite: %w", err)
 	}

@@ -155,14 +155,15 @@ func (s *Service) FinishEnrollment(ctx context.Context, token string, response [
 	if err != nil {
 		return "", err
 	}
-	return s.completeEnrollment(ctx, inviteKey(token), inv, rev, response)
+	return s.completeEnrollment(ctx, inviteKey(token), inv, rev, response, "approver:"+inv.ApproverID)
 }
 
 // completeEnrollment verifies a registration response against the pending
 // registration of the invite record inv (at revision rev, under key in the
 // invites bucket) and stores the credential; the record is used up, by
-// compare-and-set at rev, only when the credential is stored.
-func (s *Service) completeEnrollment(ctx context.Context, key string, inv inviteRecord, rev uint64, response []byte) (credentialID string, err error) {
+// compare-and-set at rev, only when the credential is stored. The
+// enrollment is recorded, by by, before the credential is stored.
+func (s *Service) completeEnrollment(ctx context.Context, key string, inv inviteRecord, rev uint64, response []byte, by string) (credentialID string, err error) {
 	now := s.now().UTC()
 	if inv.Session == nil || !now.Before(inv.SessionExpiresAt) {
 		return "", newError(ReasonNoPendingEnrollment, errors.New("no registration session, or it expired"))
@@ -215,6 +216,10 @@ func (s *Service) completeEnrollment(ctx context.Context, key string, inv invite
 		return "", fmt.Errorf("passkey: consume invite: %w", err)
 	}
 
+	if err := s.record(ctx, Event{Kind: EventEnroll, ApproverID: a.ID, CredentialID: credID, By: by}); err != nil {
+		s.releaseInvite(ctx, key, used, usedRev)
+		return "", err
+	}
 	cred.Transport = slices.Compact(slices.Sorted(slices.Values(cred.Transport)))
 	rec := credentialRecord{ApproverID: a.ID, Credential: *cred, CreatedAt: now}
 	if _, err := createJSON(ctx, s.credentials, credID, &rec); err != nil {

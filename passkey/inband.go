@@ -152,6 +152,9 @@ func (s *Service) enrollingApprover(ctx context.Context, principal string) (Appr
 		CreatedAt:     s.now().UTC(),
 		CredentialIDs: []string{},
 	}
+	if err := s.record(ctx, Event{Kind: EventAdd, ApproverID: a.ID, By: "agent:" + p}); err != nil {
+		return Approver{}, nil, err
+	}
 	if _, err := createJSON(ctx, s.approvers, a.ID, &a); err != nil {
 		if !isConflict(err) {
 			return Approver{}, nil, fmt.Errorf("passkey: add in-band approver: %w", err)
@@ -246,7 +249,7 @@ func (s *Service) FinishPrincipalEnrollment(ctx context.Context, principal strin
 	} else if !a.MappedTo(principal) {
 		return "", time.Time{}, newError(ReasonNoPendingEnrollment, errors.New("the in-band approver is no longer mapped to the principal"))
 	}
-	credID, err := s.completeEnrollment(ctx, key, inv, rev, response)
+	credID, err := s.completeEnrollment(ctx, key, inv, rev, response, "agent:"+principal)
 	if err != nil {
 		return "", time.Time{}, err
 	}

@@ -102,6 +102,11 @@ type Options struct {
 	// emulator) return credProps unasked. For the in-band ceremony, run by
 	// clients outside Countersign's control.
 	IgnoreUnsolicitedExtensions bool
+	// Record is given every change to who can approve (an approver added,
+	// an enrollment invite issued, a passkey enrolled) before it takes
+	// effect; an error refuses the change, and nothing of it is stored
+	// (record.go). Nil records nothing.
+	Record func(context.Context, Event) error
 	// Logger receives structured logs. Nil discards them.
 	Logger *slog.Logger
 	// Now is the clock, for tests. Nil means time.Now.
@@ -122,6 +127,7 @@ type Service struct {
 	adm          admission
 	log          *slog.Logger
 	now          func() time.Time
+	recordFn     func(context.Context, Event) error
 
 	approvers   jetstream.KeyValue
 	invites     jetstream.KeyValue
@@ -146,6 +152,7 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 		inviteTTL:    opts.InviteTTL,
 		log:          opts.Logger,
 		now:          opts.Now,
+		recordFn:     opts.Record,
 	}
 	if s.challengeTTL == 0 {
 		s.challengeTTL = DefaultChallengeTTL

@@ -49,11 +49,15 @@ type addApproverResponse struct {
 // {approverId, enrollUrl}. A name or principal that mixes scripts like a
 // look-alike ("аlice" with a Cyrillic "а") is a 400.
 func (h *Handler) addApprover(w http.ResponseWriter, r *http.Request) error {
+	if err := h.canRecord(); err != nil {
+		return err
+	}
 	var req addApproverRequest
 	if err := h.decodeJSON(w, r, &req, true); err != nil {
 		return err
 	}
-	a, token, err := h.passkeys.AddApprover(r.Context(), req.Name, req.Groups, passkey.WithPrincipals(req.Principals...))
+	ctx := passkey.WithActor(r.Context(), h.actor(r))
+	a, token, err := h.passkeys.AddApprover(ctx, req.Name, req.Groups, passkey.WithPrincipals(req.Principals...))
 	if err != nil {
 		return invalidArgument(err)
 	}
@@ -125,15 +129,20 @@ func (h *Handler) newInvite(w http.ResponseWriter, r *http.Request) error {
 	if !approverapi.ValidKey(id, 64) {
 		return notFound("no such approver")
 	}
+	if err := h.canRecord(); err != nil {
+		return err
+	}
 	if err := h.decodeJSON(w, r, &struct{}{}, false); err != nil {
 		return err
 	}
-	token, err := h.passkeys.NewInvite(r.Context(), id)
-	if errors.Is(err, passkey.ErrNotFound) {
+	token, err := h.passkeys.NewInvite(passkey.WithActor(r.Context(), h.actor(r)), id)
+	switch {
+	case errors.Is(err, passkey.ErrNotFound):
 		return notFound("no such approver")
-	}
-	if err != nil {
-		return err
+	case errors.Is(err, passkey.ErrRevoked):
+		return &apiError{Status: http.StatusConflict, Code: codeRevoked, Message: "the approver is revoked; a revocation is permanent"}
+	case err != nil:
+		return invalidArgument(err)
 	}
 	writeJSON(w, http.StatusCreated, inviteResponse{EnrollURL: h.enrollURL(token)})
 	return nil
@@ -144,27 +153,52 @@ type addAgentRequest struct {
 }
 
 type addAgentResponse struct {
-	Name  string `json:"name"`
-	Token string `json:"token"`
+	Name        string `json:"name"`
+	Token       string `json:"token"`
+	AuditChain  string `json:"auditChain"`
+	AuditRecord string `json:"auditRecord"`
 }
 
-// addAgent: POST /admin/v1/agents {name} → 201 {name, token}. The token is
-// shown once.
+var errAgentNameTaken = &apiError{Status: http.StatusConflict, Code: codeNameTaken, Message: "an agent with that name already exists"}
+
+// addAgent: POST /admin/v1/agents {name} → 201 {name, token, auditChain,
+// auditRecord}. The token is shown once. The agent's creation is recorded
+// in its admin chain before its token is stored, so a server that cannot
+// sign refuses (503) and every agent token has its record.
 func (h *Handler) addAgent(w http.ResponseWriter, r *http.Request) error {
+	if err := h.canRecord(); err != nil {
+		return err
+	}
 	var req addAgentRequest
 	if err := h.decodeJSON(w, r, &req, true); err != nil {
 		return err
 	}
+	if !authn.ValidName(req.Name) {
+		return badRequest("%s", strings.TrimPrefix(authn.ErrInvalidName.Error(), "authn: "))
+	}
+	taken, err := h.tokens.NameTaken(r.Context(), req.Name, authn.KindAgent)
+	if err != nil {
+		return err
+	}
+	if taken {
+		return errAgentNameTaken
+	}
+	a := audit.AdminAction{Action: audit.AdminCreate, Target: audit.AdminTarget{Type: audit.TargetAgent, ID: req.Name},
+		Status: authn.StatusActive, By: h.actor(r), At: time.Now().UTC()}
+	chain, rec, err := h.audit.RecordAdmin(r.Context(), a, 0)
+	if err != nil {
+		return fmt.Errorf("web: record agent creation: %w", err)
+	}
 	token, err := h.tokens.Issue(r.Context(), req.Name, authn.KindAgent)
 	switch {
-	case errors.Is(err, authn.ErrInvalidName):
-		return badRequest("%s", strings.TrimPrefix(authn.ErrInvalidName.Error(), "authn: "))
 	case errors.Is(err, authn.ErrNameTaken):
-		return &apiError{Status: http.StatusConflict, Code: codeNameTaken, Message: "an agent with that name already exists"}
+		// Added by another request since the check: its record is
+		// the one just returned (a create is recorded once).
+		return errAgentNameTaken
 	case err != nil:
 		return err
 	}
-	writeJSON(w, http.StatusCreated, addAgentResponse{Name: req.Name, Token: token})
+	writeJSON(w, http.StatusCreated, addAgentResponse{Name: req.Name, Token: token, AuditChain: chain, AuditRecord: rec.RecordRef})
 	return nil
 }
 

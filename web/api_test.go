@@ -3,14 +3,17 @@ package web
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"path"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/internal/approverapi"
 	"github.com/countersign/countersign/passkey"
 	"github.com/countersign/countersign/tasks"
@@ -186,6 +189,37 @@ func TestAddAgent(t *testing.T) {
 		http.StatusConflict, codeNameTaken)
 	wantError(t, e.do(t, "POST", "/admin/v1/agents", `{"name":"no spaces please"}`, e.adminAuth()...),
 		http.StatusBadRequest, codeInvalidRequest)
+
+	// The creation is recorded, once, in the agent's admin chain, by the
+	// admin who made it; refused requests record nothing.
+	chain := audit.AdminChainID(audit.AdminTarget{Type: audit.TargetAgent, ID: "deploy-bot"})
+	if out.AuditChain != chain || out.AuditRecord != chain+"/0" {
+		t.Errorf("audit %q %q, want %s/0", out.AuditChain, out.AuditRecord, chain)
+	}
+	if recs := adminChain(t, e.audit, chain); len(recs) != 1 || recs[0].Action != audit.AdminCreate || recs[0].By != "admin:root" || recs[0].Status != "active" {
+		t.Fatalf("agent chain %+v", recs)
+	}
+	if _, err := e.audit.Chain(context.Background(), audit.AdminChainID(audit.AdminTarget{Type: audit.TargetAgent, ID: "no spaces please"})); !errors.Is(err, audit.ErrNotFound) {
+		t.Errorf("a refused name has a chain: %v", err)
+	}
+}
+
+// Adding an approver and inviting them are recorded in their admin chain;
+// a revoked approver gets no invite.
+func TestApproverAdditionsRecorded(t *testing.T) {
+	e := newEnv(t)
+	id, _ := e.addApprover(t, "Ann", "approvers")
+	wantStatus(t, e.do(t, "POST", "/admin/v1/approvers/"+id+"/invites", nil, e.adminAuth()...), http.StatusCreated)
+	wantStatus(t, e.do(t, "POST", "/admin/v1/approvers/"+id+"/revoke", nil, e.adminAuth()...), http.StatusOK)
+	wantError(t, e.do(t, "POST", "/admin/v1/approvers/"+id+"/invites", nil, e.adminAuth()...), http.StatusConflict, codeRevoked)
+	var got []string
+	for _, a := range adminChain(t, e.audit, audit.AdminChainID(audit.AdminTarget{Type: audit.TargetApprover, ID: id})) {
+		got = append(got, a.Action+" by "+a.By)
+	}
+	want := []string{"create by admin:root", "invite by admin:root", "invite by admin:root", "revoke by admin:root"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("approver chain %q, want %q", got, want)
+	}
 }
 
 func TestListApprovals(t *testing.T) {

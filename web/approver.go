@@ -58,6 +58,9 @@ func (h *Handler) finishEnrollment(w http.ResponseWriter, r *http.Request) error
 	if !approverapi.ValidKey(token, maxTokenLen) {
 		return errNoEnrollment
 	}
+	if err := h.canRecord(); err != nil {
+		return err // enrollments are recorded
+	}
 	var req finishEnrollmentRequest
 	if err := h.decodeJSON(w, r, &req, true); err != nil {
 		return err

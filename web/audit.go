@@ -32,9 +32,10 @@ func (h *Handler) showAudit(w http.ResponseWriter, r *http.Request) error {
 	switch {
 	case errors.Is(err, audit.ErrNotFound):
 		if strings.HasPrefix(id, "admin-") {
-			// The listings name an agent's or approver's chain before it
-			// has a record: adding them is not an admin record.
-			return notFound("no audit records in chain " + id + ": an agent's or approver's admin chain starts with its first disable, enable or revoke (adding them is not recorded)")
+			// The listings name every agent's and approver's chain; one
+			// added before additions were recorded has none until its
+			// first disable, enable or revoke.
+			return notFound("no audit records in chain " + id + ": an agent or approver added before Countersign recorded additions has none until its first disable, enable or revoke")
 		}
 		return notFound("no audit records for task " + id)
 	case err != nil:

@@ -18,6 +18,7 @@ import (
 	"github.com/countersign/countersign/activities"
 	"github.com/countersign/countersign/approvals"
 	"github.com/countersign/countersign/approvals/approvalstest"
+	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/internal/authn"
 	"github.com/countersign/countersign/internal/canon"
 	"github.com/countersign/countersign/internal/ratelimit"
@@ -50,6 +51,9 @@ type env struct {
 	admin    string // admin bearer token
 	agent    string // agent bearer token
 	rp       virtualwebauthn.RelyingParty
+	// audit is the log admin changes are recorded in (nil with
+	// withoutAudit).
+	audit *audit.Log
 }
 
 // setup is what an envOption may change before the env is built.
@@ -64,6 +68,12 @@ type setup struct {
 
 type envOption func(*env, *setup)
 
+// withoutAudit builds the site without an audit log: admin changes are
+// refused.
+func withoutAudit() envOption {
+	return func(e *env, s *setup) { e.audit, s.site.Audit = nil, nil }
+}
+
 func withMaxBody(n int64) envOption {
 	return func(_ *env, s *setup) { s.site.MaxBodyBytes = n }
 }
@@ -77,7 +87,9 @@ func newEnv(t *testing.T, options ...envOption) *env {
 	if e.store, err = tasks.NewStore(ctx, js, tasks.StoreOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if e.passkeys, err = passkey.New(ctx, js, passkey.Options{RPID: "localhost", RPOrigins: []string{testPublicURL}}); err != nil {
+	// Changes to approvers are recorded in e.audit, as the server wires it.
+	record := func(ctx context.Context, ev passkey.Event) error { return RecordPasskeyEvent(ctx, e.audit, ev) }
+	if e.passkeys, err = passkey.New(ctx, js, passkey.Options{RPID: "localhost", RPOrigins: []string{testPublicURL}, Record: record}); err != nil {
 		t.Fatal(err)
 	}
 	if e.tokens, err = authn.Open(ctx, js, authn.Options{}); err != nil {
@@ -94,8 +106,16 @@ func newEnv(t *testing.T, options ...envOption) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Admin changes are recorded, as on a server with its audit keys.
+	keys, err := audit.OpenKeyring(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.audit, err = audit.Open(ctx, js, audit.Options{Keys: keys}); err != nil {
+		t.Fatal(err)
+	}
 	s := setup{
-		site: Options{PublicURL: testPublicURL, Passkeys: e.passkeys, Tokens: e.tokens, Rates: rates},
+		site: Options{PublicURL: testPublicURL, Passkeys: e.passkeys, Tokens: e.tokens, Rates: rates, Audit: e.audit},
 		svc:  approvals.Options{Store: e.store, Passkeys: e.passkeys, Rates: rates},
 		acts: &activities.Activities{Tasks: e.store, Passkeys: e.passkeys, PublicURL: testPublicURL},
 	}

@@ -1,6 +1,7 @@
 package web
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -236,3 +237,24 @@ func statusError(err error, what, action string) error {
 }
 
 func quote(s string) string { return fmt.Sprintf("%q", approverapi.Clip(s)) }
+
+// errPasskeyAuditOff refuses a change to who can approve in a process that
+// cannot sign its record.
+var errPasskeyAuditOff = errors.New("changes to approvers and passkeys are recorded in the signed audit log, and this process has no audit signing keys (--audit-key-dir)")
+
+// RecordPasskeyEvent records e, a change to who can approve (an approver
+// added, an invite issued, a passkey enrolled: passkey.Options.Record), as
+// an admin record in the approver's chain of l. Without a log that can
+// sign it refuses, and the change does not happen.
+func RecordPasskeyEvent(ctx context.Context, l *audit.Log, e passkey.Event) error {
+	if l == nil || !l.CanSign() {
+		return errPasskeyAuditOff
+	}
+	target := audit.AdminTarget{Type: audit.TargetApprover, ID: e.ApproverID}
+	if e.Kind == passkey.EventEnroll {
+		target = audit.AdminTarget{Type: audit.TargetPasskey, ID: e.CredentialID, Approver: e.ApproverID}
+	}
+	_, _, err := l.RecordAdmin(ctx, audit.AdminAction{Action: e.Kind, Target: target, Status: passkey.StatusActive,
+		By: e.By, At: time.Now().UTC()}, e.Key)
+	return err
+}

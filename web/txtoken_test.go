@@ -192,7 +192,7 @@ func TestAuditShowUnknownChain(t *testing.T) {
 		t.Errorf("unknown task: %q", b.Message)
 	}
 	b = wantError(t, e.do(t, "GET", "/admin/v1/audit/admin-agent-0123456789abcdef0123456789abcdef", nil, e.adminAuth()...), 404, "not_found")
-	if !strings.Contains(b.Message, "admin-agent-0123456789abcdef0123456789abcdef") || !strings.Contains(b.Message, "adding them is not recorded") {
+	if !strings.Contains(b.Message, "admin-agent-0123456789abcdef0123456789abcdef") || !strings.Contains(b.Message, "added before Countersign recorded additions") {
 		t.Errorf("admin chain without records: %q", b.Message)
 	}
 }

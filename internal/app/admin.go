@@ -13,6 +13,8 @@ import (
 
 	"github.com/countersign/countersign/audit"
 	"github.com/countersign/countersign/internal/authn"
+	"github.com/countersign/countersign/passkey"
+	"github.com/countersign/countersign/web"
 )
 
 // AdminFileName is the admin principal whose token --admin-token-file
@@ -168,4 +170,10 @@ func InitAdmin(ctx context.Context, cfg Config, opts InitAdminOptions) (InitAdmi
 	}
 	res.AuditChain, res.AuditRecord = chain, rec.RecordRef
 	return res, nil
+}
+
+// recordPasskeyEvent is the passkey services' Options.Record: the audit
+// log is opened after them.
+func (a *App) recordPasskeyEvent(ctx context.Context, e passkey.Event) error {
+	return web.RecordPasskeyEvent(ctx, a.Audit, e)
 }

@@ -224,7 +224,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 	if a.Passkeys, err = passkey.New(ctx, js, passkey.Options{
 		RPID: cfg.RPID(), RPOrigins: []string{cfg.Origin()}, RPDisplayName: "Countersign",
 		Replicas: cfg.NATSReplicas, Logger: log, InBandChallengeTTL: cfg.VerifiedChallengeTTL,
-		ChallengeMaxBytes: cfg.ChallengeMaxBytes,
+		ChallengeMaxBytes: cfg.ChallengeMaxBytes, Record: a.recordPasskeyEvent,
 	}); err != nil {
 		return nil, fmt.Errorf("passkeys: %w", err)
 	}
@@ -239,6 +239,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		Replicas: cfg.NATSReplicas, Logger: log, InBandChallengeTTL: cfg.VerifiedChallengeTTL,
 		ChallengeMaxBytes:           cfg.ChallengeMaxBytes,
 		IgnoreUnsolicitedExtensions: true,
+		Record:                      a.recordPasskeyEvent,
 	}); err != nil {
 		return nil, fmt.Errorf("passkeys (--verified-origins): %w", err)
 	}
@@ -952,6 +953,15 @@ func (a *App) ensureToken(ctx context.Context, file, name, kind string) (string,
 	tok := authn.NewToken(kind)
 	if err := os.WriteFile(p, []byte(tok+"\n"), 0o600); err != nil {
 		return "", fmt.Errorf("write %s: %w", p, err)
+	}
+	if kind == authn.KindAgent {
+		// Every agent's creation is recorded before its token is
+		// stored, as the admin API does (web.addAgent).
+		if _, _, err := a.Audit.RecordAdmin(ctx, audit.AdminAction{Action: audit.AdminCreate,
+			Target: audit.AdminTarget{Type: audit.TargetAgent, ID: name}, Status: authn.StatusActive,
+			By: "server:dev", At: time.Now().UTC()}, 0); err != nil {
+			return "", fmt.Errorf("record the dev agent in the audit log: %w", err)
+		}
 	}
 	if err := a.Tokens.Register(ctx, tok, name, kind); err != nil {
 		return "", err

@@ -142,6 +142,19 @@ func (t *Tokens) Register(ctx context.Context, token, name, kind string) error {
 	return nil
 }
 
+// NameTaken reports whether a principal of kind is named name, whatever
+// its status (a revoked name is never given again).
+func (t *Tokens) NameTaken(ctx context.Context, name, kind string) (bool, error) {
+	_, err := t.kv.Get(ctx, "n."+kind+"."+nameKey(name))
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return false, nil
+	}
+	return false, fmt.Errorf("authn: look up name: %w", err)
+}
+
 // nameKey maps a name to a KV-safe key ('@' is not allowed in keys).
 func nameKey(name string) string { return strings.ReplaceAll(name, "@", "=40") }
 
