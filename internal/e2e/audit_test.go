@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -110,9 +111,29 @@ func TestAuditExportVerifiesOfflineAndTamperingFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	rep := audit.Verify(lines, keys, audit.VerifyOptions{})
-	if !rep.OK || len(rep.Tasks) != 2 {
+	chains := map[string]int{}
+	for _, v := range rep.Tasks {
+		chains[audit.ChainKindOf(v.TaskID)]++
+	}
+	// The two tasks, and the admin chains of dev's agent and the two
+	// approvers, who were recorded from their creation on.
+	if !rep.OK || chains[audit.ChainTask] != 2 || chains[audit.ChainAdmin] != 3 || len(rep.Tasks) != 5 {
 		b, _ := json.MarshalIndent(rep, "", "  ")
 		t.Fatalf("export does not verify offline:\n%s", b)
+	}
+	var aliceChain []string
+	for _, l := range lines {
+		var r struct {
+			TaskID string            `json:"taskId"`
+			Body   audit.AdminAction `json:"body"`
+		}
+		json.Unmarshal(l, &r)
+		if r.TaskID == "admin-approver-"+alice.ID {
+			aliceChain = append(aliceChain, r.Body.Action+" "+r.Body.Target.Type+" by "+r.Body.By)
+		}
+	}
+	if want := []string{"create approver by admin:admin", "invite approver by admin:admin", "enroll passkey by approver:" + alice.ID}; !slices.Equal(aliceChain, want) {
+		t.Errorf("alice's admin chain %q, want %q", aliceChain, want)
 	}
 	byTask := map[string]audit.TaskVerdict{}
 	for _, v := range rep.Tasks {
