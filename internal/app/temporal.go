@@ -127,32 +127,29 @@ func tlsFileError(err error) error {
 // does not hold what the NATS client reads from it when it connects: a user
 // JWT and the user's nkey seed. The errors never quote the file.
 func checkNATSCreds(path string) error {
-	if path == "" {
-		return nil
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return unwrapPathError(err)
-	}
-	defer clear(b)
-	if !bytes.Contains(b, []byte("-----BEGIN NATS USER JWT-----")) {
-		return errors.New("no user JWT in it (a .creds file from nsc holds a NATS USER JWT block and a USER NKEY SEED block; a bare seed file goes in --nats-nkey)")
-	}
-	if jwt, _ := nkeys.ParseDecoratedJWT(b); strings.Count(jwt, ".") != 2 {
-		return errors.New("its NATS USER JWT block does not hold a JWT")
-	}
-	kp, err := nkeys.ParseDecoratedUserNKey(b)
-	if err != nil {
-		return fmt.Errorf("no user nkey seed in it: %w", err)
-	}
-	kp.Wipe()
-	return nil
+	return checkSecretFile(path, func(b []byte) error {
+		if !bytes.Contains(b, []byte("-----BEGIN NATS USER JWT-----")) {
+			return errors.New("no user JWT in it (a .creds file from nsc holds a NATS USER JWT block and a USER NKEY SEED block; a bare seed file goes in --nats-nkey)")
+		}
+		if jwt, _ := nkeys.ParseDecoratedJWT(b); strings.Count(jwt, ".") != 2 {
+			return errors.New("its NATS USER JWT block does not hold a JWT")
+		}
+		return checkUserSeed(b, "no user nkey seed in it")
+	})
 }
 
 // checkNATSNKey reports an nkey seed file (--nats-nkey) that is set but
 // does not hold a user nkey seed, as the NATS client reads it when it
 // connects.
 func checkNATSNKey(path string) error {
+	return checkSecretFile(path, func(b []byte) error {
+		return checkUserSeed(b, "no user nkey seed (SU…) in it")
+	})
+}
+
+// checkSecretFile reads the file at path, if set, gives its content to
+// check and then clears it.
+func checkSecretFile(path string, check func([]byte) error) error {
 	if path == "" {
 		return nil
 	}
@@ -161,9 +158,14 @@ func checkNATSNKey(path string) error {
 		return unwrapPathError(err)
 	}
 	defer clear(b)
+	return check(b)
+}
+
+// checkUserSeed reports b holding no user nkey seed, with what.
+func checkUserSeed(b []byte, what string) error {
 	kp, err := nkeys.ParseDecoratedUserNKey(b)
 	if err != nil {
-		return fmt.Errorf("no user nkey seed (SU…) in it: %w", err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	kp.Wipe()
 	return nil
