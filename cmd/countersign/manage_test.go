@@ -6,10 +6,6 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nkeys"
 
 	"github.com/countersign/countersign/internal/devtest"
 	"github.com/countersign/countersign/internal/testnats"
@@ -238,21 +234,9 @@ func TestAdminInitCLI(t *testing.T) {
 func TestAdminInitFromConfigFile(t *testing.T) {
 	// A NATS that admits one user, by nkey, as a production one would.
 	dir := t.TempDir()
-	user, _ := nkeys.CreateUser()
-	seed, _ := user.Seed()
-	pub, _ := user.PublicKey()
+	ns, seed := testnats.StartNKeyUser(t)
 	if err := os.WriteFile(filepath.Join(dir, "countersign.nk"), seed, 0o600); err != nil {
 		t.Fatal(err)
-	}
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true,
-		StoreDir: t.TempDir(), NoLog: true, NoSigs: true, Nkeys: []*server.NkeyUser{{Nkey: pub}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS not ready")
 	}
 	cfgFile := filepath.Join(dir, "countersign.yaml")
 	if err := os.WriteFile(cfgFile, []byte("data_dir: data\nnats:\n  url: ["+ns.ClientURL()+"]\n  nkey: countersign.nk\n  replicas: 1\n"), 0o600); err != nil {

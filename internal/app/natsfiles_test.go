@@ -9,10 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
+
+	"github.com/countersign/countersign/internal/testnats"
 )
 
 // TestNATSCredentialFilesLoad: Validate (and so `countersign config check`)
@@ -87,18 +87,7 @@ func TestNATSCredentialFilesLoad(t *testing.T) {
 // TestNATSDialErrors: a server or worker that cannot connect to its NATS
 // says where it tried (without a URL's password) and what to check.
 func TestNATSDialErrors(t *testing.T) {
-	admitted, _ := nkeys.CreateUser()
-	pub, _ := admitted.PublicKey()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true,
-		Nkeys: []*server.NkeyUser{{Nkey: pub}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS not ready")
-	}
+	ns, _ := testnats.StartNKeyUser(t)
 	other, _ := nkeys.CreateUser()
 	seed, _ := other.Seed()
 	seedFile := filepath.Join(t.TempDir(), "other.nk")
