@@ -183,11 +183,9 @@ func (h *Handler) addAgent(w http.ResponseWriter, r *http.Request) error {
 	if taken {
 		return errAgentNameTaken
 	}
-	a := audit.AdminAction{Action: audit.AdminCreate, Target: audit.AdminTarget{Type: audit.TargetAgent, ID: req.Name},
-		Status: authn.StatusActive, By: h.actor(r), At: time.Now().UTC()}
-	chain, rec, err := h.audit.RecordAdmin(r.Context(), a, 0)
+	chain, rec, err := RecordAgentCreated(r.Context(), h.audit, req.Name, h.actor(r))
 	if err != nil {
-		return fmt.Errorf("web: record agent creation: %w", err)
+		return err
 	}
 	token, err := h.tokens.Issue(r.Context(), req.Name, authn.KindAgent)
 	switch {

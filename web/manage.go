@@ -238,6 +238,18 @@ func statusError(err error, what, action string) error {
 
 func quote(s string) string { return fmt.Sprintf("%q", approverapi.Clip(s)) }
 
+// RecordAgentCreated records, in l, that by created the agent name: before
+// its token is stored, by the admin API and by dev's bootstrap alike.
+func RecordAgentCreated(ctx context.Context, l *audit.Log, name, by string) (string, audit.Receipt, error) {
+	chain, rec, err := l.RecordAdmin(ctx, audit.AdminAction{Action: audit.AdminCreate,
+		Target: audit.AdminTarget{Type: audit.TargetAgent, ID: name}, Status: authn.StatusActive,
+		By: by, At: time.Now().UTC()}, 0)
+	if err != nil {
+		return "", audit.Receipt{}, fmt.Errorf("web: record the creation of agent %s: %w", name, err)
+	}
+	return chain, rec, nil
+}
+
 // errPasskeyAuditOff refuses a change to who can approve in a process that
 // cannot sign its record.
 var errPasskeyAuditOff = errors.New("changes to approvers and passkeys are recorded in the signed audit log, and this process has no audit signing keys (--audit-key-dir)")

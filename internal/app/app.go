@@ -957,10 +957,8 @@ func (a *App) ensureToken(ctx context.Context, file, name, kind string) (string,
 	if kind == authn.KindAgent {
 		// Every agent's creation is recorded before its token is
 		// stored, as the admin API does (web.addAgent).
-		if _, _, err := a.Audit.RecordAdmin(ctx, audit.AdminAction{Action: audit.AdminCreate,
-			Target: audit.AdminTarget{Type: audit.TargetAgent, ID: name}, Status: authn.StatusActive,
-			By: "server:dev", At: time.Now().UTC()}, 0); err != nil {
-			return "", fmt.Errorf("record the dev agent in the audit log: %w", err)
+		if _, _, err := web.RecordAgentCreated(ctx, a.Audit, name, "server:dev"); err != nil {
+			return "", err
 		}
 	}
 	if err := a.Tokens.Register(ctx, tok, name, kind); err != nil {
