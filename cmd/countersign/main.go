@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 
 	"github.com/countersign/countersign/internal/config"
@@ -46,6 +47,7 @@ Usage:
   countersign bench [--dev | --server URL] [--baseline] [--concurrency 1,8] [--duration D | --requests N] [--json FILE]
   countersign bench compare A.json B.json
   countersign bench plot REPORT.json -o FILE.svg
+  countersign version                                  the build: module version (or VCS revision), Go version, platform
 
 Admin commands read the admin token from COUNTERSIGN_ADMIN_TOKEN, else the file
 COUNTERSIGN_ADMIN_TOKEN_FILE names, else DATA_DIR/admin-token (written by dev).
@@ -83,6 +85,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runConfig(ctx, args[1:], stdout, stderr)
 	case "bench":
 		err = runBench(ctx, args[1:], stdout, stderr)
+	case "version", "--version":
+		version, goVersion := telemetry.BuildVersion()
+		fmt.Fprintf(stdout, "countersign %s %s %s/%s\n", version, goVersion, runtime.GOOS, runtime.GOARCH)
+		return 0
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

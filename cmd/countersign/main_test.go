@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -153,6 +155,21 @@ func TestUsageListsEverySubcommand(t *testing.T) {
 		sub, _, _ := strings.Cut(cmd, " ")
 		if !strings.Contains(usage, "countersign audit "+sub) {
 			t.Errorf("usage does not list `countersign audit %s`", sub)
+		}
+	}
+}
+
+// TestVersion: `countersign version` and `--version` print the build on one
+// line and exit 0, before anything starts.
+func TestVersion(t *testing.T) {
+	for _, arg := range []string{"version", "--version"} {
+		var stdout, stderr bytes.Buffer
+		if code := run([]string{arg}, &stdout, &stderr); code != 0 {
+			t.Fatalf("%s: exit %d, stderr %q", arg, code, stderr.String())
+		}
+		want := fmt.Sprintf(" %s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+		if out := stdout.String(); !strings.HasPrefix(out, "countersign ") || !strings.HasSuffix(out, want) || strings.Count(out, "\n") != 1 {
+			t.Errorf("%s printed %q, want \"countersign VERSION%s\"", arg, out, want)
 		}
 	}
 }

@@ -127,7 +127,7 @@ func NewMetrics() (*Metrics, error) {
 		Name: MetricOrphanedTasks,
 		Help: "Orphaned tasks (a record whose workflow never started) the reconciler resumed or failed, by outcome.",
 	}, []string{"outcome"})
-	version, goVersion := buildVersion()
+	version, goVersion := BuildVersion()
 	buildInfo := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name:        MetricBuildInfo,
 		Help:        "Always 1; the labels say which build of countersign runs: its module version (or VCS revision) and Go version.",
@@ -348,9 +348,11 @@ func (c *pendingCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// buildVersion is the running binary's module version (the VCS revision
-// for a build from a work tree that has one) and its Go version.
-func buildVersion() (version, goVersion string) {
+// BuildVersion is the running binary's module version (the VCS revision
+// for a build from a work tree that has one; "(devel)" without either) and
+// its Go version: what `countersign version` prints and the
+// countersign_build_info metric's labels hold.
+func BuildVersion() (version, goVersion string) {
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return "unknown", runtime.Version()
