@@ -40,7 +40,7 @@ func runAdminInit(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&cfg.NATSTLSCA, "nats-tls-ca", envOr("NATS_TLS_CA", ""), "CA bundle (PEM) to verify the NATS server with")
 	fs.StringVar(&cfg.NATSTLSCert, "nats-tls-cert", envOr("NATS_TLS_CERT", ""), "client certificate (PEM) for NATS mutual TLS")
 	fs.StringVar(&cfg.NATSTLSKey, "nats-tls-key", envOr("NATS_TLS_KEY", ""), "client key (PEM) for NATS mutual TLS")
-	fs.IntVar(&cfg.NATSReplicas, "nats-replicas", envInt("COUNTERSIGN_NATS_REPLICAS", def.NATSReplicas), "replicas of the token bucket and audit stream if this creates them, 1 to 5")
+	fs.IntVar(&cfg.NATSReplicas, "nats-replicas", def.NATSReplicas, "replicas of the token bucket and audit stream if this creates them, 1 to 5")
 	fs.StringVar(&cfg.AuditKeyDir, "audit-key-dir", envOr("COUNTERSIGN_AUDIT_KEY_DIR", ""), "directory of the audit signing keys that sign the record of this action (default DATA_DIR/audit-keys)")
 	fs.StringVar(&cfg.ConfigFile, "config", envOr("COUNTERSIGN_CONFIG", ""), "the servers' configuration file (YAML): its nats section, data_dir and audit_key_dir apply, under these flags and their environment variables")
 	name := fs.String("name", app.AdminFileName, "name of the admin principal")
@@ -52,16 +52,8 @@ func runAdminInit(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if fs.NArg() > 0 {
 		return usageError{fmt.Sprintf("admin init: unexpected argument %q; %s", fs.Arg(0), adminInitUsage)}
 	}
-	// envInt falls back to the default on a value that does not parse:
-	// such a value is an error, as for the service commands.
-	if v := os.Getenv("COUNTERSIGN_NATS_REPLICAS"); v != "" {
-		given := false
-		fs.Visit(func(f *flag.Flag) { given = given || f.Name == "nats-replicas" })
-		if !given {
-			if err := fs.Set("nats-replicas", v); err != nil {
-				return usageError{"environment variable COUNTERSIGN_NATS_REPLICAS (for --nats-replicas): " + valueProblem(fs.Lookup("nats-replicas"), err)}
-			}
-		}
+	if _, err := setFromEnv(fs, map[string]string{"nats-replicas": "COUNTERSIGN_NATS_REPLICAS"}); err != nil {
+		return err
 	}
 	if cfg.ConfigFile != "" {
 		// The servers' file: flag > environment > file > default, as

@@ -54,20 +54,20 @@ func runBenchWith(ctx context.Context, args []string, stdout, stderr io.Writer, 
 	dataDir := fs.String("data-dir", envOr("COUNTERSIGN_DATA_DIR", "./countersign-data"), "data directory of a `countersign dev`, for its URL and tokens")
 	agentToken := fs.String("agent-token", envOr("COUNTERSIGN_AGENT_TOKEN", ""), "agent bearer token (default: DATA_DIR/agent-token)")
 	adminToken := fs.String("admin-token", envOr("COUNTERSIGN_ADMIN_TOKEN", ""), "admin token, to add the bench's approvers and agents (default: DATA_DIR/admin-token)")
-	dev := fs.Bool("dev", envBool("COUNTERSIGN_BENCH_DEV"), "start a `countersign dev` in this process on a fresh data dir (limits lifted, an echo upstream for the gateway scenario) and measure it; the baseline uses its Temporal")
-	devLimits := fs.Bool("dev-limits", envBool("COUNTERSIGN_BENCH_DEV_LIMITS"), "with --dev, keep the default rate, pending and request limits (for --scenario flood)")
+	dev := fs.Bool("dev", false, "start a `countersign dev` in this process on a fresh data dir (limits lifted, an echo upstream for the gateway scenario) and measure it; the baseline uses its Temporal")
+	devLimits := fs.Bool("dev-limits", false, "with --dev, keep the default rate, pending and request limits (for --scenario flood)")
 	scenarios := fs.String("scenario", envOr("COUNTERSIGN_BENCH_SCENARIOS", strings.Join(bench.DefaultScenarios, ",")), "comma-separated scenarios: "+strings.Join(bench.AllScenarios, ", "))
 	concurrency := fs.String("concurrency", envOr("COUNTERSIGN_BENCH_CONCURRENCY", "1,8"), "comma-separated concurrency levels, each run in turn")
-	duration := fs.Duration("duration", envDuration("COUNTERSIGN_BENCH_DURATION", 10*time.Second), "how long each scenario runs at each concurrency (unless --requests)")
-	requests := fs.Int("requests", envInt("COUNTERSIGN_BENCH_REQUESTS", 0), "operations per scenario and concurrency (overrides --duration)")
-	warmup := fs.Int("warmup", envInt("COUNTERSIGN_BENCH_WARMUP", 10), "operations before each measurement, not counted")
-	baseline := fs.Bool("baseline", envBool("COUNTERSIGN_BENCH_BASELINE"), "also measure a raw Temporal StartWorkflow of a trivial waiting workflow against the same Temporal (--dev, or --temporal-address)")
+	duration := fs.Duration("duration", 10*time.Second, "how long each scenario runs at each concurrency (unless --requests)")
+	requests := fs.Int("requests", 0, "operations per scenario and concurrency (overrides --duration)")
+	warmup := fs.Int("warmup", 10, "operations before each measurement, not counted")
+	baseline := fs.Bool("baseline", false, "also measure a raw Temporal StartWorkflow of a trivial waiting workflow against the same Temporal (--dev, or --temporal-address)")
 	// The server's Temporal settings, with the server's flag names and
 	// variables (README, Configuration), for --baseline.
 	var tcfg app.Config
 	fs.StringVar(&tcfg.TemporalAddress, "temporal-address", envOr("TEMPORAL_ADDRESS", ""), "the server's Temporal frontend host:port, for --baseline (env TEMPORAL_ADDRESS)")
 	fs.StringVar(&tcfg.TemporalNamespace, "temporal-namespace", envOr("TEMPORAL_NAMESPACE", app.DefaultTemporalNamespace), "the server's Temporal namespace (env TEMPORAL_NAMESPACE)")
-	fs.BoolVar(&tcfg.TemporalTLS, "temporal-tls", envBool("TEMPORAL_TLS"), "connect to Temporal over TLS (implied by the other --temporal-tls-* flags and --temporal-api-key) (env TEMPORAL_TLS)")
+	fs.BoolVar(&tcfg.TemporalTLS, "temporal-tls", false, "connect to Temporal over TLS (implied by the other --temporal-tls-* flags and --temporal-api-key) (env TEMPORAL_TLS)")
 	fs.StringVar(&tcfg.TemporalTLSCA, "temporal-tls-ca", envOr("TEMPORAL_TLS_CA_PATH", ""), "CA bundle (PEM) to verify the Temporal server with (env TEMPORAL_TLS_CA_PATH)")
 	fs.StringVar(&tcfg.TemporalTLSCert, "temporal-tls-cert", envOr("TEMPORAL_TLS_CERT_PATH", ""), "client certificate (PEM) for Temporal mutual TLS (env TEMPORAL_TLS_CERT_PATH)")
 	fs.StringVar(&tcfg.TemporalTLSKey, "temporal-tls-key", envOr("TEMPORAL_TLS_KEY_PATH", ""), "client key (PEM) for Temporal mutual TLS (env TEMPORAL_TLS_KEY_PATH)")
@@ -79,10 +79,10 @@ func runBenchWith(ctx context.Context, args []string, stdout, stderr io.Writer, 
 	upstreamArgs := fs.String("upstream-args", envOr("COUNTERSIGN_BENCH_UPSTREAM_ARGS", `{"message":"bench"}`), "the gateway call's arguments, a JSON object")
 	group := fs.String("approver-group", envOr("COUNTERSIGN_BENCH_APPROVER_GROUP", "approvers"), "the approver group policy names for transfer_funds; the bench's approvers join it")
 	origin := fs.String("verified-origin", envOr("COUNTERSIGN_BENCH_VERIFIED_ORIGIN", app.DevVerifiedOrigin), "the client page origin of the SEP-2672 ceremony (one of the server's --verified-origins)")
-	floodWorkers := fs.Int("flood-workers", envInt("COUNTERSIGN_BENCH_FLOOD_WORKERS", 32), "agent A's concurrent callers in the flood scenario")
-	floodInterval := fs.Duration("flood-interval", envDuration("COUNTERSIGN_BENCH_FLOOD_INTERVAL", 20*time.Millisecond), "pause between agent B's calls in the flood scenario")
+	floodWorkers := fs.Int("flood-workers", 32, "agent A's concurrent callers in the flood scenario")
+	floodInterval := fs.Duration("flood-interval", 20*time.Millisecond, "pause between agent B's calls in the flood scenario")
 	jsonOut := fs.String("json", envOr("COUNTERSIGN_BENCH_JSON", ""), "write the report as JSON to this file")
-	progress := fs.Bool("progress", envBool("COUNTERSIGN_BENCH_PROGRESS"), "draw a progress bar on stderr even when it is not a terminal")
+	progress := fs.Bool("progress", false, "draw a progress bar on stderr even when it is not a terminal")
 	profileDir := fs.String("profile-dir", envOr("COUNTERSIGN_BENCH_PROFILE_DIR", ""), "write a CPU profile of this process for each scenario and concurrency into this directory (with --dev: the server, its Temporal and NATS, and the bench)")
 	note := fs.String("note", envOr("COUNTERSIGN_BENCH_NOTE", ""), "a note copied into the report (the machine's load, the build)")
 	if err := fs.Parse(args); err != nil {
@@ -90,6 +90,22 @@ func runBenchWith(ctx context.Context, args []string, stdout, stderr io.Writer, 
 	}
 	if fs.NArg() > 0 {
 		return usageError{fmt.Sprintf("bench: unexpected argument %q\n\n%s", fs.Arg(0), benchUsage)}
+	}
+	// The typed flags' variables: a value that does not parse is an error,
+	// not the default.
+	if _, err := setFromEnv(fs, map[string]string{
+		"dev":            "COUNTERSIGN_BENCH_DEV",
+		"dev-limits":     "COUNTERSIGN_BENCH_DEV_LIMITS",
+		"duration":       "COUNTERSIGN_BENCH_DURATION",
+		"requests":       "COUNTERSIGN_BENCH_REQUESTS",
+		"warmup":         "COUNTERSIGN_BENCH_WARMUP",
+		"baseline":       "COUNTERSIGN_BENCH_BASELINE",
+		"temporal-tls":   "TEMPORAL_TLS",
+		"flood-workers":  "COUNTERSIGN_BENCH_FLOOD_WORKERS",
+		"flood-interval": "COUNTERSIGN_BENCH_FLOOD_INTERVAL",
+		"progress":       "COUNTERSIGN_BENCH_PROGRESS",
+	}); err != nil {
+		return err
 	}
 	o := bench.Options{
 		Scenarios: splitList(*scenarios), Duration: *duration, Requests: *requests, Warmup: *warmup,
@@ -312,18 +328,4 @@ func benchPlot(args []string, stderr io.Writer) error {
 		return err
 	}
 	return f.Close()
-}
-
-// envDuration returns the environment variable as a duration, or def.
-func envDuration(name string, def time.Duration) time.Duration {
-	if d, err := time.ParseDuration(os.Getenv(name)); err == nil {
-		return d
-	}
-	return def
-}
-
-// envBool reports whether the environment variable is a true boolean.
-func envBool(name string) bool {
-	v, _ := strconv.ParseBool(os.Getenv(name))
-	return v
 }

@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -180,5 +182,31 @@ func TestBenchBadTarget(t *testing.T) {
 				t.Errorf("error %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestBenchBadEnv: a bench variable that does not parse is an error naming
+// the variable and what it wants, not a silent default; a flag given on the
+// command line wins over it.
+func TestBenchBadEnv(t *testing.T) {
+	for _, tc := range []struct{ name, value, want string }{
+		{"COUNTERSIGN_BENCH_REQUESTS", "lots", "environment variable COUNTERSIGN_BENCH_REQUESTS (for --requests): not a whole number"},
+		{"COUNTERSIGN_BENCH_DURATION", "10", "environment variable COUNTERSIGN_BENCH_DURATION (for --duration): not a duration"},
+		{"COUNTERSIGN_BENCH_DEV", "yes", "environment variable COUNTERSIGN_BENCH_DEV (for --dev): not a boolean"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(tc.name, tc.value)
+			var out, errb bytes.Buffer
+			err := runBenchWith(context.Background(), []string{"--server", "http://127.0.0.1:1", "--agent-token", "x"}, &out, &errb, benchEnv{})
+			var ue usageError
+			if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want a usage error %q", err, tc.want)
+			}
+		})
+	}
+	t.Setenv("COUNTERSIGN_BENCH_REQUESTS", "lots")
+	err := runBenchWith(context.Background(), []string{"--server", "localhost:8080", "--agent-token", "x", "--requests", "1"}, io.Discard, io.Discard, benchEnv{})
+	if err == nil || !strings.Contains(err.Error(), "with its scheme") {
+		t.Errorf("with --requests given: error %v, want the server URL's", err)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"maps"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -32,15 +31,6 @@ func splitList(v string) []string {
 		}
 	}
 	return out
-}
-
-// envInt returns the environment variable as an integer, or def (admin
-// init; the service commands apply their variables through the flags).
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
-		return v
-	}
-	return def
 }
 
 // serviceFlags binds the flags of the service commands to cfg, and names
@@ -152,6 +142,18 @@ func parseServiceFlags(cmd string, args []string, stderr io.Writer, conformance 
 	if fs.NArg() > 0 {
 		return app.Config{}, nil, usageError{fmt.Sprintf("%s: unexpected argument %q", cmd, fs.Arg(0))}
 	}
+	if explicit, err = setFromEnv(fs, env); err != nil {
+		return app.Config{}, nil, err
+	}
+	return cfg, explicit, nil
+}
+
+// setFromEnv sets each flag of the parsed fs that the command line did not
+// give from its environment variable (env maps a flag's name to it), when
+// that variable is set and not empty. A value that does not parse is a
+// usage error naming the variable and what the flag wants, never the value
+// (it may be a secret). It returns the flags given either way.
+func setFromEnv(fs *flag.FlagSet, env map[string]string) (explicit map[string]bool, err error) {
 	explicit = map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
 	for _, name := range slices.Sorted(maps.Keys(env)) {
@@ -160,12 +162,11 @@ func parseServiceFlags(cmd string, args []string, stderr io.Writer, conformance 
 			continue
 		}
 		if err := fs.Set(name, v); err != nil {
-			// The value is not echoed: it may be a secret.
-			return app.Config{}, nil, usageError{fmt.Sprintf("environment variable %s (for --%s): %s", env[name], name, valueProblem(fs.Lookup(name), err))}
+			return nil, usageError{fmt.Sprintf("environment variable %s (for --%s): %s", env[name], name, valueProblem(fs.Lookup(name), err))}
 		}
 		explicit[name] = true
 	}
-	return cfg, explicit, nil
+	return explicit, nil
 }
 
 // valueProblem says why a value does not parse for f, and what f wants,
