@@ -3,6 +3,8 @@
 package upstream
 
 import (
+	"context"
+	"log/slog"
 	"os"
 	"strconv"
 	"syscall"
@@ -36,5 +38,23 @@ func TestStdioGroupReaped(t *testing.T) {
 			stat, _ := os.ReadFile("/proc/" + strconv.Itoa(sleep) + "/stat")
 			t.Fatalf("the grandchild (pid %d) is still in the process table: %s", sleep, stat)
 		}
+	}
+}
+
+// A stdio upstream runs as Countersign's user, so it could read
+// /proc/PPID/environ (every secret childEnv leaves out) and the process's
+// memory, unless Countersign is non-dumpable by the time the child starts.
+func TestStdioParentNotDumpable(t *testing.T) {
+	ch := make(changes, 100)
+	u := Start(context.Background(), Options{Name: "helper", Command: []string{os.Args[0]},
+		Env: map[string]string{helperEnv: "server"}, Logger: slog.New(slog.DiscardHandler), OnChange: ch.onChange})
+	t.Cleanup(func() { u.Close() })
+	ch.wait(t, "tools", has("helper__env"))
+	dumpable, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_GET_DUMPABLE, 0, 0)
+	if errno != 0 {
+		t.Fatalf("prctl(PR_GET_DUMPABLE): %v", errno)
+	}
+	if dumpable != 0 {
+		t.Fatalf("the process is dumpable (%d) with a stdio upstream running: the child can read /proc/%d/environ", dumpable, os.Getpid())
 	}
 }

@@ -161,6 +161,12 @@ var (
 // user's locale.
 var inheritedEnv = []string{"PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SHELL", "TERM"}
 
+// hideOnce makes the process non-dumpable (undumpable) before its first
+// stdio upstream starts: the child runs as the same user, and the
+// environment childEnv keeps from it would otherwise still be readable in
+// /proc/PPID/environ.
+var hideOnce sync.Once
+
 // childEnv is a stdio upstream's environment: inheritedEnv, then env.
 func childEnv(env map[string]string) []string {
 	var out []string
@@ -619,6 +625,11 @@ func (u *Upstream) connect() (*mcp.ClientSession, func(), error) {
 	if u.hc != nil {
 		t = &mcp.StreamableClientTransport{Endpoint: u.opts.URL, HTTPClient: u.hc}
 	} else {
+		hideOnce.Do(func() {
+			if err := undumpable(); err != nil {
+				u.log.Error("could not make the process non-dumpable; a stdio upstream can read its environment and memory", "error", err)
+			}
+		})
 		cmd := exec.Command(u.opts.Command[0], u.opts.Command[1:]...)
 		cmd.Env = childEnv(u.opts.Env)
 		stderr := &lineLogger{lim: u.stderr}
