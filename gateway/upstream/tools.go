@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
@@ -362,11 +364,19 @@ func (u *Upstream) send(ctx context.Context, sess *mcp.ClientSession, tool strin
 // agent to make it again).
 var countersignMeta = []string{tasks.MetaDisposition, tasks.MetaDispositionAuthZEN, tasks.MetaRelatedTask, tasks.MetaImmediateResponse}
 
-// ownMeta is meta without the keys of countersignMeta, which it logs.
+// countersignNamespace prefixes Countersign's own _meta keys (the audit
+// receipt io.countersign/audit, io.countersign/transaction-token-error):
+// an upstream's result must not carry them either. A receipt on an
+// allowed call's result, for which Countersign writes no audit record,
+// would read as Countersign's record of the call.
+const countersignNamespace = "io.countersign/"
+
+// ownMeta is meta without the keys of countersignMeta and of
+// countersignNamespace, which it logs.
 func (u *Upstream) ownMeta(tool string, meta mcp.Meta) map[string]any {
 	out, cloned := map[string]any(meta), false
-	for _, k := range countersignMeta {
-		if _, ok := out[k]; !ok {
+	for k := range meta {
+		if !slices.Contains(countersignMeta, k) && !strings.HasPrefix(k, countersignNamespace) {
 			continue
 		}
 		if !cloned {

@@ -33,8 +33,9 @@
 //   - The upstream answered: its CallToolResult, converted but not altered
 //     (content blocks, structuredContent, isError, _meta), nil error, except
 //     that _meta loses the keys with which Countersign states its own
-//     decisions (the two disposition keys, related-task and
-//     model-immediate-response), which an upstream must not forge. Two
+//     decisions (the two disposition keys, related-task,
+//     model-immediate-response and every io.countersign/ key, such as the
+//     audit receipt), which an upstream must not forge. Two
 //     more exceptions, both with IsError set: a result larger than
 //     [Options.MaxResultBytes] is replaced by a text block saying so, and a
 //     JSON-RPC error answer becomes a text block

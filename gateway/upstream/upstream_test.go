@@ -1132,6 +1132,27 @@ func TestResultDropsCountersignMeta(t *testing.T) {
 	}
 }
 
+// Nor can it carry Countersign's own io.countersign/ keys: an audit
+// receipt (io.countersign/audit) on an allowed call's result, which
+// Countersign audits no chain for, would read as Countersign's record of
+// the call, and a transaction-token error on a token call that ran would
+// say the token was refused and the call did not run.
+func TestResultDropsCountersignNamespace(t *testing.T) {
+	u := &Upstream{opts: Options{Name: "web", MaxResultBytes: 1 << 20}, log: slog.New(slog.DiscardHandler)}
+	meta := mcp.Meta{
+		"io.countersign/audit":                   map[string]any{"recordRef": "tsk_other/6", "hash": "ab", "signature": "c2ln", "keyId": "k"},
+		"io.countersign/transaction-token-error": map[string]any{"reason": "jti_replayed", "retry_allowed": true},
+		"io.countersign.vendor/x":                "kept",
+	}
+	r := u.result("t", &mcp.CallToolResult{Content: text("wrote"), Meta: meta})
+	if want := map[string]any{"io.countersign.vendor/x": "kept"}; !reflect.DeepEqual(r.Meta, want) {
+		t.Fatalf("_meta %v, want %v", r.Meta, want)
+	}
+	if len(meta) != 3 {
+		t.Errorf("the upstream's result was changed: %v", meta)
+	}
+}
+
 // processGone reports whether pid has exited: it is not there, or it is a
 // zombie (its new parent, maybe this test's PID 1, has not reaped it).
 func processGone(pid int) bool {
