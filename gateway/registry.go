@@ -188,6 +188,9 @@ func compile(t Tool) (entry, error) {
 	if err != nil {
 		return entry{}, fmt.Errorf("gateway: tool %s: input schema: %w", t.Name, err)
 	}
+	if err := CheckSchemaCost(t.InputSchema); err != nil {
+		return entry{}, fmt.Errorf("gateway: tool %s: input schema: %w", t.Name, err)
+	}
 	pin := t.Pin()
 	t.pin = &pin
 	return entry{tool: t, schema: rs}, nil

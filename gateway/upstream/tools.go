@@ -174,6 +174,9 @@ func inputSchema(s any) (json.RawMessage, error) {
 	if _, err := js.Resolve(nil); err != nil {
 		return nil, err
 	}
+	if err := gateway.CheckSchemaCost(b); err != nil {
+		return nil, err
+	}
 	return b, nil
 }
 
