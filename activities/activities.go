@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
 
@@ -614,6 +615,15 @@ func (a *Activities) Complete(ctx context.Context, in CompleteInput) error {
 		return err
 	}
 	a.crash(CrashRecord, in.TaskID)
+	// without is the outcome without the tool's content, noting why.
+	without := func(why string) json.RawMessage {
+		out := tasks.Outcome(in.Disposition, in.Tool, strings.TrimSpace(in.Detail+" ("+why+")"), nil)
+		if receipt != nil {
+			out.Meta[audit.MetaKey] = receipt
+		}
+		b, _ := json.Marshal(out)
+		return b
+	}
 	var result json.RawMessage
 	if in.Status == tasks.StatusCompleted {
 		out := tasks.Outcome(in.Disposition, in.Tool, in.Detail, in.ToolResult)
@@ -634,13 +644,13 @@ func (a *Activities) Complete(ctx context.Context, in CompleteInput) error {
 			// The tool's content is not valid JSON: keep the disposition,
 			// drop what cannot be stored.
 			a.log().Warn("activities: tool result cannot be encoded; storing the outcome without it", "task_id", in.TaskID, "err", err)
-			b, _ = json.Marshal(tasks.Outcome(in.Disposition, in.Tool, in.Detail+" (The tool's result could not be stored.)", nil))
+			b = without("The tool's result could not be stored.")
 		}
 		result = b
 	}
 	retention := a.resultRetention()
 	var before tasks.Record // the record as this write found it
-	_, err = a.Tasks.Update(ctx, in.TaskID, func(r *tasks.Record) error {
+	update := func(r *tasks.Record) error {
 		before = tasks.Record{Status: r.Status, ApprovalState: r.ApprovalState, CreatedAt: r.CreatedAt}
 		r.Status = in.Status
 		if in.Seq > r.Seq {
@@ -660,7 +670,17 @@ func (a *Activities) Complete(ctx context.Context, in CompleteInput) error {
 			r.TTL = keep
 		}
 		return nil
-	})
+	}
+	_, err = a.Tasks.Update(ctx, in.TaskID, update)
+	if errors.Is(err, nats.ErrMaxPayload) && in.Status == tasks.StatusCompleted {
+		// The record with the tool's result is larger than a NATS message
+		// may be (a server's max_payload, 1 MiB by default): no attempt
+		// would ever write it, and tasks/get would say "working" for good
+		// of a call that ran. Keep the outcome, without the content.
+		a.log().Warn("activities: tool result too large to store; storing the outcome without it", "task_id", in.TaskID, "bytes", len(result))
+		result = without("The tool's result was too large to store.")
+		_, err = a.Tasks.Update(ctx, in.TaskID, update)
+	}
 	if err != nil {
 		return storeError("complete", in.TaskID, err)
 	}

@@ -798,3 +798,31 @@ func TestNotifyWarnsWhenNobodyCanApprove(t *testing.T) {
 		t.Errorf("the tasks were not notified: %q", w.console.String())
 	}
 }
+
+// A tool result too large for one NATS message (an upstream's result under
+// its own cap, on a NATS server whose max_payload is the default 1 MiB, or
+// a larger one here) still ends the task: the record keeps the outcome
+// without the tool's content, saying so. Before, Complete failed on every
+// attempt, and tasks/get said "working" for good of a call that had run.
+func TestCompleteResultTooLargeToStore(t *testing.T) {
+	w := newWorld(t)
+	env := envelope(t, "agent-1", `{"amount":5000,"to":"acme"}`)
+	w.createTask(t, env)
+	big := tasks.TextContent(strings.Repeat("x", int(w.nc.MaxPayload())+1))
+	done := activities.CompleteInput{Version: activities.Version, TaskID: env.TaskID, Tool: env.Tool,
+		Status: tasks.StatusCompleted, Disposition: tasks.ApprovedExecuted,
+		ToolResult:    &tasks.CallToolResult{Content: []json.RawMessage{big}},
+		StatusMessage: "Approved; transfer_funds ran once", ApprovalState: tasks.ApprovalExecuted,
+		Event: tasks.Event{At: env.CreatedAt.Add(time.Hour), Kind: "executed", Detail: "Approved; transfer_funds ran once"}}
+	if err := w.run(t, w.acts.Complete, done); err != nil {
+		t.Fatal(err)
+	}
+	got, err := w.store.Get(context.Background(), env.TaskID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != tasks.StatusCompleted || tasks.DispositionOf(got.Result) != tasks.ApprovedExecuted ||
+		!strings.Contains(string(got.Result), "too large to store") {
+		t.Fatalf("record: status %s, result %.300s", got.Status, got.Result)
+	}
+}
