@@ -228,10 +228,11 @@ func (u *Upstream) call(ctx context.Context, tool string, pin tasks.ToolPin, cal
 		}
 		var werr *jsonrpc.Error
 		if errors.As(err, &werr) && !sdkCode(werr.Code) {
-			return tasks.CallToolResult{
-				Content: []json.RawMessage{tasks.TextContent(fmt.Sprintf("upstream error %d: %s", werr.Code, werr.Message))},
-				IsError: true,
-			}, nil
+			text := tasks.TextContent(fmt.Sprintf("upstream error %d: %s", werr.Code, werr.Message))
+			if len(text) > u.opts.MaxResultBytes {
+				return u.overCap(tool, len(text)), nil
+			}
+			return tasks.CallToolResult{Content: []json.RawMessage{text}, IsError: true}, nil
 		}
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
 			return tasks.CallToolResult{}, fmt.Errorf("upstream %s: %s: no answer in time, outcome unknown: %w", u.opts.Name, tool, err)
@@ -433,13 +434,19 @@ func (u *Upstream) result(tool string, res *mcp.CallToolResult) tasks.CallToolRe
 		out.Meta = meta
 	}
 	if size > u.opts.MaxResultBytes {
-		u.log.Warn("upstream result over the size cap", "tool", tool, "bytes", size, "cap", u.opts.MaxResultBytes)
-		return tasks.CallToolResult{
-			Content: []json.RawMessage{tasks.TextContent(fmt.Sprintf(
-				"upstream %s: the result of %s was %d bytes, over the %d-byte cap; it was discarded.",
-				u.opts.Name, tool, size, u.opts.MaxResultBytes))},
-			IsError: true,
-		}
+		return u.overCap(tool, size)
 	}
 	return out
+}
+
+// overCap is the error result that replaces a result (or an error answer)
+// of size bytes, over the cap.
+func (u *Upstream) overCap(tool string, size int) tasks.CallToolResult {
+	u.log.Warn("upstream result over the size cap", "tool", tool, "bytes", size, "cap", u.opts.MaxResultBytes)
+	return tasks.CallToolResult{
+		Content: []json.RawMessage{tasks.TextContent(fmt.Sprintf(
+			"upstream %s: the result of %s was %d bytes, over the %d-byte cap; it was discarded.",
+			u.opts.Name, tool, size, u.opts.MaxResultBytes))},
+		IsError: true,
+	}
 }

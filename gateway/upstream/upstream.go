@@ -40,7 +40,7 @@
 //     [Options.MaxResultBytes] is replaced by a text block saying so, and a
 //     JSON-RPC error answer becomes a text block
 //     "upstream error <code>: <message>" (the call reached the upstream, which
-//     is an execution error, not a refusal).
+//     is an execution error, not a refusal), itself under the same cap.
 //   - The call was certainly not sent (the upstream stayed down, or its
 //     session gone, until the call's deadline, or its next attempt to
 //     reconnect comes after that deadline; the session lists the tool

@@ -1153,6 +1153,30 @@ func TestResultDropsCountersignNamespace(t *testing.T) {
 	}
 }
 
+// An upstream's JSON-RPC error answer becomes the tool's error result
+// under the same size cap as a result: its message was taken whole, so a
+// 16 MiB message (one upstream message's limit) made a result that no
+// task could store, and an approved call that the upstream had answered
+// ended outcome-unknown.
+func TestErrorAnswerCapped(t *testing.T) {
+	srv := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	srv.AddTool(&mcp.Tool{Name: "fail", InputSchema: json.RawMessage(`{"type":"object"}`)}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return nil, &jsonrpc.Error{Code: -32000, Message: strings.Repeat("e", 2000)}
+	})
+	ts := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	t.Cleanup(ts.Close)
+	ch := make(changes, 100)
+	u := Start(context.Background(), Options{Name: "web", URL: ts.URL, MaxResultBytes: 1000, Logger: slog.New(slog.DiscardHandler), OnChange: ch.onChange})
+	t.Cleanup(func() { u.Close() })
+	r, err := run(t, find(ch.wait(t, "tools", has("web__fail")), "web__fail"), `{}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.IsError || !strings.Contains(firstText(t, r), "over the 1000-byte cap") {
+		t.Fatalf("%.300s", firstText(t, r))
+	}
+}
+
 // processGone reports whether pid has exited: it is not there, or it is a
 // zombie (its new parent, maybe this test's PID 1, has not reaped it).
 func processGone(pid int) bool {
