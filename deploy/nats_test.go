@@ -93,6 +93,11 @@ func TestNATSConfigSeparatesCountersign(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer own.Close()
+	// A finished task's record (its tool's result up to 1 MiB, and more)
+	// must fit in one message.
+	if got := own.MaxPayload(); got < 8<<20 {
+		t.Errorf("max_payload %d, want 8 MiB", got)
+	}
 	ojs, err := jetstream.New(own)
 	if err != nil {
 		t.Fatal(err)
