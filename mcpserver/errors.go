@@ -49,6 +49,8 @@ const (
 	msgTooManyRequests   = "Too many requests: this caller is over its request budget; retry after the Retry-After delay"
 	msgChallengeCapacity = "Server at capacity for approval challenges: no challenge was created; try again later"
 	msgChallengeRate     = "Too many approval challenges from this caller: no challenge was created; try again later"
+	msgEnrollmentClosed  = "In-band enrollment is closed on this server: ask an admin for an approver-site invite, for an approver mapped to this principal"
+	msgNotFirstPasskey   = "This principal has a passkey already, and this server enrolls only a first passkey in-band: ask an admin for an approver-site invite to add another"
 )
 
 // missingTasksData is the data of a -32021 error: the client must declare

@@ -163,7 +163,12 @@ func (r *jsonResult) MarshalJSON() ([]byte, error) {
 func (s *Server) enrollBegin(ctx context.Context, info *callInfo, _ json.RawMessage) (mcp.Result, error) {
 	creation, err := s.opts.Passkeys.BeginPrincipalEnrollment(ctx, info.principal)
 	if err != nil {
-		if errors.Is(err, passkey.ErrInvalidArgument) {
+		switch {
+		case errors.Is(err, passkey.ErrEnrollmentClosed):
+			return nil, invalidParams(msgEnrollmentClosed)
+		case errors.Is(err, passkey.ErrNotFirstPasskey):
+			return nil, invalidParams(msgNotFirstPasskey)
+		case errors.Is(err, passkey.ErrInvalidArgument):
 			return nil, invalidParams("This principal cannot enroll a passkey")
 		}
 		return nil, fromPasskey(err)

@@ -62,6 +62,13 @@ type vharness struct {
 
 func newVerifiedHarness(tb testing.TB, tweaks ...func(*Options)) *vharness {
 	tb.Helper()
+	return newVerifiedHarnessWith(tb, passkey.Options{}, tweaks...)
+}
+
+// newVerifiedHarnessWith is newVerifiedHarness with the passkey service's
+// options pk (RPID, origins and clock are set here).
+func newVerifiedHarnessWith(tb testing.TB, pk passkey.Options, tweaks ...func(*Options)) *vharness {
+	tb.Helper()
 	e := sharedEnv(tb)
 	nc, err := nats.Connect(e.nats.URL())
 	if err != nil {
@@ -73,17 +80,18 @@ func newVerifiedHarness(tb testing.TB, tweaks ...func(*Options)) *vharness {
 		tb.Fatal(err)
 	}
 	clk := &testClock{t: time.Now()}
-	pk, err := passkey.New(context.Background(), js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin}, Now: clk.Now})
+	pk.RPID, pk.RPOrigins, pk.Now = testRPID, []string{testOrigin}, clk.Now
+	svc, err := passkey.New(context.Background(), js, pk)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	h := newHarness(tb, func(o *Options) {
-		o.Passkeys = pk
+		o.Passkeys = svc
 		for _, f := range tweaks {
 			f(o)
 		}
 	})
-	return &vharness{harness: h, pk: pk, clock: clk}
+	return &vharness{harness: h, pk: svc, clock: clk}
 }
 
 // vkit is a principal's virtual authenticator with one passkey.
@@ -1257,6 +1265,36 @@ func TestVerifiedResultsServerInfo(t *testing.T) {
 				params: map[string]any{"response": attest(t, testRP, auth, cred, *opts, "usb")}}))
 			check("challenge/create", h.do(t, call{token: tok(p), era: era, method: methodChallengeCreate,
 				params: map[string]any{"toolName": "place_trade", "arguments": trade(100)}}))
+		})
+	}
+}
+
+// An endpoint whose passkey service enrolls only a first passkey in-band,
+// or none: approval/enroll/begin answers -32602 saying so, and nothing is
+// stored.
+func TestVerifiedEnrollmentPolicy(t *testing.T) {
+	for _, policy := range []string{passkey.EnrollFirst, passkey.EnrollClosed} {
+		t.Run(policy, func(t *testing.T) {
+			h := newVerifiedHarnessWith(t, passkey.Options{InBandEnrollment: policy})
+			p := freshPrincipal(t, "a")
+			want := msgEnrollmentClosed
+			if policy == passkey.EnrollFirst {
+				h.enroll(t, p, "usb")
+				want = msgNotFirstPasskey
+			}
+			for _, era := range []tasks.Era{tasks.Era2025, tasks.Era2026} {
+				r := h.do(t, call{token: tok(p), era: era, method: methodEnrollBegin, params: map[string]any{}})
+				if r.Error == nil || r.Error.Code != codeInvalidParams || r.Error.Message != want {
+					t.Errorf("%s: begin answered HTTP %d %s, want %d %q", era, r.Status, r.Body, codeInvalidParams, want)
+				}
+			}
+			stored := 0
+			if policy == passkey.EnrollFirst {
+				stored = 1 // the first, and only it
+			}
+			if n := len(h.credentialsOf(t, p)); n != stored {
+				t.Errorf("%d passkeys stored, want %d", n, stored)
+			}
 		})
 	}
 }

@@ -133,4 +133,11 @@ var (
 	// not final: space frees as challenges age out (unanswered ones soon
 	// after their lifetime, consumed ones after ChallengeRetention).
 	ErrChallengeCapacity = errors.New("passkey: the server is at capacity for approval challenges")
+	// ErrEnrollmentClosed is returned, wrapped, when in-band enrollment
+	// is closed (Options.InBandEnrollment EnrollClosed).
+	ErrEnrollmentClosed = errors.New("passkey: in-band enrollment is closed on this server")
+	// ErrNotFirstPasskey is returned, wrapped, when in-band enrollment is
+	// open only for a first passkey (EnrollFirst) and the principal has
+	// one already.
+	ErrNotFirstPasskey = errors.New("passkey: the principal has a passkey already, and in-band enrollment takes only a first one on this server")
 )

@@ -97,6 +97,44 @@ func inBandApproverID(principal string) string {
 
 // pendingKey is the invites-bucket key of principal's pending in-band
 // enrollment. Invite keys are 64 hex characters; this one cannot collide.
+// In-band enrollment policies ([Options.InBandEnrollment]). In-band
+// enrollment is authorized by the principal's bearer token alone, so
+// whoever holds the token and can run a WebAuthn ceremony (a software
+// authenticator will do: attestation is "none") can enroll a passkey and
+// then sign that principal's verified calls. EnrollFirst and EnrollClosed
+// keep an agent that holds its own token, and can run code, from signing
+// for its human.
+const (
+	// EnrollOpen: a principal may enroll passkeys in-band at any time
+	// (SEP-2672 as written; dev's default).
+	EnrollOpen = "open"
+	// EnrollFirst: a principal may enroll in-band only while it has no
+	// passkey at all, on any approver mapped to it and whatever the
+	// passkey's status (a revoked one counts); a further passkey comes
+	// through an approver-site invite. Trust on first use.
+	EnrollFirst = "first"
+	// EnrollClosed: no in-band enrollment; a principal's passkeys come
+	// through approver-site invites of an approver mapped to it.
+	EnrollClosed = "closed"
+)
+
+// enrollmentAllowed says whether principal may enroll a passkey in-band
+// now, given the approvers mapped to it: nil, or an error wrapping
+// ErrEnrollmentClosed or ErrNotFirstPasskey.
+func (s *Service) enrollmentAllowed(mapped []Approver) error {
+	switch s.enrollment {
+	case EnrollClosed:
+		return ErrEnrollmentClosed
+	case EnrollFirst:
+		for _, a := range mapped {
+			if len(a.CredentialIDs) > 0 {
+				return fmt.Errorf("%w (approver %s holds one)", ErrNotFirstPasskey, a.ID)
+			}
+		}
+	}
+	return nil
+}
+
 func pendingKey(principal string) string {
 	sum := sha256.Sum256([]byte(principal))
 	return "inband." + hex.EncodeToString(sum[:])
@@ -127,8 +165,14 @@ func (s *Service) enrollingApprover(ctx context.Context, principal string) (Appr
 	if p != principal {
 		return Approver{}, nil, fmt.Errorf("%w: the principal is not in Unicode NFC; in-band enrollment needs its exact name", ErrInvalidArgument)
 	}
+	if s.enrollment == EnrollClosed {
+		return Approver{}, nil, ErrEnrollmentClosed // before anything is created
+	}
 	mapped, err := s.principalApprovers(ctx, p)
 	if err != nil {
+		return Approver{}, nil, err
+	}
+	if err := s.enrollmentAllowed(mapped); err != nil {
 		return Approver{}, nil, err
 	}
 	id := inBandApproverID(p)
@@ -248,6 +292,20 @@ func (s *Service) FinishPrincipalEnrollment(ctx context.Context, principal strin
 		return "", time.Time{}, err
 	} else if !a.MappedTo(principal) {
 		return "", time.Time{}, newError(ReasonNoPendingEnrollment, errors.New("the in-band approver is no longer mapped to the principal"))
+	}
+	// Checked again: the policy may have changed since the begin (a
+	// restart with another setting), or a passkey been enrolled since.
+	// Under EnrollFirst a begin replaces the principal's one pending
+	// registration and a finish uses it up by compare-and-set, so of two
+	// enrollments in flight at most one finishes; only a begin and finish
+	// made in the milliseconds between another finish's consume and its
+	// store could still add a second passkey.
+	mapped, err := s.principalApprovers(ctx, principal)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	if err := s.enrollmentAllowed(mapped); err != nil {
+		return "", time.Time{}, newError(ReasonNoPendingEnrollment, err)
 	}
 	credID, err := s.completeEnrollment(ctx, key, inv, rev, response, "agent:"+principal)
 	if err != nil {

@@ -401,3 +401,94 @@ func TestInBandEnrollDisabledApprover(t *testing.T) {
 		t.Errorf("begin with a disabled in-band approver: %v, want ErrInvalidArgument", err)
 	}
 }
+
+// withEnrollment is e with a second Service on the same buckets whose
+// in-band enrollment policy is policy (another replica, or this one after
+// a restart with another setting).
+func (e *env) withEnrollment(tb testing.TB, policy string) *env {
+	tb.Helper()
+	svc, err := passkey.New(context.Background(), e.js, passkey.Options{
+		RPID: testRPID, RPOrigins: []string{testOrigin}, RPDisplayName: "Countersign test",
+		Now: e.clock.Now, InBandEnrollment: policy,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	f := *e
+	f.svc = svc
+	return &f
+}
+
+// finishInBand answers creation (a begin's options) with a new passkey
+// through f's Service.
+func (f *env) finishInBand(tb testing.TB, principal string, creation any) error {
+	tb.Helper()
+	raw, _ := json.Marshal(creation)
+	opts, err := virtualwebauthn.ParseAttestationOptions(string(raw))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	auth := virtualwebauthn.NewAuthenticatorWithOptions(virtualwebauthn.AuthenticatorOptions{UserHandle: []byte(opts.UserID)})
+	resp := withTransports(tb, virtualwebauthn.CreateAttestationResponse(f.rp, auth, testpasskey.NewEC2Credential(), *opts), []string{"usb"})
+	_, _, err = f.svc.FinishPrincipalEnrollment(context.Background(), principal, resp)
+	return err
+}
+
+// TestInBandEnrollmentPolicy: "closed" refuses every in-band enrollment
+// before anything is created; "first" takes a principal's first passkey
+// only, counting those of approvers mapped to it on the approver site;
+// both are checked again at the finish, so a begin made under "open"
+// (before a restart) or before another passkey arrived stores nothing.
+func TestInBandEnrollmentPolicy(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	closed, first := e.withEnrollment(t, passkey.EnrollClosed), e.withEnrollment(t, passkey.EnrollFirst)
+
+	if _, err := closed.svc.BeginPrincipalEnrollment(ctx, "agent-a"); !errors.Is(err, passkey.ErrEnrollmentClosed) {
+		t.Fatalf("closed begin: %v, want ErrEnrollmentClosed", err)
+	}
+	if as, err := e.svc.Approvers(ctx); err != nil || len(as) != 0 {
+		t.Fatalf("closed begin left approvers %+v, %v", as, err)
+	}
+
+	first.enrollInBand(t, "agent-a", "usb")
+	if _, err := first.svc.BeginPrincipalEnrollment(ctx, "agent-a"); !errors.Is(err, passkey.ErrNotFirstPasskey) {
+		t.Fatalf("first, second begin: %v, want ErrNotFirstPasskey", err)
+	}
+	// A passkey from the approver site counts.
+	e.enrollMapped(t, "bob", "agent-b", "usb")
+	if _, err := first.svc.BeginPrincipalEnrollment(ctx, "agent-b"); !errors.Is(err, passkey.ErrNotFirstPasskey) {
+		t.Fatalf("first, mapped approver's passkey: %v, want ErrNotFirstPasskey", err)
+	}
+	// Begun under "open", finished after a restart with "closed".
+	creation, err := e.svc.BeginPrincipalEnrollment(ctx, "agent-c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = closed.finishInBand(t, "agent-c", creation)
+	if passkey.ReasonOf(err) != passkey.ReasonNoPendingEnrollment || !errors.Is(err, passkey.ErrEnrollmentClosed) {
+		t.Fatalf("closed finish: %v, want no_pending_enrollment (closed)", err)
+	}
+	// Begun under "first", and a passkey enrolled on the approver site
+	// before the finish.
+	creation, err = first.svc.BeginPrincipalEnrollment(ctx, "agent-d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.enrollMapped(t, "carol", "agent-d", "usb")
+	err = first.finishInBand(t, "agent-d", creation)
+	if passkey.ReasonOf(err) != passkey.ReasonNoPendingEnrollment || !errors.Is(err, passkey.ErrNotFirstPasskey) {
+		t.Fatalf("first finish after another passkey: %v, want no_pending_enrollment (not first)", err)
+	}
+	for _, p := range []string{"agent-c", "agent-d"} {
+		if creds, err := e.svc.PrincipalCredentials(ctx, p, "platform"); err != nil || len(creds) != map[string]int{"agent-c": 0, "agent-d": 1}[p] {
+			t.Errorf("%s: credentials %d, %v", p, len(creds), err)
+		}
+	}
+	// "open" still takes further passkeys.
+	e.enrollInBand(t, "agent-a", "usb")
+
+	if _, err := passkey.New(ctx, e.js, passkey.Options{RPID: testRPID, RPOrigins: []string{testOrigin}, InBandEnrollment: "never"}); err == nil {
+		t.Error(`InBandEnrollment "never" accepted`)
+	}
+}

@@ -82,6 +82,11 @@ type Options struct {
 	// (ChallengeRequest.Principal) is accepted. Zero means
 	// DefaultInBandChallengeTTL; at most MaxChallengeTTL.
 	InBandChallengeTTL time.Duration
+	// InBandEnrollment says who may enroll a passkey in-band (SEP-2672
+	// approval/enroll/*, authorized by the bearer token alone):
+	// EnrollOpen (the zero value), EnrollFirst or EnrollClosed. Approver-site
+	// enrollments (invites) are not affected.
+	InBandEnrollment string
 	// InviteTTL is how long an enrollment invite is valid. Zero means DefaultInviteTTL.
 	InviteTTL time.Duration
 	// ChallengeMaxBytes caps the challenges bucket (its MaxBytes, applied
@@ -128,6 +133,7 @@ type Service struct {
 	log          *slog.Logger
 	now          func() time.Time
 	recordFn     func(context.Context, Event) error
+	enrollment   string // Options.InBandEnrollment, never empty
 
 	approvers   jetstream.KeyValue
 	invites     jetstream.KeyValue
@@ -153,6 +159,14 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 		log:          opts.Logger,
 		now:          opts.Now,
 		recordFn:     opts.Record,
+		enrollment:   opts.InBandEnrollment,
+	}
+	switch s.enrollment {
+	case "":
+		s.enrollment = EnrollOpen
+	case EnrollOpen, EnrollFirst, EnrollClosed:
+	default:
+		return nil, fmt.Errorf("passkey: InBandEnrollment %q must be %s, %s or %s", opts.InBandEnrollment, EnrollOpen, EnrollFirst, EnrollClosed)
 	}
 	if s.challengeTTL == 0 {
 		s.challengeTTL = DefaultChallengeTTL

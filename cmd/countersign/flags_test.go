@@ -65,7 +65,8 @@ func TestFlagDefaultsAreConfigDefaults(t *testing.T) {
 		{"inline-wait", "COUNTERSIGN_INLINE_WAIT", def.InlineWait},
 		{"verified-challenge-ttl", "COUNTERSIGN_VERIFIED_CHALLENGE_TTL", def.VerifiedChallengeTTL},
 		{"challenge-max-bytes", "COUNTERSIGN_CHALLENGE_MAX_BYTES", def.ChallengeMaxBytes},
-		{"verified-origins", "COUNTERSIGN_VERIFIED_ORIGINS", ""}, // none: dev adds app.DevVerifiedOrigin
+		{"inband-enrollment", "COUNTERSIGN_INBAND_ENROLLMENT", ""}, // by mode: Config.InBandEnrollmentFor
+		{"verified-origins", "COUNTERSIGN_VERIFIED_ORIGINS", ""},   // none: dev adds app.DevVerifiedOrigin
 		{"policy", "COUNTERSIGN_POLICY", def.PolicyDir},
 		{"policy-timeout", "COUNTERSIGN_POLICY_TIMEOUT", def.PolicyTimeout},
 		{"sqlite-sync", "COUNTERSIGN_SQLITE_SYNC", def.SQLiteSync},

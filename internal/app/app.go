@@ -225,6 +225,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		RPID: cfg.RPID(), RPOrigins: []string{cfg.Origin()}, RPDisplayName: "Countersign",
 		Replicas: cfg.NATSReplicas, Logger: log, InBandChallengeTTL: cfg.VerifiedChallengeTTL,
 		ChallengeMaxBytes: cfg.ChallengeMaxBytes, Record: a.recordPasskeyEvent,
+		InBandEnrollment: cfg.InBandEnrollmentFor(mode),
 	}); err != nil {
 		return nil, fmt.Errorf("passkeys: %w", err)
 	}
@@ -240,6 +241,7 @@ func New(ctx context.Context, cfg Config, mode Mode, log *slog.Logger, out io.Wr
 		ChallengeMaxBytes:           cfg.ChallengeMaxBytes,
 		IgnoreUnsolicitedExtensions: true,
 		Record:                      a.recordPasskeyEvent,
+		InBandEnrollment:            cfg.InBandEnrollmentFor(mode),
 	}); err != nil {
 		return nil, fmt.Errorf("passkeys (--verified-origins): %w", err)
 	}

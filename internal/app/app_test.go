@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/countersign/countersign/passkey"
 )
 
 // tlsNATS runs a JetStream NATS server that requires TLS and a password, as a
@@ -135,6 +137,7 @@ func TestConfigValidation(t *testing.T) {
 		{"shutdown delay too long", Config{ShutdownDelay: time.Hour}, "--shutdown-delay 1h0m0s must be from 0s to 5m0s"},
 		{"negative policy timeout", Config{PolicyTimeout: -time.Second}, "--policy-timeout -1s must be 0 (the default, 5s) or from 10ms to 20s"},
 		{"policy timeout too long", Config{PolicyTimeout: time.Minute}, "--policy-timeout 1m0s must be"},
+		{"in-band enrollment unknown", Config{InBandEnrollment: "never"}, `--inband-enrollment "never" must be open, first or closed`},
 		{"slack api url without a token", Config{SlackAPIURL: "https://slack-gov.com/api/"}, "--slack-api-url need --slack-token"},
 		{"slack api url over http", Config{SlackToken: "xoxb-1", SlackAPIURL: "http://proxy.internal/api/"}, `--slack-api-url "http://proxy.internal/api/" must be an https URL (http only on a loopback host)`},
 		{"slack api url relative", Config{SlackToken: "xoxb-1", SlackAPIURL: "slack-gov.com/api/"}, "must be an absolute https URL"},
@@ -153,6 +156,21 @@ func TestConfigValidation(t *testing.T) {
 	ok.Defaults()
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("defaults do not validate: %v", err)
+	}
+	// In-band enrollment: open in dev, first (trust on first use) in the
+	// server, whatever is set otherwise.
+	for _, tc := range []struct {
+		set  string
+		mode Mode
+		want string
+	}{
+		{"", ModeDev, passkey.EnrollOpen}, {"", ModeServer, passkey.EnrollFirst},
+		{passkey.EnrollClosed, ModeDev, passkey.EnrollClosed}, {passkey.EnrollOpen, ModeServer, passkey.EnrollOpen},
+	} {
+		c := Config{InBandEnrollment: tc.set}
+		if got := c.InBandEnrollmentFor(tc.mode); got != tc.want {
+			t.Errorf("InBandEnrollment %q in %v: %q, want %q", tc.set, tc.mode, got, tc.want)
+		}
 	}
 	for _, u := range []string{"https://slack-gov.com/api/", "https://egress.internal:8443/slack/api", "http://127.0.0.1:9000/api/", "http://localhost/api/"} {
 		c := Config{SlackToken: "xoxb-1", SlackAPIURL: u}

@@ -105,6 +105,13 @@ type Config struct {
 	// (approval/challenge/create) is accepted; zero means 60 s
 	// (passkey.DefaultInBandChallengeTTL), at most 24 h.
 	VerifiedChallengeTTL time.Duration
+	// InBandEnrollment says who may enroll a passkey in-band
+	// (approval/enroll/*, authorized by the agent's bearer token alone):
+	// passkey.EnrollOpen, EnrollFirst (a principal's first passkey only)
+	// or EnrollClosed. Empty means open in dev (the SEP-2672 reference's
+	// clients enroll as they please) and first in server mode
+	// (Config.InBandEnrollmentFor).
+	InBandEnrollment string
 	// ChallengeMaxBytes caps the passkey challenges bucket
 	// (passkey.Options.ChallengeMaxBytes); zero means 256 MiB
 	// (passkey.DefaultChallengeMaxBytes), at least 1 MiB.
@@ -265,6 +272,18 @@ func (c *Config) Defaults() {
 	}
 }
 
+// InBandEnrollmentFor is the in-band enrollment policy a process of mode
+// applies: InBandEnrollment, else open in dev and first elsewhere.
+func (c *Config) InBandEnrollmentFor(mode Mode) string {
+	switch {
+	case c.InBandEnrollment != "":
+		return c.InBandEnrollment
+	case mode == ModeDev:
+		return passkey.EnrollOpen
+	}
+	return passkey.EnrollFirst
+}
+
 // The limits of --conformance (task creation rate per minute, and the
 // request budget: requests a second, burst, in flight), where every caller
 // is one anonymous principal and the suites create tasks in bursts.
@@ -354,6 +373,11 @@ func (c *Config) Validate() error {
 	}
 	if c.VerifiedChallengeTTL < 0 || c.VerifiedChallengeTTL > passkey.MaxChallengeTTL {
 		errs = append(errs, fmt.Errorf("--verified-challenge-ttl %s must be from 0s (the default, 60s) to %s", c.VerifiedChallengeTTL, passkey.MaxChallengeTTL))
+	}
+	switch c.InBandEnrollment {
+	case "", passkey.EnrollOpen, passkey.EnrollFirst, passkey.EnrollClosed:
+	default:
+		errs = append(errs, fmt.Errorf("--inband-enrollment %q must be %s, %s or %s", c.InBandEnrollment, passkey.EnrollOpen, passkey.EnrollFirst, passkey.EnrollClosed))
 	}
 	if c.ResultRetention < 0 {
 		errs = append(errs, fmt.Errorf("--result-retention %s must not be negative", c.ResultRetention))
