@@ -140,7 +140,16 @@ func (s *Server) requestApproval(ctx context.Context, c *gatedCall) (mcp.Result,
 	if rec.Status.Terminal() {
 		return s.finalResult(c.info, rec)
 	}
-	return s.pendingResult(c.info, rec), nil
+	out := s.pendingResult(c.info, rec)
+	if len(c.tool.OutputSchema) > 0 {
+		// The TypeScript SDK's Client.callTool (1.32) and the MCP
+		// Inspector check structuredContent against the tool's
+		// outputSchema even when isError is true, and would throw this
+		// answer away, task ID and all: the ID stays in the text and in
+		// _meta's related-task.
+		out.StructuredContent = nil
+	}
+	return out, nil
 }
 
 // runAsync serves an allowed call to a long-running fixture: a task run by

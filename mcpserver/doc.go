@@ -93,11 +93,15 @@
 // success: isError true, the first text block starting "[approval-pending]"
 // and saying that the tool has NOT run, that a human was asked, and how to
 // get the result; structuredContent {taskId, status, tool, approveUrl,
-// expiresAt}; _meta io.modelcontextprotocol/related-task and no disposition
-// key (nothing is final). isError is true so that no client narrates
-// success, and because SDK clients check structuredContent against the
-// tool's outputSchema only when isError is false: a pending answer must
-// never fail a client's schema check.
+// expiresAt}, except for a tool with an outputSchema; _meta
+// io.modelcontextprotocol/related-task and no disposition key (nothing is
+// final). isError is true so that no client narrates success. A pending
+// answer must never fail a client's schema check, and the Go SDK checks
+// structuredContent against the tool's outputSchema only when isError is
+// false, but the TypeScript SDK's Client.callTool (1.32, and so the MCP
+// Inspector) checks it whenever it is present: the answer to a gated tool
+// with an outputSchema has none, and its task ID is in the text and in
+// related-task.
 //
 // Three tools of Countersign's own, listed to every client in both eras and
 // answered here before any policy (followup.go), take it from there:

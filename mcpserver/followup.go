@@ -310,10 +310,11 @@ func (s *Server) approveURL(rec tasks.Record) string {
 }
 
 // pendingResult is the answer to a client without tasks while its call
-// waits for approval. isError is true so that no client narrates success
-// and no client checks structuredContent against the gated tool's
-// outputSchema (SDK clients do that only when isError is false); no
-// disposition key is in _meta, since nothing is final.
+// waits for approval. isError is true so that no client narrates success;
+// no disposition key is in _meta, since nothing is final. The answer to
+// the gated call itself leaves structuredContent out when the tool has an
+// outputSchema (requestApproval): some clients check it against that
+// schema even when isError is true.
 func (s *Server) pendingResult(info *callInfo, rec tasks.Record) *toolResult {
 	st := s.pendingState(rec)
 	var b strings.Builder

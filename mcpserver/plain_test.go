@@ -12,6 +12,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/countersign/countersign/approvals"
+	"github.com/countersign/countersign/gateway"
 	"github.com/countersign/countersign/tasks"
 )
 
@@ -88,6 +89,42 @@ func TestPlainClientPendingResult(t *testing.T) {
 			}
 			if n := h.transfersTo(t, to); n != 0 {
 				t.Errorf("%d transfers", n)
+			}
+		})
+	}
+}
+
+// TestPlainClientPendingOutputSchema: the [approval-pending] answer to a
+// gated tool with an outputSchema carries no structuredContent. The
+// TypeScript SDK's Client.callTool (1.32) and the MCP Inspector check
+// structuredContent against the tool's outputSchema even when isError is
+// true, and threw away the answer, task ID and all.
+func TestPlainClientPendingOutputSchema(t *testing.T) {
+	h, reg := newListHarness(t, nil)
+	tool := upstreamTool("write")
+	tool.OutputSchema = json.RawMessage(`{"type":"object","required":["content"],"properties":{"content":{"type":"string"}},"additionalProperties":false}`)
+	if err := reg.Replace("up", []gateway.Tool{tool}); err != nil {
+		t.Fatal(err)
+	}
+	for _, era := range eras {
+		t.Run(string(era), func(t *testing.T) {
+			p := principal(t, "a")
+			var res toolCallResult
+			h.do(t, call{token: tok(p), era: era, method: "tools/call",
+				params: map[string]any{"name": "up__write", "arguments": map[string]any{}}}).ok(t, &res)
+			if !res.IsError || !strings.HasPrefix(res.text(), prefixPending) {
+				t.Fatalf("want an [approval-pending] result, got %+v", res)
+			}
+			if res.StructuredContent != nil {
+				t.Errorf("structuredContent %s, which the tool's outputSchema refuses", res.StructuredContent)
+			}
+			related, _ := res.Meta[tasks.MetaRelatedTask].(map[string]any)
+			id, _ := related["taskId"].(string)
+			if id == "" || !strings.Contains(res.text(), id) {
+				t.Fatalf("the task ID is not in _meta and the text: %+v", res)
+			}
+			if _, _, err := h.approvals.Cancel(context.Background(), p, id); err != nil {
+				t.Fatal(err)
 			}
 		})
 	}
