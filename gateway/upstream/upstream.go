@@ -215,7 +215,9 @@ type Options struct {
 	// that is reconnecting. Default [DefaultTimeout].
 	Timeout time.Duration
 	// ListTimeout bounds connecting (initialize) and listing the tools.
-	// Default [DefaultListTimeout].
+	// Default [DefaultListTimeout]. A connection that timed out gives the
+	// next one twice as long, up to Timeout, so that a server slower to
+	// start (npx downloading it, a JVM) comes up.
 	ListTimeout time.Duration
 	// MaxResultBytes caps the encoded size of a result's content,
 	// structuredContent and _meta. Default [DefaultMaxResultBytes].
@@ -481,6 +483,7 @@ func (u *Upstream) supervise() {
 	defer close(u.done)
 	attempt := 0          // consecutive failures; 0 reconnects at once
 	var retryAt time.Time // published as u.retryAt
+	connectWait := u.opts.ListTimeout
 	for {
 		if attempt > 0 {
 			u.report(nil)
@@ -494,7 +497,11 @@ func (u *Upstream) supervise() {
 			case <-t.C:
 			}
 		}
-		sess, flush, err := u.connect()
+		sess, flush, err := u.connect(connectWait)
+		if errors.Is(err, context.DeadlineExceeded) {
+			// A process killed for starting slowly starts as slowly again.
+			connectWait = min(2*connectWait, max(u.opts.Timeout, u.opts.ListTimeout))
+		}
 		var tools []Tool
 		if err == nil {
 			tools, err = u.list(sess)
@@ -616,10 +623,11 @@ func (u *Upstream) serve(sess *mcp.ClientSession) error {
 	}
 }
 
-// connect starts a session (and, for stdio, the process). flush writes out
-// the child's last partial stderr line once the session is closed.
-func (u *Upstream) connect() (*mcp.ClientSession, func(), error) {
-	ctx, cancel := context.WithTimeout(u.ctx, u.opts.ListTimeout)
+// connect starts a session (and, for stdio, the process), waiting up to
+// wait. flush writes out the child's last partial stderr line once the
+// session is closed.
+func (u *Upstream) connect(wait time.Duration) (*mcp.ClientSession, func(), error) {
+	ctx, cancel := context.WithTimeout(u.ctx, wait)
 	defer cancel()
 	flush := func() {}
 	var t mcp.Transport

@@ -42,6 +42,11 @@ func TestMain(m *testing.M) {
 		runHelper(false)
 	case "hang":
 		runHelper(true)
+	case "slow":
+		// A server that takes a while to start (npx downloading it, a
+		// JVM): it reads nothing until then.
+		time.Sleep(1500 * time.Millisecond)
+		runHelper(false)
 	case "junk":
 		runJunk()
 	case "spam":
@@ -746,6 +751,24 @@ func TestStdioHangingList(t *testing.T) {
 	u.Close()
 	if d := time.Since(begin); d > 8*time.Second {
 		t.Fatalf("Close took %v", d)
+	}
+}
+
+// A stdio upstream that takes longer to start than ListTimeout comes up:
+// each connection that timed out gives the next one twice as long (up to
+// Timeout). Every attempt used to get ListTimeout, killed the process and
+// started it again, so it never came up.
+func TestStdioSlowStart(t *testing.T) {
+	var logs logBuf
+	ch := make(changes, 100)
+	u := Start(context.Background(), Options{
+		Name: "helper", Command: []string{os.Args[0]}, Env: map[string]string{helperEnv: "slow"},
+		ListTimeout: time.Second, Timeout: 10 * time.Second, Logger: logs.logger(), OnChange: ch.onChange,
+	})
+	t.Cleanup(func() { u.Close() })
+	ch.wait(t, "the slow upstream's tools", has("helper__echo"))
+	if st := u.State(); !st.Up {
+		t.Fatalf("state %+v", st)
 	}
 }
 
