@@ -46,8 +46,7 @@ func CheckToolName(name string) error {
 	if len(name) > MaxToolNameLen {
 		return fmt.Errorf("name is %d characters, more than %d", len(name), MaxToolNameLen)
 	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
+	for _, c := range name {
 		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.') {
 			return fmt.Errorf("name has the character %q; only A-Z a-z 0-9 _ - . are allowed", c)
 		}

@@ -820,6 +820,10 @@ func TestCheckToolName(t *testing.T) {
 			t.Errorf("%q: %v", name, err)
 		}
 	}
+	// The refusal names the character, not the first byte of its UTF-8.
+	if err := CheckToolName("ünïcode"); err == nil || !strings.Contains(err.Error(), "'ü'") {
+		t.Errorf("ünïcode: %v, want it to name 'ü'", err)
+	}
 }
 
 // A child's stderr is logged a record per line, without its line feed
