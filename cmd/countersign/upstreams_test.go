@@ -1,15 +1,20 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/countersign/countersign/internal/bench"
 )
@@ -184,5 +189,26 @@ func TestUpstreamsListLongError(t *testing.T) {
 	want := "Countersign does not follow redirects: configure the URL it points to"
 	if !strings.Contains(out, want) {
 		t.Errorf("the error lacks its end %q:\n%s", want, out)
+	}
+}
+
+// TestUpstreamsListRefusedTools: a tool Countersign will not serve (a name
+// MCP does not allow) is shown with the reason, not left out in silence:
+// the log of `dev` was the only place that said so.
+func TestUpstreamsListRefusedTools(t *testing.T) {
+	unsetEnv(t, "COUNTERSIGN_CONFIG", "COUNTERSIGN_POLICY")
+	s := mcp.NewServer(&mcp.Implementation{Name: "odd", Version: "1"}, &mcp.ServerOptions{Logger: slog.New(slog.DiscardHandler)})
+	for _, name := range []string{"fine", "with space"} {
+		s.AddTool(&mcp.Tool{Name: name, InputSchema: json.RawMessage(`{"type":"object"}`)},
+			func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) { return &mcp.CallToolResult{}, nil })
+	}
+	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
+	t.Cleanup(srv.Close)
+	code, out, stderr := runCLI("upstreams", "list", "--config", writeConfig(t, "upstreams:\n  - name: odd\n    url: "+srv.URL+"\n"))
+	if code != 0 || !strings.Contains(out, "odd__fine") {
+		t.Fatalf("exit %d; out %q, err %q", code, out, stderr)
+	}
+	if want := `  refused: "with space": invalid tool name: name has the character ' '`; !strings.Contains(out, want) {
+		t.Errorf("output lacks %q:\n%s", want, out)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -329,6 +330,9 @@ func ListUpstreams(ctx context.Context, cfg Config, wait time.Duration, w io.Wri
 		for _, gt := range served(c.tools, cu.Approval) {
 			fmt.Fprintf(w, "  %-40s %s\n", gt.Name, decisionFor(ctx, engine, gt))
 		}
+		for _, r := range c.refused {
+			fmt.Fprintf(w, "  refused: %s\n", r)
+		}
 	}
 	if down > 0 {
 		return fmt.Errorf("upstreams list: %d of %d upstreams down", down, len(ups))
@@ -341,6 +345,9 @@ type upstreamCheck struct {
 	state  upstream.State
 	tools  []upstream.Tool
 	stderr []string // the last lines its process wrote to stderr (stderrTail)
+	// refused are the tools it lists that are not served, each with why
+	// (stderrTail).
+	refused []string
 }
 
 func (c upstreamCheck) down() bool { return !c.state.Up && len(c.tools) == 0 }
@@ -371,6 +378,7 @@ func checkUpstream(ctx context.Context, cu config.Upstream, wait time.Duration) 
 	c.state = u.State()
 	_ = u.Close() // after which the process's stderr is all logged
 	c.stderr = tail.lines()
+	c.refused = tail.refusals()
 	return c
 }
 
@@ -387,10 +395,12 @@ const (
 // connection with a new process, so the lines kept are those of the last
 // attempt that wrote any (each attempt ends in a record "upstream
 // unavailable" or "upstream session ended", once its stderr is logged):
-// a process that fails the same way every time is shown once.
+// a process that fails the same way every time is shown once. It also
+// keeps the tools refused (a record "upstream tool refused" each), by name.
 type stderrTail struct {
 	mu        sync.Mutex
 	cur, last []string // of the attempt under way, of the last one that wrote any
+	refused   map[string]string
 }
 
 func (t *stderrTail) Enabled(context.Context, slog.Level) bool { return true }
@@ -412,6 +422,21 @@ func (t *stderrTail) Handle(_ context.Context, r slog.Record) error {
 			}
 			return false
 		})
+	case "upstream tool refused":
+		var tool, why string
+		r.Attrs(func(a slog.Attr) bool {
+			switch a.Key {
+			case "tool":
+				tool = a.Value.String()
+			case "error":
+				why = a.Value.String()
+			}
+			return true
+		})
+		if t.refused == nil {
+			t.refused = map[string]string{}
+		}
+		t.refused[tool] = cutText(printable(fmt.Sprintf("%q: %s", tool, why)), maxStderrTailLine)
 	case "upstream unavailable", "upstream session ended":
 		if len(t.cur) > 0 {
 			t.last, t.cur = t.cur, nil
@@ -429,6 +454,17 @@ func (t *stderrTail) lines() []string {
 		return slices.Clone(t.last)
 	}
 	return slices.Clone(t.cur)
+}
+
+// refusals are the refused tools with why, in name order.
+func (t *stderrTail) refusals() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	for _, tool := range slices.Sorted(maps.Keys(t.refused)) {
+		out = append(out, t.refused[tool])
+	}
+	return out
 }
 
 // decisionFor is the policy decision on a call of t with empty arguments.
