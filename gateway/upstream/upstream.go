@@ -136,6 +136,9 @@ var (
 	// A session that stayed up this long resets the backoff: its end is
 	// followed by an immediate reconnect.
 	stableAfter = 10 * time.Second
+	// maxConnectWait bounds the longer waits of connections after one
+	// timed out (see Options.ListTimeout).
+	maxConnectWait = 2 * time.Minute
 	// relistEvery is the least time between two listings of a session's
 	// tools: a notifications/tools/list_changed that comes sooner is
 	// answered then, once, however many came meanwhile.
@@ -216,8 +219,8 @@ type Options struct {
 	Timeout time.Duration
 	// ListTimeout bounds connecting (initialize) and listing the tools.
 	// Default [DefaultListTimeout]. A connection that timed out gives the
-	// next one twice as long, up to Timeout, so that a server slower to
-	// start (npx downloading it, a JVM) comes up.
+	// next one twice as long, up to maxConnectWait, so that a server slower
+	// to start (npx downloading it, a JVM) comes up.
 	ListTimeout time.Duration
 	// MaxResultBytes caps the encoded size of a result's content,
 	// structuredContent and _meta. Default [DefaultMaxResultBytes].
@@ -500,7 +503,7 @@ func (u *Upstream) supervise() {
 		sess, flush, err := u.connect(connectWait)
 		if errors.Is(err, context.DeadlineExceeded) {
 			// A process killed for starting slowly starts as slowly again.
-			connectWait = min(2*connectWait, max(u.opts.Timeout, u.opts.ListTimeout))
+			connectWait = max(min(2*connectWait, maxConnectWait), u.opts.ListTimeout)
 		}
 		var tools []Tool
 		if err == nil {

@@ -755,15 +755,15 @@ func TestStdioHangingList(t *testing.T) {
 }
 
 // A stdio upstream that takes longer to start than ListTimeout comes up:
-// each connection that timed out gives the next one twice as long (up to
-// Timeout). Every attempt used to get ListTimeout, killed the process and
-// started it again, so it never came up.
+// each connection that timed out gives the next one twice as long. Every
+// attempt used to get ListTimeout, killed the process and started it again,
+// so it never came up.
 func TestStdioSlowStart(t *testing.T) {
 	var logs logBuf
 	ch := make(changes, 100)
 	u := Start(context.Background(), Options{
 		Name: "helper", Command: []string{os.Args[0]}, Env: map[string]string{helperEnv: "slow"},
-		ListTimeout: time.Second, Timeout: 10 * time.Second, Logger: logs.logger(), OnChange: ch.onChange,
+		ListTimeout: time.Second, Logger: logs.logger(), OnChange: ch.onChange,
 	})
 	t.Cleanup(func() { u.Close() })
 	ch.wait(t, "the slow upstream's tools", has("helper__echo"))
