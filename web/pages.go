@@ -327,7 +327,7 @@ func outcomeOf(rec tasks.Record, state tasks.ApprovalState) *outcome {
 	case tasks.ApprovalDenied:
 		text := "The call did not run."
 		if final.Kind == tasks.EventDenied && final.Text() != "" {
-			text = final.Text() + " The call did not run."
+			text = sentence(final.Text()) + " The call did not run."
 		}
 		return &outcome{Kind: "bad", Title: "Denied", Text: text}
 	case tasks.ApprovalExpired:
@@ -337,11 +337,20 @@ func outcomeOf(rec tasks.Record, state tasks.ApprovalState) *outcome {
 	case tasks.ApprovalFailed:
 		text := rec.Tool + " was started but reported an error or did not report back."
 		if final.Text() != "" {
-			text = final.Text() + "."
+			text = sentence(final.Text())
 		}
 		return &outcome{Kind: "bad", Title: "Approved, but it failed", Text: text}
 	}
 	return &outcome{Kind: "muted", Title: "No longer waiting", Text: "This request is no longer waiting for a decision."}
+}
+
+// sentence ends s with a full stop unless it ends a sentence already (an
+// approver's comment may or may not).
+func sentence(s string) string {
+	if strings.HasSuffix(s, ".") || strings.HasSuffix(s, "!") || strings.HasSuffix(s, "?") {
+		return s
+	}
+	return s + "."
 }
 
 func lastEvent(rec tasks.Record) tasks.Event {

@@ -149,3 +149,24 @@ func TestStaticFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestOutcomeSentences: the outcome panel's text reads as sentences, whether
+// or not the event's text (an approver's comment, say) ends with a full stop.
+func TestOutcomeSentences(t *testing.T) {
+	for _, tc := range []struct {
+		state  tasks.ApprovalState
+		kind   tasks.EventKind
+		detail string
+		want   string
+	}{
+		{tasks.ApprovalDenied, tasks.EventDenied, "Denied by bob: not in prod", "Denied by bob: not in prod. The call did not run."},
+		{tasks.ApprovalDenied, tasks.EventDenied, "The tool is not available.", "The tool is not available. The call did not run."},
+		{tasks.ApprovalFailed, tasks.EventOutcomeUnknown, "The tool did not report back.", "The tool did not report back."},
+		{tasks.ApprovalFailed, tasks.EventOutcomeUnknown, "The tool did not report back", "The tool did not report back."},
+	} {
+		rec := tasks.Record{Tool: "fs__write_file", Timeline: []tasks.Event{{Kind: tc.kind, Detail: tc.detail}}}
+		if got := outcomeOf(rec, tc.state).Text; got != tc.want {
+			t.Errorf("%s after %q: %q, want %q", tc.state, tc.detail, got, tc.want)
+		}
+	}
+}
