@@ -4,10 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -200,7 +200,9 @@ func TestUpstreamsListRefusedTools(t *testing.T) {
 	s := mcp.NewServer(&mcp.Implementation{Name: "odd", Version: "1"}, &mcp.ServerOptions{Logger: slog.New(slog.DiscardHandler)})
 	for _, name := range []string{"fine", "with space"} {
 		s.AddTool(&mcp.Tool{Name: name, InputSchema: json.RawMessage(`{"type":"object"}`)},
-			func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) { return &mcp.CallToolResult{}, nil })
+			func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				return &mcp.CallToolResult{}, nil
+			})
 	}
 	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
 	t.Cleanup(srv.Close)
