@@ -145,10 +145,32 @@ func (h *Handler) enrollPage(w http.ResponseWriter, r *http.Request) {
 	h.render(w, r, http.StatusOK, "enroll", h.base("enroll", "Set up your passkey"))
 }
 
+// maxHeadline is the most characters of a task's display text the
+// approval page shows as its headline. An upstream tool's display text
+// holds all its arguments (up to passkey.MaxDisplayText bytes): a file's
+// whole content in large type would push the decision buttons screens
+// down on a phone. The arguments are shown in full below it.
+const maxHeadline = 240
+
+// headline is s cut to maxHeadline characters, and whether it was cut.
+func headline(s string) (string, bool) {
+	i, n := 0, 0
+	for i < len(s) && n < maxHeadline {
+		_, size := utf8.DecodeRuneInString(s[i:])
+		i += size
+		n++
+	}
+	if i == len(s) {
+		return s, false
+	}
+	return strings.TrimRightFunc(s[:i], unicode.IsSpace) + "…", true
+}
+
 type approvePage struct {
 	pageBase
-	DisplayText  string
-	LongDisplay  bool // set in smaller type
+	DisplayText  string // at most maxHeadline characters (headline)
+	LongDisplay  bool   // set in smaller type
+	DisplayCut   bool   // DisplayText was shortened
 	Tool         string
 	Requester    string
 	Reason       string
@@ -247,9 +269,11 @@ func (h *Handler) approvePage(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		label = string(state)
 	}
+	display, cut := headline(rec.DisplayText)
 	data := approvePage{
+		DisplayText:  display,
+		DisplayCut:   cut,
 		pageBase:     h.base("approve", "Approve: "+rec.Tool),
-		DisplayText:  rec.DisplayText,
 		LongDisplay:  utf8.RuneCountInString(rec.DisplayText) > 90,
 		Tool:         rec.Tool,
 		Requester:    rec.Owner,

@@ -170,3 +170,41 @@ func TestOutcomeSentences(t *testing.T) {
 		}
 	}
 }
+
+// TestApprovePageHeadline: a display text longer than maxHeadline (an
+// upstream tool's holds all its arguments, up to 4,000 bytes) is shortened
+// in the headline, saying so, and shown whole in no other large type; a
+// short one is shown whole.
+func TestApprovePageHeadline(t *testing.T) {
+	e := newEnv(t)
+	long := "fs: write_file(" + strings.Repeat("é", 3000) + ")"
+	rec := e.newTask(t, taskSpec{display: long, args: `{"content":"x"}`})
+	r := e.do(t, "GET", "/approve/"+rec.ApprovalRef, nil)
+	wantStatus(t, r, http.StatusOK)
+	body := checkPage(t, r)
+	want := `<h1 id="display" class="display long">fs: write_file(` + strings.Repeat("é", maxHeadline-len("fs: write_file(")) + `…</h1>`
+	if !strings.Contains(body, want) {
+		t.Errorf("headline not cut to %d characters:\n%s", maxHeadline, body[:min(len(body), 2000)])
+	}
+	if !strings.Contains(body, "Shortened: every argument is shown in full under Arguments.") {
+		t.Error("no note that the headline was shortened")
+	}
+	short := e.newTask(t, taskSpec{display: "Transfer 5 EUR"})
+	r = e.do(t, "GET", "/approve/"+short.ApprovalRef, nil)
+	wantStatus(t, r, http.StatusOK)
+	body = checkPage(t, r)
+	if !strings.Contains(body, `>Transfer 5 EUR</h1>`) || strings.Contains(body, "Shortened:") {
+		t.Error("a short display text was changed")
+	}
+}
+
+// TestFavicon: the icon browsers ask for on every page is answered 204,
+// not a 404 page (a console error each time).
+func TestFavicon(t *testing.T) {
+	e := newEnv(t)
+	r := e.do(t, "GET", "/favicon.ico", nil)
+	wantStatus(t, r, http.StatusNoContent)
+	if len(r.body) != 0 || r.hdr.Get("Cache-Control") == "" {
+		t.Errorf("body %q, Cache-Control %q", r.body, r.hdr.Get("Cache-Control"))
+	}
+}

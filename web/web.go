@@ -210,6 +210,12 @@ func (h *Handler) routes() {
 	m.HandleFunc("GET /approve/{ref}", h.approvePage)
 	m.HandleFunc("GET /inbox/{approver}", h.inboxPage)
 	m.HandleFunc("GET /static/{file}", h.static)
+	// Browsers ask for an icon on every page; there is none, and a 404
+	// would be a console error on each.
+	m.HandleFunc("GET /favicon.ico", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Cache-Control", "public, max-age=86400")
+		w.WriteHeader(http.StatusNoContent)
+	})
 	m.HandleFunc("/", h.notFoundPage)
 	h.mux = m
 }
