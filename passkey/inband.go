@@ -95,8 +95,6 @@ func inBandApproverID(principal string) string {
 	return hex.EncodeToString(sum[:approverIDSz])
 }
 
-// pendingKey is the invites-bucket key of principal's pending in-band
-// enrollment. Invite keys are 64 hex characters; this one cannot collide.
 // In-band enrollment policies ([Options.InBandEnrollment]). In-band
 // enrollment is authorized by the principal's bearer token alone, so
 // whoever holds the token and can run a WebAuthn ceremony (a software
@@ -135,6 +133,8 @@ func (s *Service) enrollmentAllowed(mapped []Approver) error {
 	return nil
 }
 
+// pendingKey is the invites-bucket key of principal's pending in-band
+// enrollment. Invite keys are 64 hex characters; this one cannot collide.
 func pendingKey(principal string) string {
 	sum := sha256.Sum256([]byte(principal))
 	return "inband." + hex.EncodeToString(sum[:])
