@@ -292,6 +292,14 @@ func TestStartedAttrs(t *testing.T) {
 	if _, ok := server["addr"]; ok || server["http"] != "127.0.0.1:8080" {
 		t.Errorf("server start-up log: %v", server)
 	}
+	// Who may enroll in-band, as the process applies it (dev and server
+	// differ by default); a worker serves no MCP endpoint.
+	if server["inband_enrollment"] != "first" || worker["inband_enrollment"] != nil {
+		t.Errorf("inband_enrollment: server %v, worker %v", server["inband_enrollment"], worker["inband_enrollment"])
+	}
+	if dev := keys(startedAttrs("dev", "127.0.0.1:8080", time.Second, cfg)); dev["inband_enrollment"] != "open" {
+		t.Errorf("dev start-up log: inband_enrollment %v", dev["inband_enrollment"])
+	}
 }
 
 // TestBadEnvironmentValue: an environment value that does not parse names

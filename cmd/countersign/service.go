@@ -235,11 +235,13 @@ func applyConfigFile(cfg *app.Config, explicit map[string]bool, stderr io.Writer
 
 // startedAttrs are the start-up log's attributes: the mode, the HTTP
 // address the process serves (none for a worker, whose only listener is
-// metrics_addr), the start-up time and the configuration without secrets.
+// metrics_addr) and who may enroll passkeys in-band there, the start-up
+// time and the configuration without secrets.
 func startedAttrs(cmd, httpAddr string, startup time.Duration, cfg *app.Config) []any {
 	attrs := []any{"mode", cmd}
 	if httpAddr != "" {
-		attrs = append(attrs, "http", httpAddr)
+		mode := map[string]app.Mode{"dev": app.ModeDev, "server": app.ModeServer}[cmd]
+		attrs = append(attrs, "http", httpAddr, "inband_enrollment", cfg.InBandEnrollmentFor(mode))
 	}
 	attrs = append(attrs, "startup", startup.Round(time.Millisecond))
 	return append(attrs, cfg.Redacted()...)
