@@ -165,14 +165,11 @@ func (s *Service) enrollingApprover(ctx context.Context, principal string) (Appr
 	if p != principal {
 		return Approver{}, nil, fmt.Errorf("%w: the principal is not in Unicode NFC; in-band enrollment needs its exact name", ErrInvalidArgument)
 	}
-	if s.enrollment == EnrollClosed {
-		return Approver{}, nil, ErrEnrollmentClosed // before anything is created
-	}
 	mapped, err := s.principalApprovers(ctx, p)
 	if err != nil {
 		return Approver{}, nil, err
 	}
-	if err := s.enrollmentAllowed(mapped); err != nil {
+	if err := s.enrollmentAllowed(mapped); err != nil { // before anything is created
 		return Approver{}, nil, err
 	}
 	id := inBandApproverID(p)

@@ -154,16 +154,10 @@ const maxHeadline = 240
 
 // headline is s cut to maxHeadline characters, and whether it was cut.
 func headline(s string) (string, bool) {
-	i, n := 0, 0
-	for i < len(s) && n < maxHeadline {
-		_, size := utf8.DecodeRuneInString(s[i:])
-		i += size
-		n++
-	}
-	if i == len(s) {
+	if utf8.RuneCountInString(s) <= maxHeadline {
 		return s, false
 	}
-	return strings.TrimRightFunc(s[:i], unicode.IsSpace) + "…", true
+	return strings.TrimRightFunc(string([]rune(s)[:maxHeadline]), unicode.IsSpace) + "…", true
 }
 
 type approvePage struct {

@@ -151,16 +151,9 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stderr, "Checkpoint of %d chains. Keep it where Countersign cannot write; verify a later whole export against it with --checkpoint.\n", len(cp.Chains))
 		return nil
 	case "rotate-key":
-		fs := flag.NewFlagSet("audit rotate-key", flag.ContinueOnError)
-		fs.SetOutput(stderr)
-		dataDir := fs.String("data-dir", envOr("COUNTERSIGN_DATA_DIR", "./countersign-data"), "data directory")
-		keyDir := fs.String("audit-key-dir", envOr("COUNTERSIGN_AUDIT_KEY_DIR", ""), "audit key directory (default DATA_DIR/audit-keys)")
-		if err := fs.Parse(args[1:]); err != nil {
-			return parseError(err)
-		}
-		dir := *keyDir
-		if dir == "" {
-			dir = filepath.Join(*dataDir, app.AuditKeyDir)
+		_, dataDir, keyDir, dir, err := keyDirFlags("audit rotate-key", args[1:], stderr)
+		if err != nil {
+			return err
 		}
 		k, err := audit.OpenKeyring(dir)
 		if err != nil {
@@ -174,27 +167,20 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				return err
 			}
 		}
-		if *keyDir == "" {
-			if err := os.WriteFile(filepath.Join(*dataDir, app.AuditPubKeyFile), k.PublicKeysPEM(), 0o644); err != nil {
+		if keyDir == "" {
+			if err := os.WriteFile(filepath.Join(dataDir, app.AuditPubKeyFile), k.PublicKeysPEM(), 0o644); err != nil {
 				return err
 			}
 		}
 		fmt.Fprintf(stdout, "New audit key %s; processes reading this directory sign with it within 30 s. Public keys (give all to auditors):\n%s", id, k.PublicKeysPEM())
 		return nil
 	case "public-keys":
-		fs := flag.NewFlagSet("audit public-keys", flag.ContinueOnError)
-		fs.SetOutput(stderr)
-		dataDir := fs.String("data-dir", envOr("COUNTERSIGN_DATA_DIR", "./countersign-data"), "data directory")
-		keyDir := fs.String("audit-key-dir", envOr("COUNTERSIGN_AUDIT_KEY_DIR", ""), "audit key directory (default DATA_DIR/audit-keys)")
-		if err := fs.Parse(args[1:]); err != nil {
-			return parseError(err)
+		fs, _, _, dir, err := keyDirFlags("audit public-keys", args[1:], stderr)
+		if err != nil {
+			return err
 		}
 		if fs.NArg() > 0 {
 			return usageError{"audit public-keys takes no arguments\n" + auditUsage}
-		}
-		dir := *keyDir
-		if dir == "" {
-			dir = filepath.Join(*dataDir, app.AuditKeyDir)
 		}
 		// OpenKeyring makes a first key in a directory without one: a
 		// mistyped directory must not print a key nothing signs with.
@@ -209,6 +195,24 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	return usageError{fmt.Sprintf("unknown audit command %q\n%s", sub, auditUsage)}
+}
+
+// keyDirFlags parses the flags of the audit commands that work on the key
+// directory: --data-dir and --audit-key-dir, and the directory they name
+// (--audit-key-dir, else DATA_DIR/audit-keys).
+func keyDirFlags(name string, args []string, stderr io.Writer) (fs *flag.FlagSet, dataDir, keyDir, dir string, err error) {
+	fs = flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&dataDir, "data-dir", envOr("COUNTERSIGN_DATA_DIR", "./countersign-data"), "data directory")
+	fs.StringVar(&keyDir, "audit-key-dir", envOr("COUNTERSIGN_AUDIT_KEY_DIR", ""), "audit key directory (default DATA_DIR/audit-keys)")
+	if err := fs.Parse(args); err != nil {
+		return nil, "", "", "", parseError(err)
+	}
+	dir = keyDir
+	if dir == "" {
+		dir = filepath.Join(dataDir, app.AuditKeyDir)
+	}
+	return fs, dataDir, keyDir, dir, nil
 }
 
 // stream copies a streaming admin API answer to w.

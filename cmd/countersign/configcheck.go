@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-
-	"github.com/countersign/countersign/internal/app"
 )
 
 const configUsage = "usage: countersign config check FILE [--mode dev|server|worker] [service flags]"
@@ -49,7 +47,7 @@ func runConfig(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if mode == "" {
 		mode = "server"
 	}
-	m, ok := map[string]app.Mode{"dev": app.ModeDev, "server": app.ModeServer, "worker": app.ModeWorker}[mode]
+	m, ok := modes[mode]
 	if !ok {
 		return usageError{fmt.Sprintf("config check: --mode %q must be dev, server or worker", mode)}
 	}

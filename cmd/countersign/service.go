@@ -233,6 +233,9 @@ func applyConfigFile(cfg *app.Config, explicit map[string]bool, stderr io.Writer
 	return nil
 }
 
+// modes are the service commands' app modes.
+var modes = map[string]app.Mode{"dev": app.ModeDev, "server": app.ModeServer, "worker": app.ModeWorker}
+
 // startedAttrs are the start-up log's attributes: the mode, the HTTP
 // address the process serves (none for a worker, whose only listener is
 // metrics_addr) and who may enroll passkeys in-band there, the start-up
@@ -240,8 +243,7 @@ func applyConfigFile(cfg *app.Config, explicit map[string]bool, stderr io.Writer
 func startedAttrs(cmd, httpAddr string, startup time.Duration, cfg *app.Config) []any {
 	attrs := []any{"mode", cmd}
 	if httpAddr != "" {
-		mode := map[string]app.Mode{"dev": app.ModeDev, "server": app.ModeServer}[cmd]
-		attrs = append(attrs, "http", httpAddr, "inband_enrollment", cfg.InBandEnrollmentFor(mode))
+		attrs = append(attrs, "http", httpAddr, "inband_enrollment", cfg.InBandEnrollmentFor(modes[cmd]))
 	}
 	attrs = append(attrs, "startup", startup.Round(time.Millisecond))
 	return append(attrs, cfg.Redacted()...)
@@ -252,7 +254,7 @@ func runService(ctx context.Context, cmd string, args []string, stdout, stderr i
 	if err != nil {
 		return err
 	}
-	mode := map[string]app.Mode{"dev": app.ModeDev, "server": app.ModeServer, "worker": app.ModeWorker}[cmd]
+	mode := modes[cmd]
 	log, err := newFormatLogger(stderr, cfg.LogLevel, cfg.LogFormat)
 	if err != nil {
 		return usageError{err.Error()}
